@@ -1,0 +1,1 @@
+"""Helpers for train.py: configuration, metrics logging and checkpoints."""
