@@ -1,0 +1,58 @@
+"""Shared helpers: real training runs of train.py in a subprocess, as a user would start them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+# Small but real: a few epochs of the default example on the CPU.
+QUICK = ["--num_epochs", "4", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_training(
+    output_dir: Path, *args: str, processes: int = 1, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run train.py with the local config; with processes > 1, as a real 2-process gloo job."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable]
+    if processes > 1:
+        # --multi_gpu with ACCELERATE_USE_CPU=1 is what starts CPU processes that really talk (gloo);
+        # `--cpu --num_processes 2` would start a single process.
+        env["ACCELERATE_USE_CPU"] = "1"
+        command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
+        command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
+        command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir), *args]
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        pytest.fail(f"train.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def last_eval(output_dir: Path) -> dict:
+    return [row for row in read_metrics(output_dir) if "eval/accuracy" in row][-1]
+
+
+@pytest.fixture(scope="session")
+def single_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One short real run in one process, shared by the tests that only read its outputs."""
+    output_dir = tmp_path_factory.mktemp("single") / "run"
+    return output_dir, run_training(output_dir, *QUICK)

@@ -1,0 +1,114 @@
+"""The config contract: YAML + flags, precedence, and errors that name the file, the key and a fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from {{ cookiecutter.package_name }}.utils.config import (
+    ConfigError,
+    TrainConfig,
+    gradient_accumulation_steps,
+    load_config,
+)
+
+from .conftest import PROJECT
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_precedence_is_flag_then_yaml_then_default(tmp_path: Path) -> None:
+    path = write(tmp_path, "seed: 7\nlearning_rate: 0.01\n")
+    config, used = load_config(["--config", str(path), "--learning_rate", "0.5"], default_path=Path("unused"))
+    assert used == path
+    assert config.seed == 7  # YAML over default
+    assert config.learning_rate == 0.5  # flag over YAML
+    assert config.num_epochs == TrainConfig().num_epochs  # default
+
+
+@pytest.mark.parametrize("name", ["local", "colab", "kaggle", "slurm"])
+def test_every_platform_file_is_valid(name: str) -> None:
+    config, _ = load_config([], default_path=PROJECT / "configs" / f"{name}.yaml")
+    # The platforms differ in hardware use, never in the optimization itself.
+    assert config.global_batch_size == TrainConfig().global_batch_size
+
+
+def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
+    path = write(tmp_path, "learning_rat: 0.1\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml: unknown key 'learning_rat' \(did you mean 'learning_rate'\?\)"):
+        load_config(["--config", str(path)], default_path=path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("num_epochs: ten\n", r"config\.yaml: num_epochs must be int, got 'ten'"),
+        ("num_epochs: 2.5\n", r"config\.yaml: num_epochs must be int, got 2\.5"),
+        ("seed: true\n", r"config\.yaml: seed must be int, got True"),
+        ("output_dir: 3\n", r"config\.yaml: output_dir must be str"),
+        ("mixed_precision: fp32\n", r"config\.yaml: mixed_precision='fp32' is not one of"),
+        ("num_epochs: 0\n", r"config\.yaml: num_epochs=0 is invalid: it must be > 0"),
+        ("- a list\n", r"config\.yaml: expected a mapping"),
+    ],
+)
+def test_wrong_types_and_values_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(["--config", str(path)], default_path=path)
+
+
+def test_bad_flags_are_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "")
+    with pytest.raises(ConfigError, match=r"--seed: seed must be int, got 'abc'"):
+        load_config(["--config", str(path), "--seed", "abc"], default_path=path)
+    with pytest.raises(ConfigError, match=r"unknown command-line argument '--num_epoch'.*'num_epochs'"):
+        load_config(["--config", str(path), "--num_epoch", "3"], default_path=path)
+
+
+def test_yaml_float_in_exponent_notation_is_accepted(tmp_path: Path) -> None:
+    # PyYAML reads 1e-3 (no dot) as a string; users write it anyway.
+    config, _ = load_config([], default_path=write(tmp_path, "learning_rate: 1e-3\n"))
+    assert config.learning_rate == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize(("per_device", "processes", "expected"), [(32, 1, 2), (32, 2, 1), (16, 2, 2), (8, 8, 1)])
+def test_accumulation_keeps_the_global_batch(per_device: int, processes: int, expected: int) -> None:
+    config = TrainConfig(per_device_batch_size=per_device, global_batch_size=64)
+    assert gradient_accumulation_steps(config, processes) == expected
+
+
+def test_non_dividing_batch_sizes_say_what_would_work() -> None:
+    config = TrainConfig(per_device_batch_size=32, global_batch_size=100)
+    with pytest.raises(ConfigError) as error:
+        gradient_accumulation_steps(config, 2)
+    message = str(error.value)
+    assert "global_batch_size=100" in message
+    assert "multiple of 64 (e.g. 64 or 128)" in message
+    assert "per_device_batch_size to one of [1, 2, 5, 10, 25, 50]" in message
+
+
+def test_bad_config_stops_train_py_before_training(tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    path = write(tmp_path, f"output_dir: {output_dir}\nglobal_batch_size: 48\n")
+    result = subprocess.run(
+        [sys.executable, "train.py", "--config", str(path)], cwd=PROJECT, capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert "config error: global_batch_size=48 is not divisible" in result.stderr
+    assert not (output_dir / "metrics.jsonl").exists()
+
+
+def test_resolved_config_round_trips(single_run: tuple) -> None:
+    output_dir, _ = single_run
+    saved = yaml.safe_load((output_dir / "config.yaml").read_text())
+    config, _ = load_config(["--config", str(output_dir / "config.yaml")], default_path=Path("unused"))
+    assert saved["output_dir"] == str(output_dir)
+    assert saved["num_epochs"] == 4
+    assert config.num_epochs == 4
