@@ -5,7 +5,7 @@
 
 Phases: config -> accelerator -> seeding -> data -> model -> prepare -> loop (accumulation,
 logging, evaluation, checkpoints) -> export. The data and the model come from
-`build_datasets` and `build_model` in src/{{ cookiecutter.package_name }}/: replace those, not this loop.
+`build_datasets` and `build_model` in the package under src/: replace those, not this loop.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> None:
         step_scheduler_with_optimizer=False,
     )
     try:
-        accelerator.gradient_accumulation_steps = gradient_accumulation_steps(config, accelerator.num_processes)
+        accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
+            config, accelerator.num_processes
+        )
         train(accelerator, config, config_path)
     finally:
         accelerator.end_training()  # closes trackers and the process group, also after a crash
@@ -85,7 +87,9 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path) -> N
         num_workers=config.num_workers,
         generator=torch.Generator().manual_seed(config.seed),
     )
-    eval_loader = DataLoader(eval_set, batch_size=config.per_device_batch_size, num_workers=config.num_workers)
+    eval_loader = DataLoader(
+        eval_set, batch_size=config.per_device_batch_size, num_workers=config.num_workers
+    )
     batches_per_process = len(train_loader) // accelerator.num_processes
     if batches_per_process == 0:
         raise ConfigError(
@@ -100,7 +104,9 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path) -> N
 
     # --- model, optimizer, schedule (sized in optimizer steps, so independent of the world size)
     model = build_model(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(config.warmup_steps, total_steps))
 
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
@@ -119,7 +125,9 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path) -> N
     running_loss = torch.zeros((), device=accelerator.device)  # summed on the device: no sync per step
     running_batches = window_batches = 0
     last_eval_step = -1
-    progress = tqdm(total=total_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
+    progress = tqdm(
+        total=total_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process
+    )
     while state.step < total_steps:
         model.train()
         train_loader.set_epoch(state.epoch)

@@ -39,7 +39,9 @@ def run_training(
     command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir), *args]
     result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     if check and result.returncode != 0:
-        pytest.fail(f"train.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        pytest.fail(
+            f"train.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from {{ cookiecutter.package_name }}.utils.config import (
     ConfigError,
     TrainConfig,
@@ -42,7 +43,9 @@ def test_every_platform_file_is_valid(name: str) -> None:
 
 def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
     path = write(tmp_path, "learning_rat: 0.1\n")
-    with pytest.raises(ConfigError, match=r"config\.yaml: unknown key 'learning_rat' \(did you mean 'learning_rate'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"config\.yaml: unknown key 'learning_rat' \(did you mean 'learning_rate'\?\)"
+    ):
         load_config(["--config", str(path)], default_path=path)
 
 
@@ -68,7 +71,7 @@ def test_bad_flags_are_named(tmp_path: Path) -> None:
     path = write(tmp_path, "")
     with pytest.raises(ConfigError, match=r"--seed: seed must be int, got 'abc'"):
         load_config(["--config", str(path), "--seed", "abc"], default_path=path)
-    with pytest.raises(ConfigError, match=r"unknown command-line argument '--num_epoch'.*'num_epochs'"):
+    with pytest.raises(ConfigError, match=r"unknown argument '--num_epoch'.*'num_epochs'"):
         load_config(["--config", str(path), "--num_epoch", "3"], default_path=path)
 
 
@@ -78,7 +81,9 @@ def test_yaml_float_in_exponent_notation_is_accepted(tmp_path: Path) -> None:
     assert config.learning_rate == pytest.approx(1e-3)
 
 
-@pytest.mark.parametrize(("per_device", "processes", "expected"), [(32, 1, 2), (32, 2, 1), (16, 2, 2), (8, 8, 1)])
+@pytest.mark.parametrize(
+    ("per_device", "processes", "expected"), [(32, 1, 2), (32, 2, 1), (16, 2, 2), (8, 8, 1)]
+)
 def test_accumulation_keeps_the_global_batch(per_device: int, processes: int, expected: int) -> None:
     config = TrainConfig(per_device_batch_size=per_device, global_batch_size=64)
     assert gradient_accumulation_steps(config, processes) == expected

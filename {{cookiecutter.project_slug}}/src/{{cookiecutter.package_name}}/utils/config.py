@@ -91,7 +91,8 @@ def _coerce(key: str, value: Any, kind: Any, where: str) -> Any:
         choices = typing.get_args(kind)
         if value in choices:
             return value
-        raise ConfigError(f"{where}: {key}={value!r} is not one of {list(choices)}{_nearest(str(value), choices)}")
+        hint = _nearest(str(value), choices)
+        raise ConfigError(f"{where}: {key}={value!r} is not one of {list(choices)}{hint}")
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -111,9 +112,8 @@ def _coerce(key: str, value: Any, kind: Any, where: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-    elif kind is str:
-        if isinstance(value, str):
-            return value
+    elif kind is str and isinstance(value, str):
+        return value
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__})")
 
 
@@ -145,18 +145,18 @@ def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
             raise ConfigError(f"{where}: {key}={value!r} is invalid: it must be {expected}")
 
 
-def load_config(argv: list[str] | None, default_path: Path) -> tuple[TrainConfig, Path]:
+def load_config(argv: list[str] | None, default_path: str | Path) -> tuple[TrainConfig, Path]:
     """Build the config from `--config FILE` (default `default_path`) and `--field value` flags."""
     types = _field_types()
     parser = argparse.ArgumentParser(description="Train with Accelerate.", allow_abbrev=False)
-    parser.add_argument("--config", type=Path, default=default_path, help="YAML file (default: %(default)s)")
+    parser.add_argument("--config", type=Path, default=Path(default_path), help="YAML file")
     for name in types:
         parser.add_argument(f"--{name}", metavar="VALUE", help=f"override {name}")
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0]
         hint = _nearest(flag.lstrip("-").split("=")[0], types)
-        raise ConfigError(f"unknown command-line argument {flag!r}{hint}; every config field is a --field flag")
+        raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
     values = read_yaml(args.config)
     sources = {key: str(args.config) for key in values}
@@ -176,7 +176,7 @@ def save_config(config: TrainConfig, path: Path) -> None:
 
 
 def gradient_accumulation_steps(config: TrainConfig, num_processes: int) -> int:
-    """Accumulation that keeps `global_batch_size` for this many processes, or a ConfigError saying what works."""
+    """Accumulation steps that keep `global_batch_size`; a ConfigError that says what works otherwise."""
     per_step = config.per_device_batch_size * num_processes
     if config.global_batch_size % per_step == 0:
         return config.global_batch_size // per_step
