@@ -3,9 +3,13 @@
     python train.py --config configs/local.yaml [--field value ...]
     accelerate launch --num_processes 2 train.py --config configs/kaggle.yaml
 
-Phases: config -> accelerator -> seeding -> data -> model -> prepare -> loop (accumulation,
-logging, evaluation, checkpoints) -> export. The data and the model come from
+Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop (accumulation,
+logging, evaluation, checkpoints, stop on signal) -> export. The data and the model come from
 `build_datasets` and `build_model` in the package under src/: replace those, not this loop.
+
+Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
+the resumed run ends with the same weights and logs the same losses as one that was never stopped.
+Exit status: 0 when training is done, 75 when a signal stopped it after a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
+from accelerate.utils.operations import slice_tensors
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.models import build_model
-from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, save_checkpoint
+from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.config import (
     ConfigError,
     TrainConfig,
@@ -33,12 +38,14 @@ from {{ cookiecutter.package_name }}.utils.config import (
     save_config,
 )
 from {{ cookiecutter.package_name }}.utils.hardware import resolve_mixed_precision
-from {{ cookiecutter.package_name }}.utils.tracking import setup_tracker, trackers
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest
+from {{ cookiecutter.package_name }}.utils.tracking import metrics_size, setup_tracker, trackers, truncate_metrics
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    stop = StopRequest()  # first, so that a signal during start-up is not lost
     config, config_path = load_config(argv, DEFAULT_CONFIG)
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
@@ -50,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         ),
         # Every process draws the same permutation from data_seed and takes its own share of it.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
+        # The loader yields whole accumulation windows (see the data section), so the optimizer steps
+        # after every `accumulation` micro-batches and never on a short window at the end of an epoch.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False),
         # Stepped by hand once per optimizer step: Accelerate would step it once per process.
         step_scheduler_with_optimizer=False,
     )
@@ -57,12 +67,14 @@ def main(argv: list[str] | None = None) -> None:
         accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
             config, accelerator.num_processes
         )
-        train(accelerator, config, config_path)
+        finished = train(accelerator, config, config_path, stop)
     finally:
         accelerator.end_training()  # closes trackers and the process group, also after a crash
+    return 0 if finished else EXIT_STOPPED
 
 
-def train(accelerator: Accelerator, config: TrainConfig, config_path: Path) -> None:
+def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop: StopRequest) -> bool:
+    """Train until done (True) or until a stop signal was agreed on and checkpointed (False)."""
     output_dir = Path(config.output_dir)
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.print(
@@ -78,117 +90,136 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path) -> N
     set_seed(config.seed, device_specific=True)
 
     # --- data
+    # One train batch is one process's share of an optimizer step (per_device_batch_size x accumulation
+    # samples), cut into micro-batches in the loop. With drop_last, every optimizer step sees exactly
+    # global_batch_size samples and an epoch has len(train_set) // global_batch_size steps on any
+    # number of processes, which is what lets a checkpoint move between world sizes.
     train_set, eval_set = build_datasets(config)
     train_loader = DataLoader(
         train_set,
-        batch_size=config.per_device_batch_size,
+        batch_size=config.per_device_batch_size * accumulation,
         shuffle=True,
-        drop_last=True,  # every micro-batch full, so every optimizer step sees global_batch_size samples
+        drop_last=True,
         num_workers=config.num_workers,
         generator=torch.Generator().manual_seed(config.seed),
     )
     eval_loader = DataLoader(
         eval_set, batch_size=config.per_device_batch_size, num_workers=config.num_workers
     )
-    batches_per_process = len(train_loader) // accelerator.num_processes
-    if batches_per_process == 0:
+    steps_per_epoch = len(train_set) // config.global_batch_size
+    if steps_per_epoch == 0:
         raise ConfigError(
-            f"the training set ({len(train_set)} samples) is smaller than one step of "
-            f"per_device_batch_size x processes = {config.per_device_batch_size * accelerator.num_processes}"
+            f"global_batch_size={config.global_batch_size} is larger than the training set ({len(train_set)})"
         )
-    # A short last window still steps the optimizer: Accelerate syncs at the end of the loader.
-    steps_per_epoch = math.ceil(batches_per_process / accumulation)
-    total_steps = steps_per_epoch * config.num_epochs
-    if config.max_steps:
-        total_steps = min(total_steps, config.max_steps)
+    schedule_steps = steps_per_epoch * config.num_epochs
+    total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
 
     # --- model, optimizer, schedule (sized in optimizer steps, so independent of the world size)
     model = build_model(config)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(config.warmup_steps, total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(config.warmup_steps, schedule_steps)
+    )
 
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, scheduler, train_loader, eval_loader
     )
 
-    # --- trackers (after the point where a resumed run would know its step)
-    state = LoopState()
+    # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
+    state, resumed_from = resume(accelerator, config)
+    if accelerator.is_main_process:
+        truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
     accelerator.init_trackers(
         output_dir.name, config=dataclasses.asdict(config), init_kwargs=setup_tracker(config)
     )
 
     # --- the loop
-    samples_per_batch = config.per_device_batch_size * accelerator.num_processes
-    running_loss = torch.zeros((), device=accelerator.device)  # summed on the device: no sync per step
-    running_batches = window_batches = 0
-    last_eval_step = -1
+    # Train loss summed on the device since the last log: no host-device sync per step.
+    running_loss = torch.tensor(own_loss_sum(state.loss_sums, accelerator), device=accelerator.device)
+    running_batches, stopping = state.loss_batches, False
+    metrics: dict[str, float] | None = None
     progress = tqdm(
         total=total_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process
     )
-    while state.step < total_steps:
+    while state.step < total_steps and not stopping:
         model.train()
-        train_loader.set_epoch(state.epoch)
-        for inputs, labels in train_loader:
-            with accelerator.accumulate(model):
-                loss = F.cross_entropy(model(inputs), labels)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            running_loss += loss.detach()
-            running_batches += 1
-            window_batches += 1
-            if not accelerator.sync_gradients:
-                continue
+        train_loader.set_epoch(state.epoch)  # the data order of this epoch
+        if hasattr(train_set, "set_epoch"):
+            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards only to the sampler)
+        batches = train_loader
+        if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
+            batches = accelerator.skip_first_batches(
+                train_loader, state.epoch_samples // config.global_batch_size
+            )
+            batches.set_epoch(state.epoch)
+        for batch in batches:
+            for micro in range(accumulation):
+                size = config.per_device_batch_size
+                inputs, labels = slice_tensors(batch, slice(micro * size, (micro + 1) * size))
+                with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
+                    loss = F.cross_entropy(model(inputs), labels)
+                    accelerator.backward(loss)  # divides by the accumulation steps
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                    optimizer.step()  # a no-op until the last micro-batch
+                    optimizer.zero_grad()
+                running_loss += loss.detach()
+                running_batches += 1
 
             # One optimizer step is done.
             if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the step did not happen
                 scheduler.step()
             state.step += 1
-            state.epoch_samples += window_batches * samples_per_batch
-            state.samples_seen += window_batches * samples_per_batch
-            window_batches = 0
-            end_of_epoch = accelerator.gradient_state.end_of_dataloader
+            state.epoch_samples += config.global_batch_size
+            state.samples_seen += config.global_batch_size
+            end_of_epoch = state.epoch_samples == steps_per_epoch * config.global_batch_size
             if end_of_epoch:
                 state.epoch += 1
                 state.epoch_samples = 0
             progress.update()
 
-            if state.step % config.log_every == 0 or state.step == total_steps:
-                # The only host-device sync of the training step, once per logging interval.
-                mean_loss = accelerator.reduce(running_loss, reduction="mean").item() / running_batches
+            if state.step % config.log_every == 0:
+                # The one host-device sync of training, once per logging interval. The stop vote
+                # rides along: all processes stop at the same step, whenever each got its signal.
+                vote = torch.tensor(1.0 if stop else 0.0, device=accelerator.device)
+                totals = accelerator.reduce(torch.stack([running_loss, vote]), "sum")
+                loss_total, votes = totals.tolist()
+                stopping = votes > 0
+                log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
                 running_loss.zero_()
                 running_batches = 0
-                progress.set_postfix(loss=f"{mean_loss:.4f}")
-                accelerator.log(
-                    {
-                        "train/loss": mean_loss,
-                        "train/lr": scheduler.get_last_lr()[0],
-                        "train/epoch": state.epoch,
-                        "train/samples_seen": state.samples_seen,
-                    },
-                    step=state.step,
-                )
             if (config.eval_every and state.step % config.eval_every == 0) or (
                 not config.eval_every and end_of_epoch
             ):
                 metrics = evaluate(accelerator, model, eval_loader)
                 accelerator.log(metrics, step=state.step)
-                last_eval_step = state.step
-            if state.step % config.checkpoint_every == 0:
-                save_checkpoint(accelerator, config, state)
-            if state.step >= total_steps:
+                state.last_eval_step = state.step
+            if state.step % config.checkpoint_every == 0 or stopping or state.step == total_steps:
+                state.loss_sums = accelerator.gather(running_loss.reshape(1)).tolist()
+                state.loss_batches = running_batches
+                state.metrics_bytes = metrics_size(output_dir)
+                save_checkpoint(accelerator, config, state, protect=resumed_from)
+            if stopping or state.step >= total_steps:
                 break
     progress.close()
+    if stopping:
+        accelerator.print(
+            f"stopped by {stop.signal_name or 'another process'} at step {state.step}: checkpoint saved, "
+            "run the same command to continue"
+        )
+        return False
 
     # --- final evaluation and export
-    if last_eval_step != state.step:
+    if running_batches:  # the last, partial logging interval
+        loss_total = accelerator.reduce(running_loss, "sum").item()
+        log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
+    if metrics is None or state.last_eval_step != state.step:
         metrics = evaluate(accelerator, model, eval_loader)
-        accelerator.log(metrics, step=state.step)
+        if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
+            accelerator.log(metrics, step=state.step)
     accelerator.print(
         f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
         f"eval loss {metrics['eval/loss']:.4f} | eval accuracy {metrics['eval/accuracy']:.4f}"
@@ -199,6 +230,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path) -> N
     if accelerator.is_main_process:
         save_config(config, output_dir / "model" / "config.yaml")
         accelerator.print(f"exported {output_dir / 'model' / 'model.safetensors'}")
+    return True
 
 
 @torch.no_grad()
@@ -220,6 +252,35 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: DataLoade
     return {"eval/loss": loss_sum.item() / count, "eval/accuracy": correct.item() / count}
 
 
+def log_train_loss(
+    accelerator: Accelerator,
+    progress: tqdm,
+    loss_total: float,
+    batches: int,
+    state: LoopState,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> None:
+    """Log the mean train loss per micro-batch since the last log; `loss_total` is summed over processes."""
+    mean_loss = loss_total / accelerator.num_processes / batches
+    progress.set_postfix(loss=f"{mean_loss:.4f}")
+    accelerator.log(
+        {
+            "train/loss": mean_loss,
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/epoch": state.epoch,
+            "train/samples_seen": state.samples_seen,
+        },
+        step=state.step,
+    )
+
+
+def own_loss_sum(loss_sums: list[float], accelerator: Accelerator) -> float:
+    """This process's share of the loss window saved in a checkpoint (the mean if the world size changed)."""
+    if len(loss_sums) == accelerator.num_processes:
+        return loss_sums[accelerator.process_index]
+    return sum(loss_sums) / len(loss_sums) if loss_sums else 0.0
+
+
 def warmup_cosine(warmup_steps: int, total_steps: int):
     """Linear warmup, then cosine decay to zero at `total_steps`, as a LambdaLR factor."""
 
@@ -234,6 +295,6 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
 
 if __name__ == "__main__":
     try:
-        main()
+        sys.exit(main())
     except ConfigError as error:
         sys.exit(f"config error: {error}")

@@ -23,20 +23,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_training(
-    output_dir: Path, *args: str, processes: int = 1, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    """Run train.py with the local config; with processes > 1, as a real 2-process gloo job."""
+def training_command(output_dir: Path, *args: str, processes: int = 1) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a train.py run; with processes > 1, a real multi-process gloo job."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable]
     if processes > 1:
         # --multi_gpu with ACCELERATE_USE_CPU=1 is what starts CPU processes that really talk (gloo);
         # `--cpu --num_processes 2` would start a single process.
         env["ACCELERATE_USE_CPU"] = "1"
+        # The launcher dies on SIGUSR1 unless told to forward it (SLURM sends it before the time limit).
+        env["PET_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
         command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
         command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
         command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
     command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir), *args]
+    return command, env
+
+
+def run_training(
+    output_dir: Path, *args: str, processes: int = 1, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run train.py to its end with the local config."""
+    command, env = training_command(output_dir, *args, processes=processes)
     result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     if check and result.returncode != 0:
         pytest.fail(

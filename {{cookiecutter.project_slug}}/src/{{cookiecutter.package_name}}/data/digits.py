@@ -16,6 +16,32 @@ NUM_FEATURES = 64
 NUM_CLASSES = 10
 
 
+class NoisyDigits(Dataset):
+    """Training images with Gaussian pixel noise.
+
+    The noise of an item is a function of (seed, epoch, index) only, never of a global random
+    stream: the loader reads ahead and a resumed run skips batches, so anything else would make a
+    resumed run see different images than the uninterrupted one.
+    """
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, noise: float, seed: int) -> None:
+        self.features, self.labels, self.noise, self.seed = features, labels, noise, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.features[index]
+        if self.noise:
+            rng = np.random.default_rng([self.seed, self.epoch, index])
+            image = image + torch.from_numpy(rng.normal(0.0, self.noise, image.shape).astype(np.float32))
+        return image, self.labels[index]
+
+
 def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset]:
     """Return (train, eval) datasets of (features, label) pairs.
 
@@ -27,7 +53,5 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset]:
     features = torch.tensor(images / 16.0, dtype=torch.float32)  # pixel values are 0..16
     targets = torch.tensor(labels, dtype=torch.long)
     eval_idx, train_idx = torch.from_numpy(order[:num_eval]), torch.from_numpy(order[num_eval:])
-    return (
-        TensorDataset(features[train_idx], targets[train_idx]),
-        TensorDataset(features[eval_idx], targets[eval_idx]),
-    )
+    train_set = NoisyDigits(features[train_idx], targets[train_idx], config.augment_noise, config.seed)
+    return train_set, TensorDataset(features[eval_idx], targets[eval_idx])

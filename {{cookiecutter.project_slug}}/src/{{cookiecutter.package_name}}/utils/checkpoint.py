@@ -1,35 +1,55 @@
-"""Checkpoints: Accelerate's `save_state` plus the loop's own position, published atomically.
+"""Checkpoints that survive kills: Accelerate's `save_state` plus the loop's position, published atomically.
 
-Layout of `<output_dir>/checkpoints/step_<N>/`: what `save_state` writes (model, optimizer,
-scheduler, grad scaler, one RNG file per process), `config.yaml`, and `loop_state.json`, written
-last. A checkpoint is complete exactly when it sits under its final name.
+Layout of `<output_dir>/checkpoints/step_<N>/`: what `save_state` writes (model, optimizer, scheduler,
+grad scaler, sampler, one RNG file per process), `config.yaml`, `meta.json` (platform, versions, time)
+and `loop_state.json`, written last, which also lists the size of every other file. Everything is
+written into a hidden staging folder that is renamed to `step_<N>` once complete, so a `step_<N>`
+folder is always whole; the size list catches files damaged afterwards.
+
+List the checkpoints of a run:  python -m {{ cookiecutter.package_name }}.utils.checkpoint <output_dir>
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
+import platform
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import accelerate
+import torch
 from accelerate import Accelerator
 
-from .config import TrainConfig, save_config
+from .config import ConfigError, TrainConfig, save_config
+from .hardware import detect_platform
 
 LOOP_STATE_FILE = "loop_state.json"
+META_FILE = "meta.json"
+STAGING_PREFIX = ".incomplete_"
 
 
 @dataclass
 class LoopState:
-    """Where the loop is. `save_state` does not record any of this."""
+    """Where the loop is: what `save_state` does not record."""
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # epoch in progress
     # Counted over all processes together, so the position in the data survives a change of world size.
     epoch_samples: int = 0
     samples_seen: int = 0
+    # The train loss summed since the last log, one entry per process, so that the next logged
+    # loss is the same as in an uninterrupted run.
+    loss_sums: list[float] = field(default_factory=list)
+    loss_batches: int = 0
+    # Size of metrics.jsonl at this step: a resumed run cuts off what was logged after it.
+    metrics_bytes: int = 0
+    last_eval_step: int = -1
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -37,7 +57,7 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Published checkpoints, oldest first (temporary directories are not listed)."""
+    """Published checkpoints, oldest first, valid or not (staging folders are not listed)."""
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
@@ -45,11 +65,47 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda path: int(path.name[5:]))
 
 
-def save_checkpoint(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> Path:
-    """Save on every process (each one writes its own RNG state), then publish by renaming on the main one."""
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` cannot be resumed from, or None if it is complete and undamaged."""
+    try:
+        record = json.loads((path / LOOP_STATE_FILE).read_text())
+        LoopState(**record["loop_state"])
+        sizes: dict[str, int] = record["file_sizes"]
+    except FileNotFoundError:
+        return f"no {LOOP_STATE_FILE}: the save did not finish"
+    except (ValueError, KeyError, TypeError) as error:
+        return f"{LOOP_STATE_FILE} is damaged ({error})"
+    for name, size in sizes.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, {size} were written"
+    return None
+
+
+def read_loop_state(path: Path) -> LoopState:
+    return LoopState(**json.loads((path / LOOP_STATE_FILE).read_text())["loop_state"])
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_checkpoint(
+    accelerator: Accelerator, config: TrainConfig, state: LoopState, protect: Path | None = None
+) -> Path:
+    """Save on every process (each writes its own RNG state), then publish by renaming on the main one.
+
+    All processes must call this at the same step. `protect` (the checkpoint the run resumed from)
+    is never removed by rotation.
+    """
     root = checkpoint_root(config.output_dir)
     final = root / f"step_{state.step:08d}"
-    staging = root / f".incomplete_step_{state.step:08d}"
+    staging = root / f"{STAGING_PREFIX}{final.name}"
     if accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)  # left by a run killed while saving
     accelerator.wait_for_everyone()
@@ -57,19 +113,118 @@ def save_checkpoint(accelerator: Accelerator, config: TrainConfig, state: LoopSt
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         save_config(config, staging / "config.yaml")
-        _write_durably(staging / LOOP_STATE_FILE, json.dumps(dataclasses.asdict(state), indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        _fsync_dir(root)
-        _rotate(root, keep=config.keep_checkpoints)
+        _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
+        sizes = {path.name: path.stat().st_size for path in sorted(staging.iterdir()) if path.is_file()}
+        for name in sizes:  # the loop state is the seal: the files it vouches for must be on disk first
+            _fsync(staging / name)
+        record = {"loop_state": dataclasses.asdict(state), "file_sizes": sizes}
+        _write_durably(staging / LOOP_STATE_FILE, json.dumps(record, indent=2))
+        _fsync(staging)
+        if final.exists():  # a run that resumed from an older checkpoint saves this step again
+            replaced = root / f"{STAGING_PREFIX}replaced_{final.name}"
+            os.replace(final, replaced)
+            os.replace(staging, final)
+            shutil.rmtree(replaced)
+        else:
+            os.replace(staging, final)
+        _fsync(root)
+        _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect)
     accelerator.wait_for_everyone()
     return final
 
 
-def _rotate(root: Path, keep: int) -> None:
-    for old in list_checkpoints(root.parent)[:-keep]:
-        shutil.rmtree(old)
+def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Path | None]:
+    """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
+
+    `auto` tries the newest checkpoint in output_dir first and falls back to older ones when a
+    checkpoint is damaged, with a warning naming it; all processes agree on which one loaded.
+    """
+    if config.resume == "never":
+        accelerator.print("resume: never, starting fresh")
+        return LoopState(), None
+    if config.resume != "auto":
+        candidates = [Path(config.resume)]
+    else:
+        candidates = []
+        for path in reversed(list_checkpoints(config.output_dir)):
+            problem = checkpoint_problem(path)
+            if problem is None:
+                candidates.append(path)
+            else:
+                accelerator.print(f"WARNING: skipping checkpoint {path}: {problem}")
+    for path in candidates:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            try:
+                state = load_checkpoint(accelerator, path)
+            except Exception as error:  # damaged in a way the size check cannot see
+                problem = f"loading failed: {error!r}"
+        # Every process must leave with the same checkpoint loaded.
+        failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
+        if failed.item() == 0:
+            saved_world = read_meta(path).get("world_size", accelerator.num_processes)
+            accelerator.print(
+                f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples)"
+            )
+            if saved_world != accelerator.num_processes:
+                accelerator.print(
+                    f"note: saved by {saved_world} process(es), resumed by {accelerator.num_processes}: "
+                    "weights, optimizer, schedule and data position carry over; the random streams of "
+                    "processes that did not exist before start from the seed, so the run is not bit-exact"
+                )
+            return state, path
+        problem = problem or "loading failed on another process"
+        if config.resume != "auto":
+            raise ConfigError(f"resume={config.resume}: cannot resume from it: {problem}")
+        accelerator.print(f"WARNING: skipping checkpoint {path}: {problem}")
+    accelerator.print(f"no usable checkpoint in {checkpoint_root(config.output_dir)}: starting fresh")
+    return LoopState(), None
+
+
+def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:
+    """Restore model, optimizer, scheduler, RNG and sampler from `path` on every process."""
+    scaler = accelerator.scaler
+    if scaler is not None and not (path / "scaler.pt").exists():
+        # Saved without fp16 (CPU or bf16): keep the fresh scaler instead of failing to load one.
+        accelerator.scaler = None
+    try:
+        accelerator.load_state(str(path))
+    finally:
+        accelerator.scaler = scaler
+    # Accelerate counts micro-batches for accumulation; checkpoints sit on optimizer-step boundaries,
+    # so the count restarts at a window start (also when a new world size changed the accumulation).
+    accelerator.step = 0
+    return read_loop_state(path)
+
+
+def _meta(accelerator: Accelerator) -> dict[str, Any]:
+    return {
+        "platform": detect_platform(),
+        "world_size": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type),
+        "mixed_precision": accelerator.mixed_precision,
+        "device": str(accelerator.device),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "accelerate": accelerate.__version__,
+        },
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _rotate(output_dir: str | Path, keep: int, protect: Path | None) -> None:
+    """Keep the newest `keep` valid checkpoints (and `protect`); remove the rest and stale staging folders."""
+    root = checkpoint_root(output_dir)
+    valid = [path for path in list_checkpoints(output_dir) if checkpoint_problem(path) is None]
+    kept = set(valid[-keep:])
+    if protect is not None:
+        kept.add(protect)
+    for path in list_checkpoints(output_dir):
+        if path not in kept:
+            shutil.rmtree(path)
+    for staging in root.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(staging)
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -79,9 +234,37 @@ def _write_durably(path: Path, text: str) -> None:
         os.fsync(file.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="List the checkpoints of a run, newest last.")
+    parser.add_argument("output_dir", type=Path, help="the run's output_dir")
+    args = parser.parse_args(argv)
+    paths = list_checkpoints(args.output_dir)
+    if not paths:
+        print(f"no checkpoints under {checkpoint_root(args.output_dir)}")
+        return
+    header = ("checkpoint", "status", "epoch", "samples", "world", "precision", "platform", "saved")
+    print("{:<16} {:<8} {:>5} {:>9} {:>5} {:<9} {:<9} {}".format(*header))
+    for path in paths:
+        problem = checkpoint_problem(path)
+        state = read_loop_state(path) if problem is None else None
+        meta = read_meta(path)
+        print(
+            f"{path.name:<16} {'valid' if problem is None else 'INVALID':<8} "
+            f"{state.epoch if state else '-':>5} {state.samples_seen if state else '-':>9} "
+            f"{meta.get('world_size', '-'):>5} {meta.get('mixed_precision', '-'):<9} "
+            f"{meta.get('platform', '-'):<9} {meta.get('saved_at', '-')}"
+        )
+        if problem:
+            print(f"{'':<16} {problem}")
+
+
+if __name__ == "__main__":
+    main()

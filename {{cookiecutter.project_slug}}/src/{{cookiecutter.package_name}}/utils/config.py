@@ -25,6 +25,7 @@ class TrainConfig:
 
     # Data and model of the default example; add your own fields here.
     eval_fraction: float = 0.2
+    augment_noise: float = 0.05  # std of the Gaussian pixel noise added to training images; 0 = off
     num_workers: int = 0
     hidden_size: int = 256
     dropout: float = 0.1
@@ -32,7 +33,9 @@ class TrainConfig:
     # Optimization. Accumulation is derived, never set: global = per_device x processes x accumulation,
     # so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs.
     num_epochs: int = 20
-    max_steps: int = 0  # cap on optimizer steps; 0 = no cap
+    # Stop after this many optimizer steps (0 = no cap). The LR schedule stays sized by num_epochs,
+    # so a later run with a higher cap continues exactly where this one stopped.
+    max_steps: int = 0
     per_device_batch_size: int = 32
     global_batch_size: int = 64
     learning_rate: float = 3e-3
@@ -46,6 +49,8 @@ class TrainConfig:
     eval_every: int = 0  # 0 = at the end of every epoch
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
+    # auto: continue from the newest valid checkpoint in output_dir, if any; never; or a checkpoint path.
+    resume: str = "auto"
     tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = "{{ cookiecutter.tracker }}"
 
 
@@ -57,6 +62,7 @@ class ConfigError(ValueError):
 _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("output_dir", lambda v: v.strip() != "", "a non-empty path"),
     ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
+    ("augment_noise", lambda v: v >= 0, ">= 0"),
     ("num_workers", lambda v: v >= 0, ">= 0"),
     ("hidden_size", lambda v: v > 0, "> 0"),
     ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -72,6 +78,7 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
     ("checkpoint_every", lambda v: v > 0, "> 0"),
     ("keep_checkpoints", lambda v: v > 0, "> 0"),
+    ("resume", lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto, never or a checkpoint folder"),
 ]
 
 

@@ -8,6 +8,17 @@ import warnings
 import torch
 
 
+def detect_platform() -> str:
+    """`colab`, `kaggle`, `slurm` or `local`, from the environment each platform sets."""
+    if "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+        return "kaggle"
+    if "SLURM_JOB_ID" in os.environ:
+        return "slurm"
+    return "local"
+
+
 def cuda_usable() -> bool:
     # `ACCELERATE_USE_CPU=1` (or `--cpu`) forces a CPU run even where a GPU is present.
     forced_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")

@@ -39,9 +39,26 @@ class JsonlTracker(GeneralTracker):
             file.write(json.dumps({"step": step, **values}) + "\n")
 
 
+def metrics_path(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "metrics.jsonl"
+
+
+def metrics_size(output_dir: str | Path) -> int:
+    path = metrics_path(output_dir)
+    return path.stat().st_size if path.exists() else 0
+
+
+def truncate_metrics(output_dir: str | Path, size: int) -> None:
+    """Cut metrics.jsonl back to `size` bytes: what was logged after the checkpoint is logged again."""
+    path = metrics_path(output_dir)
+    if path.exists() and path.stat().st_size > size:
+        with path.open("r+b") as file:
+            file.truncate(size)
+
+
 def trackers(config: TrainConfig) -> list[Any]:
     """The `log_with` list for the Accelerator."""
-    chosen: list[Any] = [JsonlTracker(Path(config.output_dir) / "metrics.jsonl")]
+    chosen: list[Any] = [JsonlTracker(metrics_path(config.output_dir))]
     if config.tracker != "none":
         _check_installed(config.tracker)
         chosen.append(config.tracker)

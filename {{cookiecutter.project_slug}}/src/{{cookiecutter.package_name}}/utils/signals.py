@@ -1,0 +1,40 @@
+"""Turn SIGTERM, SIGINT and SIGUSR1 into a request to stop cleanly.
+
+The handler only records the request; the training loop acts on it at the next point where all
+processes meet, so every rank finishes the same optimizer step, saves the same checkpoint and exits.
+Colab and Kaggle give no warning before they stop a session; SLURM and the launchers do, with these
+signals (SLURM: `--signal=USR1@300`; `accelerate launch`/torchrun forward SIGTERM and SIGINT to every
+process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from types import FrameType
+
+# Exit status of a run that stopped on a signal after saving a checkpoint: rerun the same command
+# to continue. 75 is EX_TEMPFAIL ("try again later").
+EXIT_STOPPED = 75
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Set by the first stop signal; later ones are noted and ignored, so a save in progress finishes."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def __bool__(self) -> bool:
+        return self.signal_name is not None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.signal_name is None:
+            self.signal_name = name
+            print(f"{name} received: finishing the current step, then saving a checkpoint", file=sys.stderr)
+        else:
+            print(f"{name} received again: already stopping (kill -9 is safe too)", file=sys.stderr)

@@ -1,0 +1,217 @@
+"""Never lose work: a stopped, killed or damaged run continues exactly where it was.
+
+Every test compares against an uninterrupted reference run with the same arguments: dropout is on,
+the training images get random noise, and accumulation is 2 in 1 and in 2 processes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoint import main as list_main
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+
+from .conftest import PROJECT, last_eval, read_metrics, run_training, training_command
+
+pytestmark = pytest.mark.slow
+
+# 8 epochs of 22 optimizer steps; slow enough (a few seconds) to be hit by a signal mid-run.
+EXACT = ["--num_epochs", "8", "--hidden_size", "512", "--log_every", "5", "--checkpoint_every", "20"]
+PER_DEVICE = {1: ["--per_device_batch_size", "32"], 2: ["--per_device_batch_size", "16"]}  # accumulation 2
+TOTAL_STEPS = 176
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
+def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """An uninterrupted run, in 1 or 2 processes."""
+    processes = request.param
+    output_dir = tmp_path_factory.mktemp(f"reference{processes}") / "run"
+    result = run_training(output_dir, *EXACT, *PER_DEVICE[processes], processes=processes)
+    assert f"x {processes} processes x 2 accumulation = global batch 64" in result.stdout
+    return processes, output_dir
+
+
+def assert_same_run(resumed: Path, reference: Path) -> None:
+    """Bitwise-equal exported weights and the same metrics.jsonl, line for line."""
+    expected = load_file(reference / "model" / "model.safetensors")
+    actual = load_file(resumed / "model" / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), f"{name} differs"
+    assert read_metrics(resumed) == read_metrics(reference)
+
+
+def test_resume_after_max_steps_mid_epoch_and_at_epoch_end_is_exact(
+    reference: tuple[int, Path], tmp_path: Path
+) -> None:
+    processes, reference_dir = reference
+    output_dir = tmp_path / "run"
+    args = [*EXACT, *PER_DEVICE[processes]]
+    # Step 30 is mid-epoch (epoch 1), step 66 ends epoch 2; neither is a multiple of checkpoint_every.
+    first = run_training(output_dir, *args, "--max_steps", "30", processes=processes)
+    assert "starting fresh" in first.stdout
+    run_training(output_dir, *args, "--max_steps", "66", processes=processes)
+    last = run_training(output_dir, *args, processes=processes)
+    assert "resuming from" in last.stdout and "step_00000066" in last.stdout
+    assert_same_run(output_dir, reference_dir)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1], ids=lambda s: s.name)
+def test_signal_stops_saves_and_resumes_exactly(
+    reference: tuple[int, Path], tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    processes, reference_dir = reference
+    if processes == 2 and stop_signal == signal.SIGINT:
+        pytest.skip("SIGINT goes to the launcher like SIGTERM; covered in 1 process")
+    output_dir = tmp_path / "run"
+    args = [*EXACT, *PER_DEVICE[processes]]
+    command, env = training_command(output_dir, *args, processes=processes)
+    started = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_for_training(output_dir, process, since=started)
+    assert process.poll() is None, "train.py ended before it was signalled"
+    time.sleep(random.uniform(0.0, 0.8))  # an arbitrary moment, not aligned with any step
+    process.send_signal(stop_signal)
+    output, _ = process.communicate(timeout=120)
+    assert f"{stop_signal.name} received" in output
+    assert "checkpoint saved, run the same command to continue" in output, output[-2000:]
+    # A single process exits with EXIT_STOPPED; the launcher reports the signal it got (non-zero).
+    assert process.returncode == (EXIT_STOPPED if processes == 1 else 1), output[-2000:]
+    stopped_at = max(int(path.name[5:]) for path in list_checkpoints(output_dir))
+    assert stopped_at < TOTAL_STEPS and not (output_dir / "model").exists()
+    resumed = run_training(output_dir, *args, processes=processes)
+    assert f"resuming from {output_dir / 'checkpoints' / f'step_{stopped_at:08d}'}" in resumed.stdout
+    assert_same_run(output_dir, reference_dir)
+
+
+def test_repeated_kill_9_then_auto_resume_ends_bitwise_identical(
+    reference: tuple[int, Path], tmp_path: Path
+) -> None:
+    processes, reference_dir = reference
+    if processes == 2:
+        pytest.skip("kill -9 of one process of a group is a crash of the group; covered in 1 process")
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *EXACT, *PER_DEVICE[1], "--checkpoint_every", "7")
+    rng = random.Random(1234)
+    kills_during_training = 0
+    for attempt in range(6):
+        started = time.time()
+        process = subprocess.Popen(
+            command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        if attempt % 3 == 2:
+            time.sleep(rng.uniform(0.3, 3.0))  # during start-up or while loading the checkpoint
+        else:
+            wait_for_training(output_dir, process, since=started)
+            time.sleep(rng.uniform(0.0, 1.0))  # mid-step, mid-log or mid-save
+            kills_during_training += 1
+        if process.poll() is not None:
+            break
+        process.kill()
+        process.wait()
+        # Whatever was interrupted, every published checkpoint is whole.
+        for path in list_checkpoints(output_dir):
+            assert checkpoint_problem(path) is None, path
+    assert kills_during_training >= 3
+    run_training(output_dir, *EXACT, *PER_DEVICE[1], "--checkpoint_every", "7")
+    # checkpoint_every does not change the training itself, so the reference still applies.
+    assert_same_run(output_dir, reference_dir)
+
+
+def test_damaged_newest_checkpoints_fall_back_to_an_older_one(
+    reference: tuple[int, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    processes, reference_dir = reference
+    if processes == 2:
+        pytest.skip("the fallback is decided before any process-specific work; covered in 1 process")
+    output_dir = tmp_path / "run"
+    shutil.copytree(reference_dir, output_dir)
+    shutil.rmtree(output_dir / "model")
+    newest, second, third = list_checkpoints(output_dir)[::-1][:3]
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated copy
+    (second / "loop_state.json").write_text('{"loop_state": {"step": ')  # torn write
+    staging = output_dir / "checkpoints" / ".incomplete_step_00000999"  # a save killed half-way
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"partial")
+
+    list_main([str(output_dir)])
+    listing = capsys.readouterr().out
+    status = {line.split()[0]: line.split()[1] for line in listing.splitlines() if line.startswith("step_")}
+    assert (status[newest.name], status[second.name], status[third.name]) == ("INVALID", "INVALID", "valid")
+    assert "model.safetensors has" in listing and "loop_state.json is damaged" in listing
+    assert ".incomplete" not in listing
+
+    result = run_training(output_dir, *EXACT, *PER_DEVICE[1])
+    assert f"WARNING: skipping checkpoint {newest}: model.safetensors has" in result.stdout
+    assert f"WARNING: skipping checkpoint {second}: loop_state.json is damaged" in result.stdout
+    assert f"resuming from {third}" in result.stdout
+    assert_same_run(output_dir, reference_dir)
+    # Rotation replaced the damaged checkpoints and removed the staging folder.
+    assert not staging.exists()
+    assert all(checkpoint_problem(path) is None for path in list_checkpoints(output_dir))
+
+
+def test_checkpoint_moves_to_another_world_size(reference: tuple[int, Path], tmp_path: Path) -> None:
+    """2 -> 1 and 1 -> 2 processes: same global batch, same samples seen, close to the reference."""
+    processes, reference_dir = reference
+    other = 3 - processes
+    output_dir = tmp_path / "run"
+    shutil.copytree(reference_dir, output_dir)
+    shutil.rmtree(output_dir / "model")
+    oldest, *newer = list_checkpoints(output_dir)
+    for path in newer:
+        shutil.rmtree(path)
+    result = run_training(output_dir, *EXACT, *PER_DEVICE[processes], processes=other)
+    accumulation = 2 * processes // other
+    assert f"x {other} processes x {accumulation} accumulation = global batch 64" in result.stdout
+    assert f"saved by {processes} process(es), resumed by {other}" in result.stdout
+    assert f"resuming from {oldest}" in result.stdout
+    resumed, expected = read_metrics(output_dir), read_metrics(reference_dir)
+    last_train = [row for row in resumed if "train/samples_seen" in row][-1]
+    assert last_train["step"] == TOTAL_STEPS and last_train["train/samples_seen"] == TOTAL_STEPS * 64
+    assert [row["step"] for row in resumed] == [row["step"] for row in expected]
+    assert last_eval(output_dir)["eval/loss"] == pytest.approx(last_eval(reference_dir)["eval/loss"], rel=0.1)
+    assert last_eval(output_dir)["eval/accuracy"] == pytest.approx(
+        last_eval(reference_dir)["eval/accuracy"], abs=0.02
+    )
+
+
+def wait_for_training(
+    output_dir: Path, process: subprocess.Popen, since: float, timeout: float = 120
+) -> None:
+    """Block until this run has written metrics.jsonl (it cuts it on resume, then logs): it is training."""
+    deadline = time.monotonic() + timeout
+    metrics = output_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.stat().st_mtime > since and metrics.stat().st_size):
+        if process.poll() is not None:
+            return
+        assert time.monotonic() < deadline, "train.py did not start training"
+        time.sleep(0.05)
+
+
+def test_listing_shows_step_validity_and_metadata(
+    reference: tuple[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    processes, reference_dir = reference
+    list_main([str(reference_dir)])
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split()[:3] == ["checkpoint", "status", "epoch"]
+    newest = listing[-1].split()
+    assert newest[:2] == [f"step_{TOTAL_STEPS:08d}", "valid"]
+    assert newest[4:7] == [str(processes), "no", "local"]  # world size, precision, platform
+    meta = json.loads((reference_dir / "checkpoints" / f"step_{TOTAL_STEPS:08d}" / "meta.json").read_text())
+    assert set(meta["versions"]) == {"python", "torch", "accelerate"}
