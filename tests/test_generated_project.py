@@ -1,0 +1,101 @@
+"""The generated project works with its own tools: pre-commit, pip, and its own test suite.
+
+These run real subprocesses (hook installs from PyPI, CPU training runs), so they are marked `slow`;
+they still run by default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from .conftest import CHOICES, RENDERS, Render, explain, render_template, run
+
+pytestmark = pytest.mark.slow
+
+
+def project_env(project: Path) -> dict[str, str]:
+    """The environment a user's shell would give the project: its src/ importable, no outer pytest options."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(project / "src")
+    return env
+
+
+def canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares it."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_pre_commit_passes_in_a_fresh_project(tmp_path: Path) -> None:
+    """In a new git repo of the default render, `pre-commit run --all-files` passes without changing a file.
+
+    The hooks are `repo: local` with pinned PyPI packages; their environments are cached in
+    PRE_COMMIT_HOME (default ~/.cache/pre-commit), which this test leaves as it is.
+    """
+    project = render_template(tmp_path, {})
+    if not (project / ".pre-commit-config.yaml").exists():
+        pytest.skip("the template has no .pre-commit-config.yaml yet")
+    for command in (["git", "init", "-q"], ["git", "add", "-A"]):
+        result = run(command, cwd=project, timeout=60)
+        assert result.returncode == 0, explain(result)
+    result = run(
+        [sys.executable, "-m", "pre_commit", "run", "--all-files", "--show-diff-on-failure", "--color=never"],
+        cwd=project,
+        timeout=1800,
+    )
+    assert result.returncode == 0, explain(result)
+
+
+@pytest.mark.parametrize("name", ["default", "license=none", "custom-names"])
+def test_pip_can_install_the_project_with_dev_extras(tmp_path: Path, name: str) -> None:
+    """`pip install --dry-run -e '.[dev]'` succeeds: the PEP 621 metadata and the src layout build.
+
+    torch is already installed, so the resolver must not want another torch (a multi-GB download).
+    """
+    project = render_template(tmp_path, RENDERS[name])
+    result = run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-input", "-e", ".[dev]"],
+        cwd=project,
+        timeout=900,
+    )
+    assert result.returncode == 0, explain(result)
+    would_install = re.search(r"^Would install (.*)$", result.stdout, re.MULTILINE)
+    assert would_install, explain(result)
+    pairs = (package.rsplit("-", 1) for package in would_install.group(1).split())
+    packages = {canonical(name): version for name, version in pairs}
+    assert packages.get(canonical(project.name)) == "0.1.0", packages
+    assert not [name for name in packages if name == "torch" or name.startswith("nvidia")], packages
+
+
+def test_generated_test_suite_passes(render: Callable[..., Render]) -> None:
+    """The default project's own test suite (real CPU training, a 2-process gloo run) passes."""
+    project = render().path
+    if not list((project / "tests").glob("test_*.py")):
+        pytest.skip("the template has no tests yet")
+    result = run(
+        [sys.executable, "-m", "pytest", "-q", "-x"], cwd=project, env=project_env(project), timeout=900
+    )
+    assert result.returncode == 0, explain(result)
+
+
+@pytest.mark.parametrize("tracker", CHOICES["tracker"])
+def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> None:
+    """With each tracker, the project's tracker test runs for real (not skipped) and passes offline."""
+    project = render(tracker=tracker).path
+    if not (project / "tests" / "test_tracking.py").exists():
+        pytest.skip("the template has no tests/test_tracking.py yet")
+    result = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "tests/test_tracking.py"],
+        cwd=project,
+        env=project_env(project),
+        timeout=900,
+    )
+    assert result.returncode == 0, explain(result)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary, explain(result)
+    assert "skipped" not in summary, f"the tracker test did not really run: {summary}"

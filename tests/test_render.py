@@ -1,0 +1,227 @@
+"""What each answer changes in the generated project, and that every render is complete."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+import warnings
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import (
+    CHOICES,
+    CUSTOM_NAMES,
+    DEFAULT_PACKAGE,
+    DEFAULT_SLUG,
+    DERIVED_NAMES,
+    Render,
+)
+
+# `{{ x }}`, `{% tag %}` and `{# comment #}` left in the output mean a broken or unrendered template.
+# `${#var}` is bash (string length), not Jinja.
+JINJA = re.compile(r"(?<!\$)\{[{%#]")
+
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
+# The words that identify each tracker's code in tracking.py.
+TRACKER_WORDS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+LICENSE_TEXT = {
+    "MIT": ["MIT License", "Permission is hereby granted, free of charge"],
+    "Apache-2.0": ["Apache License", "Version 2.0, January 2004"],
+    "BSD-3-Clause": ["BSD 3-Clause License", "Redistribution and use in source and binary forms"],
+}
+
+
+def pyproject(project: Render) -> dict[str, Any]:
+    return tomllib.loads((project.path / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def dependency_names(project: Render) -> set[str]:
+    return {
+        re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower()
+        for requirement in pyproject(project)["project"]["dependencies"]
+    }
+
+
+def test_no_jinja_survives(any_render: Render) -> None:
+    """Every file and path of the render is fully rendered: no `{{`, `{%` or `{#` is left anywhere."""
+    assert any_render.files, "the render is empty"
+    leftovers = []
+    for relative in any_render.files:
+        if JINJA.search(str(relative)):
+            leftovers.append(f"{relative}: in the path")
+        text = (any_render.path / relative).read_text(encoding="utf-8")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if JINJA.search(line):
+                leftovers.append(f"{relative}:{number}: {line.strip()}")
+    assert not leftovers, "unrendered Jinja:\n" + "\n".join(leftovers)
+
+
+def test_pyproject_is_valid_and_names_the_project(any_render: Render) -> None:
+    """pyproject.toml parses as TOML and carries the slug, the author and the description."""
+    project = pyproject(any_render)["project"]
+    assert project["name"] == any_render.path.name
+    assert project["authors"][0]["name"] == "Your Name"
+    assert project["description"]
+
+
+def test_default_render_uses_the_default_names(render: Callable[..., Render]) -> None:
+    """With no answers, the project is `digits-classifier` with the package `src/digits_classifier/`."""
+    default = render()
+    assert default.path.name == DEFAULT_SLUG
+    assert [p.name for p in (default.path / "src").iterdir()] == [DEFAULT_PACKAGE]
+
+
+@pytest.mark.parametrize("version", CHOICES["python_version"])
+def test_python_version_sets_requires_python_and_ruff_target(
+    render: Callable[..., Render], version: str
+) -> None:
+    """python_version sets `requires-python = ">=3.X"` and ruff's `target-version = "py3X"`."""
+    project = render(python_version=version)
+    config = pyproject(project)
+    assert config["project"]["requires-python"] == f">={version}"
+    assert config["tool"]["ruff"]["target-version"] == f"py{version.replace('.', '')}"
+    text = (project.path / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'requires-python = ">={version}"' in text
+
+
+@pytest.mark.parametrize("version", CHOICES["python_version"])
+def test_python_sources_use_only_syntax_of_the_minimum_version(
+    render: Callable[..., Render], version: str
+) -> None:
+    """Every .py file parses with the grammar of the chosen minimum Python (no newer syntax slips in)."""
+    project = render(python_version=version)
+    major, minor = (int(part) for part in version.split("."))
+    for relative in project.files:
+        if relative.suffix == ".py":
+            source = (project.path / relative).read_text(encoding="utf-8")
+            ast.parse(source, filename=str(relative), feature_version=(major, minor))
+
+
+@pytest.mark.parametrize("license_id", [value for value in CHOICES["license"] if value != "none"])
+def test_license_file_and_spdx_field(render: Callable[..., Render], license_id: str) -> None:
+    """license writes that license's text to LICENSE and its SPDX id to `license`; no other license's text."""
+    project = render(license=license_id)
+    text = (project.path / "LICENSE").read_text(encoding="utf-8")
+    for phrase in LICENSE_TEXT[license_id]:
+        assert phrase in text
+    for other, phrases in LICENSE_TEXT.items():
+        if other != license_id:
+            assert phrases[0] not in text, f"{license_id} LICENSE contains the {other} title"
+    if license_id != "Apache-2.0":  # the Apache text itself names no copyright holder
+        year = datetime.now(UTC).year
+        assert re.search(rf"Copyright \(c\) ({year}|{year - 1}),? Your Name", text), text[:300]
+    config = pyproject(project)["project"]
+    assert config["license"] == license_id
+    assert config["license-files"] == ["LICENSE"]
+
+
+def test_license_none_has_no_license_file_or_field(render: Callable[..., Render]) -> None:
+    """license=none leaves no LICENSE file, and pyproject.toml has no `license`/`license-files` key."""
+    project = render(license="none")
+    assert not (project.path / "LICENSE").exists()
+    config = pyproject(project)["project"]
+    assert "license" not in config
+    assert "license-files" not in config
+    assert not re.search(r"^license", (project.path / "pyproject.toml").read_text(), re.MULTILINE)
+
+
+@pytest.mark.parametrize("tracker", CHOICES["tracker"])
+def test_tracker_dependency_is_only_the_chosen_one(render: Callable[..., Render], tracker: str) -> None:
+    """tracker adds its package to the dependencies, and no other tracker's (none for `none`)."""
+    names = dependency_names(render(tracker=tracker))
+    expected = {TRACKER_PACKAGES[tracker]} if tracker in TRACKER_PACKAGES else set()
+    assert names & set(TRACKER_PACKAGES.values()) == expected
+
+
+@pytest.mark.parametrize("tracker", CHOICES["tracker"])
+def test_tracker_is_the_default_of_every_config(render: Callable[..., Render], tracker: str) -> None:
+    """Every platform config under configs/ says `tracker: <choice>`."""
+    project = render(tracker=tracker)
+    configs = sorted((project.path / "configs").glob("*.yaml"))
+    assert configs, "no configs/*.yaml"
+    for path in configs:
+        assert yaml.safe_load(path.read_text(encoding="utf-8"))["tracker"] == tracker, path.name
+        assert re.search(rf"^tracker: {re.escape(tracker)}$", path.read_text(), re.MULTILINE), path.name
+
+
+@pytest.mark.parametrize("tracker", CHOICES["tracker"])
+def test_tracking_code_of_other_trackers_is_cut(render: Callable[..., Render], tracker: str) -> None:
+    """utils/tracking.py never names a tracker that was not chosen; the chosen one's setup is there."""
+    project = render(tracker=tracker)
+    code = (project.path / "src" / project.package / "utils" / "tracking.py").read_text(encoding="utf-8")
+    for other, word in TRACKER_WORDS.items():
+        if other != tracker:
+            assert word not in code.lower(), f"tracker={tracker}: tracking.py mentions {word}"
+    if tracker == "wandb":
+        assert "WANDB_MODE" in code  # offline unless an API key is set
+    if tracker == "mlflow":
+        assert "MLFLOW_TRACKING_URI" in code  # a local file store unless a server is configured
+
+
+def test_custom_names_are_used_everywhere(render: Callable[..., Render]) -> None:
+    """Custom project_name/project_slug/package_name: the folder, src/<package>/, the imports, the title."""
+    project = render(**CUSTOM_NAMES)
+    package = CUSTOM_NAMES["package_name"]
+    assert project.path.name == CUSTOM_NAMES["project_slug"]
+    assert (project.path / "src" / package / "__init__.py").is_file()
+    assert [p.name for p in (project.path / "src").iterdir()] == [package]
+    train = (project.path / "train.py").read_text(encoding="utf-8")
+    assert re.search(rf"^from {package}(\.\w+)* import ", train, re.MULTILINE), "train.py does not import it"
+    assert pyproject(project)["project"]["name"] == CUSTOM_NAMES["project_slug"]
+    readme = (project.path / "README.md").read_text(encoding="utf-8")
+    assert readme.startswith(f"# {CUSTOM_NAMES['project_name']}\n")
+    stale = [
+        str(relative)
+        for relative in project.files
+        if re.search(
+            r"digits[-_]classifier|Digits Classifier", (project.path / relative).read_text(encoding="utf-8")
+        )
+    ]
+    assert not stale, f"default names left in {stale}"
+
+
+def test_slug_and_package_derive_from_project_name(render: Callable[..., Render]) -> None:
+    """With only project_name given, the slug is its lowercase-dashed form and the package its identifier."""
+    project = render(**DERIVED_NAMES)
+    assert project.path.name == "protein-folding-v2"
+    assert (project.path / "src" / "protein_folding_v2" / "__init__.py").is_file()
+    assert "from protein_folding_v2." in (project.path / "train.py").read_text(encoding="utf-8")
+
+
+def test_empty_author_email_is_allowed(render: Callable[..., Render]) -> None:
+    """An empty author_email passes the hook and gives an author entry without an email key."""
+    project = render(author_email="")
+    assert pyproject(project)["project"]["authors"] == [{"name": "Your Name"}]
+
+
+def test_free_text_with_quotes_and_backslashes_stays_valid(render: Callable[..., Render]) -> None:
+    """Quotes and backslashes in the free-text answers reach the files intact and break no syntax."""
+    description = 'Says "hi" to C:\\data'
+    author = 'Seán O\'Brien "Jr"'
+    project = render(description=description, author_name=author)
+    config = pyproject(project)["project"]
+    assert config["description"] == description
+    assert config["authors"][0]["name"] == author
+    for relative in project.files:
+        if relative.suffix == ".py":
+            source = (project.path / relative).read_text(encoding="utf-8")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # an invalid escape such as "\\d" is only a warning
+                compile(source, str(relative), "exec")
+    init = (project.path / "src" / project.package / "__init__.py").read_text(encoding="utf-8")
+    assert description in (ast.get_docstring(ast.parse(init)) or "")
+
+
+def test_scripts_are_executable(render: Callable[..., Render]) -> None:
+    """scripts/*.sh keep their executable bit, so `scripts/run_local.sh` runs as the README shows."""
+    project = render()
+    scripts = sorted((project.path / "scripts").glob("*.sh"))
+    if not scripts:
+        pytest.skip("the template has no scripts/*.sh yet")
+    for script in scripts:
+        assert script.stat().st_mode & 0o111, f"{script.name} is not executable"

@@ -1,0 +1,91 @@
+"""The template repository itself: git holds every template file, and its pre-commit hooks pass."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import HOOKS_DIR, TEMPLATE, TEMPLATE_DIR, explain, run
+
+# Byproducts of running Python or its tools, never part of the template.
+CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+def git(*args: str) -> list[str]:
+    result = run(["git", *args], cwd=TEMPLATE, timeout=60)
+    assert result.returncode == 0, explain(result)
+    return [line for line in result.stdout.split("\0") if line]
+
+
+@pytest.fixture(scope="module")
+def checkout() -> None:
+    if shutil.which("git") is None or run(["git", "rev-parse"], cwd=TEMPLATE).returncode != 0:
+        pytest.skip("not a git checkout")
+
+
+def walk(folder: Path) -> set[str]:
+    """Every file under folder, as a path relative to the repository root, without caches."""
+    found = set()
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d not in CACHES]
+        for name in files:
+            if not name.endswith((".pyc", ".pyo")):
+                found.add((Path(root) / name).relative_to(TEMPLATE).as_posix())
+    return found
+
+
+@pytest.mark.usefixtures("checkout")
+def test_every_template_file_is_tracked() -> None:
+    """Each file under the template folder and hooks/ is in git: nothing a clone would miss.
+
+    A .gitignore rule (the repo's, or the generated project's own, which also applies inside the template
+    folder) that matches a template file hides it from `git add -A`; a fresh clone then renders a
+    project without it. Locally this also flags a new template file that was never added.
+    """
+    tracked = set(git("ls-files", "-z", "--", TEMPLATE_DIR.name, HOOKS_DIR.name))
+    untracked = sorted((walk(TEMPLATE_DIR) | walk(HOOKS_DIR)) - tracked)
+    if not untracked:
+        return
+    ignored = set(git("ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--", *untracked))
+    report = [
+        f"{path}  ({'IGNORED by a .gitignore' if path in ignored else 'not added'})" for path in untracked
+    ]
+    pytest.fail("template files git does not track:\n" + "\n".join(report))
+
+
+@pytest.mark.usefixtures("checkout")
+def test_no_tracked_file_matches_an_ignore_rule() -> None:
+    """No tracked file matches a .gitignore rule: such a rule would hide the next file of its kind.
+
+    This is the check that still works on a clean clone, where ignored files simply do not exist.
+    """
+    ignored = git("ls-files", "-z", "--cached", "--ignored", "--exclude-standard")
+    assert not ignored, "tracked files that a .gitignore rule matches:\n" + "\n".join(ignored)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("checkout")
+def test_repository_pre_commit_passes(tmp_path: Path) -> None:
+    """`pre-commit run --all-files` passes on what `git add -A` would commit (run in a copy: fixers write)."""
+    if not (TEMPLATE / ".pre-commit-config.yaml").exists():
+        pytest.skip("no .pre-commit-config.yaml in the repository yet")
+    files = git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    copy = tmp_path / "repo"
+    for relative in files:
+        source = TEMPLATE / relative
+        if source.is_file():  # a tracked file deleted in the working tree is not copied
+            (copy / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / relative)
+    for command in (["git", "init", "-q"], ["git", "add", "-A"]):
+        result = run(command, cwd=copy, timeout=60)
+        assert result.returncode == 0, explain(result)
+    result = run(
+        [sys.executable, "-m", "pre_commit", "run", "--all-files", "--show-diff-on-failure", "--color=never"],
+        cwd=copy,
+        timeout=1800,
+    )
+    assert result.returncode == 0, explain(result)
