@@ -59,6 +59,7 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         ("mixed_precision: fp32\n", r"config\.yaml: mixed_precision='fp32' is not one of"),
         ("num_epochs: 0\n", r"config\.yaml: num_epochs=0 is invalid: it must be > 0"),
         ("- a list\n", r"config\.yaml: expected a mapping"),
+        ("resume: /no/such\n", r"resume='/no/such' is invalid: it must be auto, never or a checkpoint"),
     ],
 )
 def test_wrong_types_and_values_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:

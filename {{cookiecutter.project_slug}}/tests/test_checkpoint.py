@@ -1,0 +1,92 @@
+"""Checkpoint mechanics in one process: rotation rules and precision changes across a resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+
+from {{ cookiecutter.package_name }}.utils.checkpoint import (
+    LoopState,
+    _rotate,
+    checkpoint_problem,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from {{ cookiecutter.package_name }}.utils.config import TrainConfig
+
+from .conftest import last_eval, run_training
+
+
+def fake_checkpoint(root: Path, step: int, valid: bool) -> Path:
+    path = root / "checkpoints" / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    if valid:
+        state = {"loop_state": {"step": step}, "file_sizes": {}}
+        (path / "loop_state.json").write_text(json.dumps(state))
+    return path
+
+
+def test_rotation_keeps_the_newest_valid_and_the_protected_checkpoint(tmp_path: Path) -> None:
+    resumed_from = fake_checkpoint(tmp_path, 1, valid=True)
+    fake_checkpoint(tmp_path, 2, valid=True)
+    fake_checkpoint(tmp_path, 3, valid=False)  # killed before its loop state was written
+    newest = fake_checkpoint(tmp_path, 4, valid=True)
+    _rotate(tmp_path, keep=1, protect=resumed_from)
+    assert list_checkpoints(tmp_path) == [resumed_from, newest]
+
+
+def test_rotation_never_removes_the_only_valid_checkpoint(tmp_path: Path) -> None:
+    only_valid = fake_checkpoint(tmp_path, 1, valid=True)
+    fake_checkpoint(tmp_path, 2, valid=False)
+    _rotate(tmp_path, keep=1, protect=None)
+    assert list_checkpoints(tmp_path) == [only_valid]
+
+
+@pytest.fixture
+def accelerator() -> Iterator[Accelerator]:
+    yield Accelerator(cpu=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_fp16_resume_of_a_checkpoint_without_scaler_state(accelerator: Accelerator, tmp_path: Path) -> None:
+    """A CPU or bf16 checkpoint has no scaler.pt; resuming it with an fp16 GradScaler must not fail."""
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    config = TrainConfig(output_dir=str(tmp_path))
+    path = save_checkpoint(accelerator, config, LoopState(step=3, samples_seen=192))
+    assert checkpoint_problem(path) is None and not (path / "scaler.pt").exists()
+
+    # What an fp16 run on a GPU has: a GradScaler. This machine has no GPU, so it is set by hand.
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    accelerator.scaler = scaler
+    state = load_checkpoint(accelerator, path)
+    assert (state.step, state.samples_seen) == (3, 192)
+    assert accelerator.scaler is scaler and scaler.get_scale() == 1024.0  # fresh, not loaded
+
+    # And the other way: an fp16 checkpoint (with scaler.pt) resumed without a scaler.
+    fp16_path = save_checkpoint(accelerator, config, LoopState(step=4))
+    assert (fp16_path / "scaler.pt").exists()
+    accelerator.scaler = None
+    assert load_checkpoint(accelerator, fp16_path).step == 4
+
+
+@pytest.mark.slow
+def test_bf16_checkpoint_resumes_in_fp32_and_back(tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    args = ["--num_epochs", "2", "--log_every", "5", "--checkpoint_every", "10"]
+    first = run_training(output_dir, *args, "--mixed_precision", "bf16", "--max_steps", "20")
+    assert "mixed precision bf16" in first.stdout
+    second = run_training(output_dir, *args, "--mixed_precision", "no", "--max_steps", "30")
+    assert "resuming from" in second.stdout and "mixed precision no" in second.stdout
+    third = run_training(output_dir, *args, "--mixed_precision", "bf16")
+    assert "resuming from" in third.stdout and "step_00000030" in third.stdout
+    assert last_eval(output_dir)["step"] == 44
+    assert last_eval(output_dir)["eval/accuracy"] > 0.7
