@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
 from .conftest import QUICK, last_eval, read_metrics, run_training
@@ -40,12 +40,13 @@ def test_metrics_log_every_event_once(single_run: tuple) -> None:
 def test_checkpoints_are_complete_and_rotated(single_run: tuple) -> None:
     output_dir, _ = single_run
     checkpoints = sorted(path.name for path in (output_dir / "checkpoints").iterdir())
-    assert checkpoints == ["step_00000060", "step_00000080"]  # keep_checkpoints 2, every 20 steps
-    newest = output_dir / "checkpoints" / "step_00000080"
-    state = json.loads((newest / "loop_state.json").read_text())
-    assert state == {"step": 80, "epoch": 3, "epoch_samples": (80 - 66) * 64, "samples_seen": 80 * 64}
+    # Every 20 steps and at the end (88), keeping the newest 2.
+    assert checkpoints == ["step_00000080", "step_00000088"]
+    state = read_loop_state(output_dir / "checkpoints" / "step_00000080")
+    assert (state.step, state.epoch, state.samples_seen) == (80, 3, 80 * 64)
+    assert state.epoch_samples == (80 - 66) * 64  # epoch 3 started after step 66
     for name in ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl", "config.yaml"]:
-        assert (newest / name).is_file(), name
+        assert (output_dir / "checkpoints" / "step_00000080" / name).is_file(), name
 
 
 def test_exported_model_reproduces_logged_accuracy_with_plain_pytorch(single_run: tuple) -> None:

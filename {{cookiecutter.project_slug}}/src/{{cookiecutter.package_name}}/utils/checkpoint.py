@@ -121,12 +121,8 @@ def save_checkpoint(
         _write_durably(staging / LOOP_STATE_FILE, json.dumps(record, indent=2))
         _fsync(staging)
         if final.exists():  # a run that resumed from an older checkpoint saves this step again
-            replaced = root / f"{STAGING_PREFIX}replaced_{final.name}"
-            os.replace(final, replaced)
-            os.replace(staging, final)
-            shutil.rmtree(replaced)
-        else:
-            os.replace(staging, final)
+            _remove(final)
+        os.replace(staging, final)
         _fsync(root)
         _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect)
     accelerator.wait_for_everyone()
@@ -222,9 +218,18 @@ def _rotate(output_dir: str | Path, keep: int, protect: Path | None) -> None:
         kept.add(protect)
     for path in list_checkpoints(output_dir):
         if path not in kept:
-            shutil.rmtree(path)
+            _remove(path)
     for staging in root.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(staging)
+
+
+def _remove(path: Path) -> None:
+    # Renamed out of sight first: a kill during the deletion must not leave a half-deleted step_<N>.
+    doomed = path.with_name(f"{STAGING_PREFIX}removed_{path.name}")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed)
 
 
 def _write_durably(path: Path, text: str) -> None:
