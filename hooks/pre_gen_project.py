@@ -16,7 +16,8 @@ PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
 AUTHOR_EMAIL = {{ cookiecutter.author_email | tojson }}
 
 # Importing any of these under the project's name would hide the real module.
-SHADOWED = {"torch", "accelerate", "numpy", "yaml", "sklearn", "safetensors", "tqdm", "wandb", "mlflow", "tensorboard"}
+SHADOWED = {"torch", "accelerate", "numpy", "yaml", "sklearn", "safetensors", "tqdm"}
+SHADOWED |= {"tensorboard", "wandb", "mlflow"}
 
 
 def problems() -> list[str]:

@@ -38,8 +38,6 @@ def test_pre_commit_passes_in_a_fresh_project(tmp_path: Path) -> None:
     PRE_COMMIT_HOME (default ~/.cache/pre-commit), which this test leaves as it is.
     """
     project = render_template(tmp_path, {})
-    if not (project / ".pre-commit-config.yaml").exists():
-        pytest.skip("the template has no .pre-commit-config.yaml yet")
     for command in (["git", "init", "-q"], ["git", "add", "-A"]):
         result = run(command, cwd=project, timeout=60)
         assert result.returncode == 0, explain(result)
@@ -75,8 +73,6 @@ def test_pip_can_install_the_project_with_dev_extras(tmp_path: Path, name: str) 
 def test_generated_test_suite_passes(render: Callable[..., Render]) -> None:
     """The default project's own test suite (real CPU training, a 2-process gloo run) passes."""
     project = render().path
-    if not list((project / "tests").glob("test_*.py")):
-        pytest.skip("the template has no tests yet")
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x"], cwd=project, env=project_env(project), timeout=900
     )
@@ -87,8 +83,6 @@ def test_generated_test_suite_passes(render: Callable[..., Render]) -> None:
 def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> None:
     """With each tracker, the project's tracker test runs for real (not skipped) and passes offline."""
     project = render(tracker=tracker).path
-    if not (project / "tests" / "test_tracking.py").exists():
-        pytest.skip("the template has no tests/test_tracking.py yet")
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x", "tests/test_tracking.py"],
         cwd=project,

@@ -92,5 +92,5 @@ def _check_installed(tracker: str) -> None:
     if importlib.util.find_spec(tracker) is None:
         raise RuntimeError(
             f"tracker {tracker!r} is configured but its package is not installed: "
-            f"pip install {tracker}, or set tracker: none"
+            "pip install -e . (the project lists it), or set tracker: none"
         )
