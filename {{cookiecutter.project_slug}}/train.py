@@ -1,7 +1,9 @@
 """Train a model with Hugging Face Accelerate: the whole loop, top to bottom.
 
-    python train.py --config configs/local.yaml [--field value ...]
-    accelerate launch --num_processes 2 train.py --config configs/kaggle.yaml
+    python train.py [--config configs/local.yaml] [--field value ...]
+    scripts/run_local.sh | run_colab.sh | run_kaggle.sh | sbatch scripts/run_slurm.sh
+
+Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
 
 Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop (accumulation,
 logging, evaluation, checkpoints, stop on signal) -> export. The data and the model come from
@@ -37,16 +39,20 @@ from {{ cookiecutter.package_name }}.utils.config import (
     load_config,
     save_config,
 )
-from {{ cookiecutter.package_name }}.utils.hardware import resolve_mixed_precision
+from {{ cookiecutter.package_name }}.utils.hardware import check_output_dir, detect_platform, resolve_mixed_precision
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest
 from {{ cookiecutter.package_name }}.utils.tracking import metrics_size, setup_tracker, trackers, truncate_metrics
 
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
+CONFIGS = Path(__file__).parent / "configs"
 
 
 def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()  # first, so that a signal during start-up is not lost
-    config, config_path = load_config(argv, DEFAULT_CONFIG)
+    config, config_path = load_config(argv, default_path=CONFIGS / f"{detect_platform()}.yaml")
+    try:
+        output_warnings = check_output_dir(config.output_dir, detect_platform())
+    except ValueError as error:
+        raise ConfigError(f"{config_path}: {error}") from error
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
     accelerator = Accelerator(
@@ -67,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
             config, accelerator.num_processes
         )
+        for warning in output_warnings:
+            accelerator.print(f"WARNING: {warning}")
         finished = train(accelerator, config, config_path, stop)
     finally:
         accelerator.end_training()  # closes trackers and the process group, also after a crash
@@ -78,7 +86,8 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     output_dir = Path(config.output_dir)
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.print(
-        f"config {config_path} | world size {accelerator.num_processes} | device {accelerator.device} | "
+        f"platform {detect_platform()} | config {config_path} | world size {accelerator.num_processes} | "
+        f"device {accelerator.device} | "
         f"mixed precision {accelerator.mixed_precision} | per-device batch {config.per_device_batch_size} x "
         f"{accelerator.num_processes} processes x {accumulation} accumulation = global batch "
         f"{config.global_batch_size}"

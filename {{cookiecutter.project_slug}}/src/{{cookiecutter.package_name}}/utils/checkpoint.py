@@ -24,9 +24,10 @@ from typing import Any
 
 import accelerate
 import torch
+import yaml
 from accelerate import Accelerator
 
-from .config import ConfigError, TrainConfig, save_config
+from .config import RUN_DEFINING_FIELDS, ConfigError, TrainConfig, save_config
 from .hardware import detect_platform
 
 LOOP_STATE_FILE = "loop_state.json"
@@ -136,6 +137,11 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
     checkpoint is damaged, with a warning naming it; all processes agree on which one loaded.
     """
     if config.resume == "never":
+        if list_checkpoints(config.output_dir):
+            raise ConfigError(
+                f"resume=never, but {checkpoint_root(config.output_dir)} holds checkpoints of an earlier "
+                "run: choose a new output_dir, or delete that folder to start over"
+            )
         accelerator.print("resume: never, starting fresh")
         return LoopState(), None
     if config.resume != "auto":
@@ -155,6 +161,12 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
                 state = load_checkpoint(accelerator, path)
             except Exception as error:  # damaged in a way the size check cannot see
                 problem = f"loading failed: {error!r}"
+        if problem is None and config.resume == "auto" and (changed := _changed_fields(path, config)):
+            # Refuse before anything is overwritten: two different runs must not share a folder.
+            raise ConfigError(
+                f"{config.output_dir} holds a run with other settings ({changed}): rerun with the same "
+                "settings to continue it, or choose a new output_dir for this one"
+            )
         # Every process must leave with the same checkpoint loaded.
         failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
         if failed.item() == 0:
@@ -175,6 +187,16 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
         accelerator.print(f"WARNING: skipping checkpoint {path}: {problem}")
     accelerator.print(f"no usable checkpoint in {checkpoint_root(config.output_dir)}: starting fresh")
     return LoopState(), None
+
+
+def _changed_fields(path: Path, config: TrainConfig) -> str:
+    saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    changes = [
+        f"{name} {saved.get(name)!r} -> {getattr(config, name)!r}"
+        for name in RUN_DEFINING_FIELDS
+        if saved.get(name) != getattr(config, name)
+    ]
+    return ", ".join(changes)
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:

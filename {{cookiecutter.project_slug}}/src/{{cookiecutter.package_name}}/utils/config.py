@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -52,6 +53,23 @@ class TrainConfig:
     # auto: continue from the newest valid checkpoint in output_dir, if any; never; or a checkpoint path.
     resume: str = "auto"
     tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = "{{ cookiecutter.tracker }}"
+
+
+# Fields that define the optimization: a checkpoint continues only a run with the same values.
+# The others (batch split, precision, logging, output) may change between sessions and platforms.
+RUN_DEFINING_FIELDS = (
+    "seed",
+    "eval_fraction",
+    "augment_noise",
+    "hidden_size",
+    "dropout",
+    "num_epochs",
+    "global_batch_size",
+    "learning_rate",
+    "weight_decay",
+    "warmup_steps",
+    "max_grad_norm",
+)
 
 
 class ConfigError(ValueError):
@@ -173,6 +191,11 @@ def load_config(argv: list[str] | None, default_path: str | Path) -> tuple[Train
             values[name] = _coerce(name, text, kind, f"--{name}")
             sources[name] = f"--{name}"
     config = TrainConfig(**values)
+    # "$SCRATCH/runs/digits" or "~/runs": cluster paths differ per user.
+    config.output_dir = os.path.expanduser(os.path.expandvars(config.output_dir))
+    if "$" in config.output_dir:
+        where = sources.get("output_dir", "default")
+        raise ConfigError(f"{where}: output_dir={config.output_dir!r} names an unset environment variable")
     check_values(config, sources)
     return config, args.config
 

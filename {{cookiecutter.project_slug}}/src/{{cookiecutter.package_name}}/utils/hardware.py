@@ -1,11 +1,28 @@
-"""Decisions that depend on the hardware the run landed on."""
+"""Where the run landed: platform, devices, and the decisions that follow from them.
+
+Device facts come from one place, `nvidia-smi --query-gpu=...` (the launchers in scripts/ read the
+same), so tests can fake a T4 or an A100 with a stand-in `nvidia-smi` on PATH.
+
+Print an environment report, the first thing to paste into a bug report:
+
+    python -m {{ cookiecutter.package_name }}.utils.hardware
+"""
 
 from __future__ import annotations
 
 import os
+import platform
+import shutil
+import subprocess
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 
+import accelerate
 import torch
+
+COLAB_DRIVE = Path("/content/drive/MyDrive")
+KAGGLE_WORKING = Path("/kaggle/working")
 
 
 def detect_platform() -> str:
@@ -19,25 +36,121 @@ def detect_platform() -> str:
     return "local"
 
 
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: tuple[int, int]
+    memory_mib: int
+
+
+def gpu_facts() -> list[Gpu]:
+    """The GPUs this process may use, as nvidia-smi reports them; [] without nvidia-smi."""
+    executable = shutil.which("nvidia-smi")
+    if executable is None:
+        return []
+    query = [executable, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]
+    try:
+        output = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in output.splitlines():
+        if line.strip():
+            name, capability, memory = (part.strip() for part in line.split(","))
+            major, minor = capability.split(".")
+            gpus.append(Gpu(name, (int(major), int(minor)), int(memory.split()[0])))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and all(part.strip().isdigit() for part in visible.split(",") if part.strip()):
+        gpus = [gpus[int(index)] for index in visible.split(",") if index.strip() and int(index) < len(gpus)]
+    return gpus
+
+
 def cuda_usable() -> bool:
     # `ACCELERATE_USE_CPU=1` (or `--cpu`) forces a CPU run even where a GPU is present.
     forced_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     return torch.cuda.is_available() and not forced_cpu
 
 
+def auto_precision(gpus: list[Gpu]) -> str:
+    """bf16 where every GPU computes it natively (compute capability 8.0+: A100, L4, RTX 30xx and newer),
+    fp16 on older GPUs (T4, V100), no mixed precision without a GPU."""
+    if not gpus:
+        return "no"
+    return "bf16" if all(gpu.compute_capability >= (8, 0) for gpu in gpus) else "fp16"
+
+
 def resolve_mixed_precision(choice: str) -> str:
     """Turn the config's `mixed_precision` into what Accelerate should use here.
 
-    `auto`: bf16 where the GPU computes it natively (compute capability 8.0+: A100, L4, RTX 30xx),
-    fp16 on older GPUs (T4, V100, P100), no mixed precision on the CPU. fp16 asked for on a CPU
-    would silently run in fp32, so it is turned off here with a warning instead.
+    fp16 asked for on a CPU would silently run in fp32, so it is turned off with a warning instead.
     """
-    if not cuda_usable():
-        if choice == "fp16":
-            warnings.warn("mixed_precision=fp16 needs a GPU; running in fp32 on the CPU", stacklevel=2)
-            return "no"
-        return "no" if choice == "auto" else choice
-    if choice != "auto":
-        return choice
-    major, _minor = torch.cuda.get_device_capability()
-    return "bf16" if major >= 8 else "fp16"
+    gpus = gpu_facts() if cuda_usable() else []
+    if choice == "auto":
+        return auto_precision(gpus)
+    if choice == "fp16" and not gpus:
+        warnings.warn("mixed_precision=fp16 needs a GPU; running in fp32 on the CPU", stacklevel=2)
+        return "no"
+    return choice
+
+
+def check_output_dir(output_dir: str, where: str) -> list[str]:
+    """Warnings for an output_dir that will not survive the platform's session; raise if it cannot work.
+
+    `where` is the detected platform. Raises ValueError for a Google Drive path on a Colab session
+    where Drive is not mounted: writing there would fill the mount point and lose everything.
+    """
+    path = Path(output_dir).absolute()
+    if where == "colab":
+        if path.is_relative_to("/content/drive"):
+            if not COLAB_DRIVE.is_dir():
+                raise ValueError(
+                    f"output_dir {output_dir} is on Google Drive, which is not mounted: run "
+                    "`from google.colab import drive; drive.mount('/content/drive')` first, or pass "
+                    "--output_dir /content/outputs to write to the session disk (lost when it ends)"
+                )
+            return []
+        return [
+            f"output_dir {output_dir} is NOT on Google Drive: checkpoints are lost when the Colab session "
+            f"ends. Mount Drive and use an output_dir under {COLAB_DRIVE}."
+        ]
+    if where == "kaggle" and not path.is_relative_to(KAGGLE_WORKING):
+        return [f"output_dir {output_dir} is outside {KAGGLE_WORKING}: Kaggle keeps only that folder."]
+    node_local = os.environ.get("SLURM_TMPDIR")
+    if where == "slurm" and node_local and path.is_relative_to(node_local):
+        return [f"output_dir {output_dir} is in $SLURM_TMPDIR, which is wiped when the job ends."]
+    return []
+
+
+def report() -> str:
+    """Platform, devices, memory, precision, processes, distributed type and library versions."""
+    gpus = gpu_facts()
+    processes = int(os.environ.get("WORLD_SIZE", os.environ.get("NUM_PROCESSES", max(1, len(gpus)))))
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    lines = [
+        f"platform:          {detect_platform()}",
+        f"cpu:               {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{memory_gib:.1f} GiB RAM",
+    ]
+    lines += [
+        f"gpu {index}:             {gpu.name}, compute capability {gpu.compute_capability[0]}."
+        f"{gpu.compute_capability[1]}, {gpu.memory_mib} MiB"
+        for index, gpu in enumerate(gpus)
+    ] or ["gpu:               none (nvidia-smi not found or lists no GPU)"]
+    if processes > 1:
+        distributed = "MULTI_GPU (nccl)" if gpus else "MULTI_CPU (gloo, needs ACCELERATE_USE_CPU=1)"
+    else:
+        distributed = "NO (one process)"
+    lines += [
+        f"mixed precision:   {auto_precision(gpus)} (what mixed_precision: auto picks)",
+        f"processes:         {processes}",
+        f"distributed type:  {distributed}",
+        f"torch:             {torch.__version__} (CUDA build {torch.version.cuda or 'none'}, "
+        f"CUDA available: {torch.cuda.is_available()})",
+        f"accelerate:        {accelerate.__version__}",
+        f"python:            {platform.python_version()} on {platform.platform()}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report())

@@ -1,0 +1,169 @@
+"""Platform detection, device facts from a faked nvidia-smi, output folders that survive the session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.package_name }}.utils import hardware
+from {{ cookiecutter.package_name }}.utils.hardware import (
+    Gpu,
+    auto_precision,
+    check_output_dir,
+    detect_platform,
+    gpu_facts,
+)
+
+from .conftest import PROJECT, run_training
+
+PLATFORM_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "SLURM_JOB_ID")
+T4 = "Tesla T4, 7.5, 15360 MiB"
+A100 = "NVIDIA A100-SXM4-40GB, 8.0, 40960 MiB"
+P100 = "Tesla P100-PCIE-16GB, 6.0, 16384 MiB"
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in (*PLATFORM_VARIABLES, "CUDA_VISIBLE_DEVICES", "SLURM_TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def fake_nvidia_smi(directory: Path, *lines: str) -> Path:
+    """A stand-in nvidia-smi that answers the --query-gpu call with `lines`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "nvidia-smi"
+    script.write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(f"'{line}'" for line in lines) + "\n")
+    script.chmod(0o755)
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({}, "local"),
+        ({"COLAB_RELEASE_TAG": "release-colab_20260101"}, "colab"),
+        ({"COLAB_GPU": "1"}, "colab"),
+        ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, "kaggle"),
+        ({"SLURM_JOB_ID": "4242"}, "slurm"),
+    ],
+)
+def test_detect_platform(clean_env: pytest.MonkeyPatch, variables: dict[str, str], expected: str) -> None:
+    for name, value in variables.items():
+        clean_env.setenv(name, value)
+    assert detect_platform() == expected
+
+
+@pytest.mark.parametrize(
+    ("lines", "names", "precision"),
+    [
+        ([T4], ["Tesla T4"], "fp16"),
+        ([A100], ["NVIDIA A100-SXM4-40GB"], "bf16"),
+        ([T4, T4], ["Tesla T4", "Tesla T4"], "fp16"),
+        ([A100, T4], ["NVIDIA A100-SXM4-40GB", "Tesla T4"], "fp16"),  # the weakest GPU decides
+        ([P100], ["Tesla P100-PCIE-16GB"], "fp16"),
+    ],
+)
+def test_gpu_facts_and_precision_from_nvidia_smi(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, lines: list[str], names: list[str], precision: str
+) -> None:
+    clean_env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', *lines)}{os.pathsep}{os.environ['PATH']}")
+    gpus = gpu_facts()
+    assert [gpu.name for gpu in gpus] == names
+    assert auto_precision(gpus) == precision
+
+
+def test_gpu_facts_respect_cuda_visible_devices(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', T4, A100)}{os.pathsep}{os.environ['PATH']}")
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert gpu_facts() == [Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40960)]
+
+
+def test_no_nvidia_smi_means_cpu(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("PATH", str(tmp_path))  # nothing there
+    assert gpu_facts() == []
+    assert auto_precision([]) == "no"
+
+
+def test_output_dir_checks_per_platform(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setattr(hardware, "COLAB_DRIVE", tmp_path / "MyDrive")  # not mounted
+    with pytest.raises(ValueError, match="on Google Drive, which is not mounted"):
+        check_output_dir("/content/drive/MyDrive/run", "colab")
+    (tmp_path / "MyDrive").mkdir()
+    assert check_output_dir("/content/drive/MyDrive/run", "colab") == []
+    assert "NOT on Google Drive" in check_output_dir("/content/outputs", "colab")[0]
+    assert check_output_dir("/kaggle/working/outputs", "kaggle") == []
+    assert "Kaggle keeps only" in check_output_dir("/tmp/outputs", "kaggle")[0]
+    clean_env.setenv("SLURM_TMPDIR", str(tmp_path / "node"))
+    assert "wiped when the job ends" in check_output_dir(str(tmp_path / "node" / "run"), "slurm")[0]
+    assert check_output_dir("outputs/digits", "local") == []
+
+
+def test_train_uses_the_detected_platforms_config_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    result = subprocess.run(
+        [sys.executable, "train.py", "--output_dir", str(tmp_path / "run"), "--max_steps", "3"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"platform kaggle | config {PROJECT / 'configs' / 'kaggle.yaml'}" in result.stdout
+    assert "WARNING: output_dir" in result.stdout and "Kaggle keeps only" in result.stdout
+
+
+def test_colab_without_drive_stops_before_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20260101")
+    result = subprocess.run(
+        [sys.executable, "train.py"], cwd=PROJECT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 1
+    assert "colab.yaml: output_dir /content/drive/MyDrive/" in result.stderr
+    assert "which is not mounted" in result.stderr
+
+
+def test_another_run_cannot_take_over_an_output_dir(single_run: tuple, tmp_path: Path) -> None:
+    """Two runs never share a folder; rerunning the same command is what continues one."""
+    output_dir = tmp_path / "run"
+    shutil.copytree(single_run[0], output_dir)
+    before = (output_dir / "metrics.jsonl").read_text()
+    result = run_training(output_dir, "--num_epochs", "4", "--learning_rate", "0.01", check=False)
+    assert result.returncode == 1
+    assert "holds a run with other settings (learning_rate 0.003 -> 0.01)" in result.stderr
+    never = run_training(output_dir, "--num_epochs", "4", "--resume", "never", check=False)
+    assert never.returncode == 1 and "resume=never, but" in never.stderr
+    assert (output_dir / "metrics.jsonl").read_text() == before  # nothing was touched
+
+
+def test_environment_report(tmp_path: Path) -> None:
+    fake_bin = fake_nvidia_smi(tmp_path / "bin", T4, T4)
+    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
+    env["KAGGLE_KERNEL_RUN_TYPE"] = "Batch"
+    result = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}.utils.hardware"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = result.stdout
+    for expected in [
+        "platform:          kaggle",
+        "gpu 1:             Tesla T4, compute capability 7.5, 15360 MiB",
+        "mixed precision:   fp16",
+        "processes:         2",
+        "distributed type:  MULTI_GPU (nccl)",
+        "torch:",
+        "accelerate:",
+    ]:
+        assert expected in report, report
