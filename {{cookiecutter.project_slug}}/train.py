@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         for warning in output_warnings:
             accelerator.print(f"WARNING: {warning}")
         finished = train(accelerator, config, config_path, stop)
+        stop.ignore_from_now_on()
     finally:
         accelerator.end_training()  # closes trackers and the process group, also after a crash
     return 0 if finished else EXIT_STOPPED
