@@ -48,9 +48,10 @@ CONFIGS = Path(__file__).parent / "configs"
 
 def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()  # first, so that a signal during start-up is not lost
-    config, config_path = load_config(argv, default_path=CONFIGS / f"{detect_platform()}.yaml")
+    where = detect_platform()
+    config, config_path = load_config(argv, default_path=CONFIGS / f"{where}.yaml")
     try:
-        output_warnings = check_output_dir(config.output_dir, detect_platform())
+        output_warnings = check_output_dir(config.output_dir, where)
     except ValueError as error:
         raise ConfigError(f"{config_path}: {error}") from error
 
@@ -150,6 +151,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     # Train loss summed on the device since the last log: no host-device sync per step.
     running_loss = torch.tensor(own_loss_sum(state.loss_sums, accelerator), device=accelerator.device)
     running_batches, stopping = state.loss_batches, False
+    micro_size = config.per_device_batch_size
     metrics: dict[str, float] | None = None
     progress = tqdm(
         total=total_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process
@@ -167,8 +169,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
             batches.set_epoch(state.epoch)
         for batch in batches:
             for micro in range(accumulation):
-                size = config.per_device_batch_size
-                inputs, labels = slice_tensors(batch, slice(micro * size, (micro + 1) * size))
+                inputs, labels = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
                 with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
                     loss = F.cross_entropy(model(inputs), labels)
                     accelerator.backward(loss)  # divides by the accumulation steps
