@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Train on Google Colab with configs/colab.yaml (checkpoints on Google Drive). From a notebook cell:
+#
+#   from google.colab import drive; drive.mount("/content/drive")   # first: output_dir is on Drive
+#   !bash scripts/run_colab.sh [--field value ...]                 # extra arguments go to train.py
+#
+# Colab's torch is kept: only missing packages are installed, with the installed torch pinned.
+# The session can die at any time: run the same cell again in a new session and training continues
+# from the last checkpoint on Drive (interrupting the cell saves one first; train.py then exits 75).
+# notebooks/colab.ipynb has the cells. What it decides and how: scripts/_common.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=_common.sh
+. scripts/_common.sh
+
+UNSUPPORTED_GPU_HINT="Pick another GPU: Runtime > Change runtime type > T4 GPU (or better)."
+run_platform colab "$@"

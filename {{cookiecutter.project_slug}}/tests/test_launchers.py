@@ -1,0 +1,563 @@
+"""The launchers in scripts/: what each one starts, on every platform, with faked hardware.
+
+Each launcher runs for real (bash, the real scripts) with stand-ins first on PATH: `nvidia-smi` prints
+the CSV lines of the faked GPUs, and `python`, `accelerate`, `srun` and `scontrol` record their
+arguments and the relevant environment instead of training. The tests assert the exact command and
+environment. One real run at the end starts 2 CPU processes through run_local.sh without any fake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from .conftest import PROJECT, free_port
+
+T4 = "Tesla T4, 7.5, 15360 MiB"
+A100 = "NVIDIA A100-SXM4-80GB, 8.0, 81920 MiB"
+P100 = "Tesla P100-PCIE-16GB, 6.0, 16384 MiB"
+SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+SRC = str(PROJECT / "src")
+# The environment variables a recorder reports; any not listed in an expectation must be unset.
+RECORDED_ENV = (
+    "PYTHONPATH",
+    "PET_SIGNALS_TO_HANDLE",
+    "ACCELERATE_USE_CPU",
+    "NCCL_P2P_DISABLE",
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    "HEAD",
+    "MAIN_PROCESS_PORT",
+    "TOTAL_PROCESSES",
+    "PRECISION",
+    "SLURM_NODEID",
+)
+# The directories of the system tools the scripts use (bash, dirname, head, mktemp); after the fakes.
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# A recording stand-in: appends tool, argv, cwd, env to $LAUNCH_RECORD and exits with $FAKE_EXIT (0).
+# (No str.format here: this file is rendered by Jinja, which would read doubled braces.)
+RECORDER = """\
+import json, os, sys
+env = dict((name, os.environ[name]) for name in RECORDED_NAMES if name in os.environ)
+record = dict(tool=os.path.basename(sys.argv[0]), argv=sys.argv[1:], cwd=os.getcwd(), env=env)
+with open(os.environ["LAUNCH_RECORD"], "a") as file:
+    file.write(json.dumps(record) + "\\n")
+"""
+RECORD_AND_EXIT = RECORDER + 'sys.exit(int(os.environ.get("FAKE_EXIT", "0")))\n'
+
+# srun: records itself, then runs its command once per node with that node's SLURM_NODEID, as a
+# task would (sequentially here). With FAKE_SRUN_WAIT set it instead waits for SIGUSR1, records it,
+# and exits 1, as a multi-process launcher does after forwarding a signal.
+FAKE_SRUN = (
+    RECORDER
+    + """\
+import re, signal, subprocess, time
+if os.environ.get("FAKE_SRUN_WAIT"):
+    def stop(signum, frame):
+        with open(os.environ["LAUNCH_RECORD"], "a") as file:
+            file.write(json.dumps({"tool": "srun", "signal": signal.Signals(signum).name}) + "\\n")
+        sys.exit(1)
+    signal.signal(signal.SIGUSR1, stop)
+    open(os.environ["FAKE_SRUN_WAIT"], "w").close()
+    while True:
+        time.sleep(0.05)
+args = sys.argv[1:]
+start = next(i for i, arg in enumerate(args) if not arg.startswith("--"))
+nodes = int(next((m.group(1) for a in args[:start] if (m := re.fullmatch(r"--nodes=(\\d+)", a))), "1"))
+status = 0
+for node in range(nodes):
+    env = {**os.environ, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node)}
+    status = max(status, subprocess.run(args[start:], env=env).returncode)
+sys.exit(status)
+"""
+)
+
+# scontrol: `show hostnames LIST` prints $FAKE_HOSTNAMES one per line; everything is recorded.
+FAKE_SCONTROL = (
+    RECORDER
+    + """\
+if sys.argv[1:3] == ["show", "hostnames"]:
+    print("\\n".join(os.environ["FAKE_HOSTNAMES"].split()))
+"""
+)
+
+
+def recorder(code: str) -> str:
+    return code.replace("RECORDED_NAMES", repr(RECORDED_ENV))
+
+
+def write_tool(directory: Path, name: str, code: str) -> None:
+    path = directory / name
+    path.write_text(f"#!{sys.executable}\n{code}")
+    path.chmod(0o755)
+
+
+def fake_nvidia_smi(directory: Path, gpus: list[str]) -> None:
+    """nvidia-smi answering only the launchers' query with one CSV line per GPU; anything else fails."""
+    lines = "".join(f"{gpu}\n" for gpu in gpus)
+    query = "--query-gpu=name,compute_cap,memory.total --format=csv,noheader"
+    script = directory / "nvidia-smi"
+    script.write_text(
+        f'#!/bin/sh\nif [ "$*" != "{query}" ]; then echo "unexpected: $*" >&2; exit 2; fi\n'
+        f'printf "%s" "{lines}"\n'
+    )
+    script.chmod(0o755)
+
+
+@dataclass
+class Run:
+    """One launcher run in a faked environment: its result and what the stand-ins recorded."""
+
+    result: subprocess.CompletedProcess[str]
+    records: list[dict] = field(default_factory=list)
+
+    def explain(self) -> str:
+        return (
+            f"exit {self.result.returncode}\n--- stdout ---\n{self.result.stdout}\n"
+            f"--- stderr ---\n{self.result.stderr}\n--- records ---\n{json.dumps(self.records, indent=1)}"
+        )
+
+
+def fake_environment(tmp_path: Path, gpus: list[str] | None, env: dict[str, str]) -> dict[str, str]:
+    """PATH with the stand-ins first (nvidia-smi only when `gpus` is not None), then the interpreter's dir."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    for name in ("python", "accelerate"):
+        write_tool(fake_bin, name, recorder(RECORD_AND_EXIT))
+    write_tool(fake_bin, "srun", recorder(FAKE_SRUN))
+    write_tool(fake_bin, "scontrol", recorder(FAKE_SCONTROL))
+    if gpus is not None:
+        fake_nvidia_smi(fake_bin, gpus)
+    elif shutil.which("nvidia-smi", path=SYSTEM_PATH):
+        pytest.skip("a real nvidia-smi is installed: the CPU-only case cannot be faked here")
+    return {
+        "PATH": f"{fake_bin}:{Path(sys.executable).parent}:{SYSTEM_PATH}",
+        "HOME": str(tmp_path),
+        "LAUNCH_RECORD": str(tmp_path / "record.jsonl"),
+        **env,
+    }
+
+
+def launch(tmp_path: Path, script: str, gpus: list[str] | None, args: list[str], env: dict[str, str]) -> Run:
+    """Run `bash <script> ARGS` from outside the project (it must cd there itself) with the fakes."""
+    environment = fake_environment(tmp_path, gpus, env)
+    result = subprocess.run(
+        ["bash", script, *args],
+        cwd=tmp_path,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    record = Path(environment["LAUNCH_RECORD"])
+    records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    return Run(result, records)
+
+
+def train(platform: str, precision: str, *user_args: str) -> list[str]:
+    """train.py's arguments as the launchers pass them: config and precision first, the user's last."""
+    return ["train.py", "--config", f"configs/{platform}.yaml", "--mixed_precision", precision, *user_args]
+
+
+def multi_gpu(processes: int, precision: str) -> list[str]:
+    return [
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        precision,
+        "--dynamo_backend",
+        "no",
+    ]
+
+
+USER_ARGS = ["--num_epochs", "2", "--output_dir", "/tmp/run dir"]  # a space: quoting must survive
+
+# (id, script, platform variables, GPUs or None for no nvidia-smi, extra env, expected records)
+SINGLE_MACHINE_CASES = [
+    (
+        "colab-t4",
+        "run_colab.sh",
+        {"COLAB_RELEASE_TAG": "release-colab_20260101"},
+        [T4],
+        {},
+        [{"tool": "python", "argv": train("colab", "fp16", *USER_ARGS), "env": {"PYTHONPATH": SRC}}],
+    ),
+    (
+        "colab-a100",
+        "run_colab.sh",
+        {"COLAB_GPU": "1"},
+        [A100],
+        {},
+        [{"tool": "python", "argv": train("colab", "bf16", *USER_ARGS), "env": {"PYTHONPATH": SRC}}],
+    ),
+    (
+        "kaggle-2xt4",
+        "run_kaggle.sh",
+        {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"},
+        [T4, T4],
+        {},
+        [
+            {
+                "tool": "accelerate",
+                "argv": multi_gpu(2, "fp16") + train("kaggle", "fp16", *USER_ARGS),
+                "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS, "NCCL_P2P_DISABLE": "1"},
+            }
+        ],
+    ),
+    (
+        "local-cpu",
+        "run_local.sh",
+        {},
+        None,
+        {},
+        [{"tool": "python", "argv": train("local", "no", *USER_ARGS), "env": {"PYTHONPATH": SRC}}],
+    ),
+    (
+        "local-cpu-2-processes",
+        "run_local.sh",
+        {},
+        None,
+        {"NUM_PROCESSES": "2"},
+        [
+            {
+                "tool": "accelerate",
+                "argv": multi_gpu(2, "no") + train("local", "no", *USER_ARGS),
+                "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS, "ACCELERATE_USE_CPU": "1"},
+            }
+        ],
+    ),
+    (
+        "local-2-gpus-1-visible",
+        "run_local.sh",
+        {},
+        [T4, A100],
+        {"CUDA_VISIBLE_DEVICES": "1"},
+        [{"tool": "python", "argv": train("local", "bf16", *USER_ARGS), "env": {"PYTHONPATH": SRC}}],
+    ),
+    (
+        "local-4-gpus-mixed",
+        "run_local.sh",
+        {},
+        [A100, A100, A100, T4],
+        {"MAIN_PROCESS_PORT": "29555"},
+        [
+            {
+                "tool": "accelerate",
+                "argv": [
+                    *multi_gpu(4, "fp16")[:6],
+                    "--main_process_port",
+                    "29555",
+                    *multi_gpu(4, "fp16")[6:],
+                    *train("local", "fp16", *USER_ARGS),
+                ],
+                "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS, "MAIN_PROCESS_PORT": "29555"},
+            }
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "platform_env", "gpus", "extra_env", "expected"),
+    [case[1:] for case in SINGLE_MACHINE_CASES],
+    ids=[case[0] for case in SINGLE_MACHINE_CASES],
+)
+def test_single_machine_launch(
+    tmp_path: Path,
+    script: str,
+    platform_env: dict[str, str],
+    gpus: list[str] | None,
+    extra_env: dict[str, str],
+    expected: list[dict],
+) -> None:
+    """Each platform's launcher starts exactly this command with exactly this environment, from the project.
+
+    Proves: GPUs counted from nvidia-smi (CUDA_VISIBLE_DEVICES respected), one process per GPU or
+    NUM_PROCESSES, bf16 only when every GPU is >= 8.0, `python train.py` for one process, a gloo group
+    (ACCELERATE_USE_CPU=1) for CPU processes, SIGUSR1 forwarding and Kaggle's NCCL_P2P_DISABLE for
+    several, the config and precision before the user's arguments (which arrive intact).
+    """
+    run = launch(
+        tmp_path,
+        str(PROJECT / "scripts" / script),
+        gpus,
+        USER_ARGS,
+        {**platform_env, **extra_env, "SKIP_INSTALL": "1"},
+    )
+    assert run.result.returncode == 0, run.explain()
+    for record in run.records:
+        assert record.pop("cwd") == str(PROJECT), run.explain()
+    assert run.records == expected, run.explain()
+    # One line per decision.
+    for decision in ("platform", "GPUs", "processes", "precision", "NCCL", "config", "install", "launch"):
+        assert f"{script.removesuffix('.sh')}: {decision}: " in run.result.stdout, run.explain()
+
+
+def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -> None:
+    """A user's --mixed_precision/--config follow the launcher's (train.py keeps the last) and the
+    accelerate flag uses the user's precision, so both agree."""
+    user = ["--mixed_precision=bf16", "--config", "configs/local.yaml"]
+    run = launch(
+        tmp_path,
+        str(PROJECT / "scripts" / "run_kaggle.sh"),
+        [T4, T4],
+        user,
+        {"KAGGLE_KERNEL_RUN_TYPE": "Batch", "SKIP_INSTALL": "1"},
+    )
+    assert run.result.returncode == 0, run.explain()
+    assert [record["argv"] for record in run.records] == [
+        multi_gpu(2, "bf16") + train("kaggle", "fp16", *user)
+    ]
+    assert "precision: bf16 (your --mixed_precision; the hardware suggests fp16" in run.result.stdout
+    assert "config: configs/local.yaml (your --config, instead of configs/kaggle.yaml)" in run.result.stdout
+
+
+@pytest.mark.parametrize("script", ["run_kaggle.sh", "run_colab.sh", "run_local.sh", "run_slurm.sh"])
+def test_p100_is_refused_before_installing_or_launching(tmp_path: Path, script: str) -> None:
+    """A Tesla P100 (compute 6.0) stops the launcher with a clear message and exit 1; nothing ran.
+
+    Installation is NOT skipped here: the recording `python` would show any install check or launch.
+    """
+    run = launch(
+        tmp_path,
+        str(PROJECT / "scripts" / script),
+        [P100, P100] if script == "run_kaggle.sh" else [P100],
+        [],
+        {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "SLURM_JOB_ID": "4242", "SLURM_NNODES": "1"},
+    )
+    assert run.result.returncode == 1, run.explain()
+    assert "Tesla P100-PCIE-16GB has compute capability 6.0" in run.result.stderr, run.explain()
+    assert "need 7.0 or newer" in run.result.stderr, run.explain()
+    assert run.records == [], run.explain()
+    if script == "run_kaggle.sh":
+        assert "GPU T4 x2" in run.result.stderr
+
+
+SLURM_ENV = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NNODES": "2",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "FAKE_HOSTNAMES": "gpu07 gpu08",
+    "SKIP_INSTALL": "1",
+}
+
+
+def slurm_launch(rank: int) -> dict:
+    """What the accelerate of node `rank` must receive in the 2 nodes x 4 A100 job."""
+    return {
+        "tool": "accelerate",
+        "argv": [
+            "launch",
+            "--multi_gpu",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            str(rank),
+            "--main_process_ip",
+            "gpu07",
+            "--main_process_port",
+            "29500",
+            "--num_processes",
+            "8",
+            "--mixed_precision",
+            "bf16",
+            "--dynamo_backend",
+            "no",
+            *train("slurm", "bf16", *USER_ARGS),
+        ],
+        "env": {
+            "PYTHONPATH": SRC,
+            "PET_SIGNALS_TO_HANDLE": SIGNALS,
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
+            "HEAD": "gpu07",
+            "MAIN_PROCESS_PORT": "29500",
+            "TOTAL_PROCESSES": "8",
+            "PRECISION": "bf16",
+            "SLURM_NODEID": str(rank),
+        },
+    }
+
+
+SRUN_OPTIONS = ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+
+
+@pytest.mark.parametrize("location", ["scripts", "spool"])
+def test_slurm_two_nodes_of_four_gpus(tmp_path: Path, location: str) -> None:
+    """run_slurm.sh on 2 nodes x 4 A100: one srun task per node, whose single-quoted command expands
+    on each node to `accelerate launch` with that node's --machine_rank, the head node from scontrol,
+    8 processes in total and bf16. `spool`: run from a copy elsewhere, as sbatch does, it finds the
+    project through SLURM_SUBMIT_DIR."""
+    script = PROJECT / "scripts" / "run_slurm.sh"
+    env = dict(SLURM_ENV)
+    if location == "spool":
+        spool = tmp_path / "spool"
+        spool.mkdir()
+        script = Path(shutil.copy(script, spool / "slurm_script"))
+        env["SLURM_SUBMIT_DIR"] = str(PROJECT)
+    run = launch(tmp_path, str(script), [A100] * 4, USER_ARGS, env)
+    assert run.result.returncode == 0, run.explain()
+    for record in run.records:
+        record.pop("cwd")
+    scontrol, srun, *accelerates = run.records
+    assert scontrol["tool"] == "scontrol"
+    assert scontrol["argv"] == ["show", "hostnames", "gpu[07-08]"]
+    assert srun["tool"] == "srun"
+    options, command = srun["argv"][:4], srun["argv"][4:]
+    assert options == SRUN_OPTIONS
+    assert command[:2] == ["bash", "-c"]
+    assert "$SLURM_NODEID" in command[2], "the per-node command must expand on the node"
+    assert command[3:] == ["bash", *train("slurm", "bf16", *USER_ARGS)]
+    assert accelerates == [slurm_launch(0), slurm_launch(1)], run.explain()
+    assert "run_slurm: nodes: 2 (4 process(es) per node, 8 in total)" in run.result.stdout
+
+
+def test_slurm_single_gpu_runs_python_under_srun(tmp_path: Path) -> None:
+    """One node with one T4: `srun --nodes=1 --ntasks=1 python train.py ...`, no launcher, fp16."""
+    env = {**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07", "FAKE_HOSTNAMES": "gpu07"}
+    run = launch(tmp_path, str(PROJECT / "scripts" / "run_slurm.sh"), [T4], [], env)
+    assert run.result.returncode == 0, run.explain()
+    assert [(r["tool"], r["argv"]) for r in run.records] == [
+        ("srun", ["--nodes=1", "--ntasks=1", "python", *train("slurm", "fp16")]),
+        ("python", train("slurm", "fp16")),
+    ], run.explain()
+
+
+def test_slurm_requeues_itself_after_usr1(tmp_path: Path) -> None:
+    """SIGUSR1 to the batch shell (what --signal=B:USR1@300 sends) reaches the running srun step; once
+    the step has stopped, the job requeues itself with `scontrol requeue $SLURM_JOB_ID`."""
+    started = tmp_path / "srun-started"
+    env = fake_environment(tmp_path, [A100] * 4, {**SLURM_ENV, "FAKE_SRUN_WAIT": str(started)})
+    process = subprocess.Popen(
+        ["bash", str(PROJECT / "scripts" / "run_slurm.sh")],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not started.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "srun never started"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGUSR1)
+        stdout, stderr = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    records = [json.loads(line) for line in Path(env["LAUNCH_RECORD"]).read_text().splitlines()]
+    summary = [(r["tool"], r.get("argv", r.get("signal"))) for r in records]
+    assert process.returncode == 0, (stdout, stderr, summary)
+    assert summary[0] == ("scontrol", ["show", "hostnames", "gpu[07-08]"])
+    assert summary[1][0] == "srun"
+    assert summary[2:] == [("srun", "SIGUSR1"), ("scontrol", ["requeue", "4242"])], (stdout, stderr)
+    assert "requeue: training stopped after SIGUSR1 (exit 1)" in stdout
+
+
+def test_slurm_does_not_requeue_a_finished_or_failed_run(tmp_path: Path) -> None:
+    """Without SIGUSR1, a failing step is reported with its exit status and never requeued."""
+    env = {**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07", "FAKE_EXIT": "3"}
+    run = launch(tmp_path, str(PROJECT / "scripts" / "run_slurm.sh"), [T4], [], env)
+    assert run.result.returncode == 3, run.explain()
+    assert [r["tool"] for r in run.records] == ["srun", "python"], run.explain()
+    assert "not requeued" in run.result.stdout
+
+
+# A `python` that records pip installs and training starts; anything else goes to the real interpreter
+# (the launcher's dependency check). The constraint file is copied into the record: it is deleted after.
+PYTHON_WRAPPER = """\
+import json, os, sys
+args = sys.argv[1:]
+if args[:2] == ["-m", "pip"] or args[:1] == ["train.py"]:
+    record = dict(argv=args)
+    if "--constraint" in args:
+        record["constraints"] = open(args[args.index("--constraint") + 1]).read()
+    with open(os.environ["LAUNCH_RECORD"], "a") as file:
+        file.write(json.dumps(record) + "\\n")
+    sys.exit(0)
+os.execv(REAL_PYTHON, [REAL_PYTHON, *args])
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra_dependency", "missing"),
+    [
+        (None, None),
+        ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1"),
+        ("tqdm>=999", "tqdm>=999 (installed: "),
+    ],
+    ids=["all-installed", "missing", "too-old"],
+)
+def test_install_only_when_needed_and_keep_torch(
+    tmp_path: Path, extra_dependency: str | None, missing: str | None
+) -> None:
+    """Without SKIP_INSTALL: nothing is installed when pyproject.toml's dependencies are satisfied;
+    otherwise `pip install -e . --constraint F` where F pins the installed torch, then the launch."""
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT / "scripts", project / "scripts")
+    pyproject = (PROJECT / "pyproject.toml").read_text()
+    if extra_dependency:
+        pyproject = pyproject.replace(
+            "dependencies = [\n", f'dependencies = [\n    "{extra_dependency}",\n', 1
+        )
+    (project / "pyproject.toml").write_text(pyproject)
+    wrapper = tmp_path / "python-wrapper"
+    write_tool(tmp_path, wrapper.name, PYTHON_WRAPPER.replace("REAL_PYTHON", repr(sys.executable)))
+    run = launch(tmp_path, str(project / "scripts" / "run_local.sh"), None, [], {"PYTHON": str(wrapper)})
+    assert run.result.returncode == 0, run.explain()
+    launched = {"argv": train("local", "no")}
+    if missing is None:
+        assert run.records == [launched], run.explain()
+        assert "install: nothing to do" in run.result.stdout
+        return
+    pip, started = run.records
+    assert pip["argv"][:5] == ["-m", "pip", "install", "-e", "."]
+    assert pip["argv"][5] == "--constraint"
+    assert pip["constraints"] == f"torch=={metadata.version('torch')}\n"
+    assert started == launched
+    assert f"install: missing {missing}" in run.result.stdout, run.explain()
+
+
+@pytest.mark.slow
+def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) -> None:
+    """No fakes: NUM_PROCESSES=2 scripts/run_local.sh trains in one 2-process gloo group (world size 2)
+    to the end and exports the model."""
+    output_dir = tmp_path / "run"
+    env = {
+        **{key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")},
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "NUM_PROCESSES": "2",
+        "SKIP_INSTALL": "1",
+        "MAIN_PROCESS_PORT": str(free_port()),
+        "PYTHONUNBUFFERED": "1",
+    }
+    result = subprocess.run(
+        ["bash", "scripts/run_local.sh", "--num_epochs", "2", "--output_dir", str(output_dir)],
+        cwd=PROJECT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "run_local: distributed: 2 CPU processes on gloo (ACCELERATE_USE_CPU=1)" in output
+    assert "world size 2" in output, output[-5000:]
+    assert (output_dir / "model" / "model.safetensors").is_file()
