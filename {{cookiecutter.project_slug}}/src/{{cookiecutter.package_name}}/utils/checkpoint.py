@@ -146,6 +146,8 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
         return LoopState(), None
     if config.resume != "auto":
         candidates = [Path(config.resume)]
+        if problem := checkpoint_problem(candidates[0]):
+            raise ConfigError(f"resume={config.resume}: cannot resume from it: {problem}")
     else:
         candidates = []
         for path in reversed(list_checkpoints(config.output_dir)):
@@ -155,18 +157,17 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
             else:
                 accelerator.print(f"WARNING: skipping checkpoint {path}: {problem}")
     for path in candidates:
-        problem = checkpoint_problem(path)
-        if problem is None:
-            try:
-                state = load_checkpoint(accelerator, path)
-            except Exception as error:  # damaged in a way the size check cannot see
-                problem = f"loading failed: {error!r}"
-        if problem is None and config.resume == "auto" and (changed := _changed_fields(path, config)):
+        if config.resume == "auto" and (changed := _changed_fields(path, config)):
             # Refuse before anything is overwritten: two different runs must not share a folder.
             raise ConfigError(
                 f"{config.output_dir} holds a run with other settings ({changed}): rerun with the same "
                 "settings to continue it, or choose a new output_dir for this one"
             )
+        problem = None
+        try:
+            state = load_checkpoint(accelerator, path)
+        except Exception as error:  # damaged in a way the size check cannot see
+            problem = f"loading failed: {error!r}"
         # Every process must leave with the same checkpoint loaded.
         failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
         if failed.item() == 0:
