@@ -1,1 +1,1 @@
-"""Helpers for train.py: configuration, metrics logging and checkpoints."""
+"""Helpers for train.py: config, metrics and trackers, checkpoints, stop signals, platform and hardware."""
