@@ -1,0 +1,125 @@
+"""predict.py on the exported model: complete, ordered, and the same file from 1 and 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from sklearn.datasets import load_digits
+
+from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.utils.config import load_config
+
+from .conftest import PROJECT, free_port, last_eval
+
+pytestmark = pytest.mark.slow
+
+EVAL_SIZE = 359  # 20% of 1,797 digits: odd, so 2 processes get unequal shares
+
+
+def run_predict(*args: str, processes: int = 1, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """predict.py as a user starts it; with processes > 1 the same real gloo job as `training_command`."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable]
+    if processes > 1:
+        env["ACCELERATE_USE_CPU"] = "1"
+        command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
+        command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
+        command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["predict.py", *args]
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        pytest.fail(
+            f"predict.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    header, *rows = path.read_text().splitlines()
+    return header.split(","), [row.split(",") for row in rows]
+
+
+@pytest.fixture(scope="module")
+def eval_predictions(single_run: tuple, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """The eval split predicted by 1 and by 2 processes, in batches of 16: 23 batches, split 12 + 11."""
+    model_dir = single_run[0] / "model"
+    out = tmp_path_factory.mktemp("predict")
+    files = {}
+    for processes in (1, 2):
+        files[processes] = out / f"{processes}.csv"
+        args = ["--model_dir", str(model_dir), "--output", str(files[processes]), "--batch_size", "16"]
+        result = run_predict(*args, processes=processes)
+        assert f"world size {processes}" in result.stdout  # 2 processes really formed one group
+    return files
+
+
+def test_one_and_two_processes_write_the_same_file(eval_predictions: dict[int, Path]) -> None:
+    assert eval_predictions[1].read_bytes() == eval_predictions[2].read_bytes()
+
+
+def test_every_eval_item_once_in_order(eval_predictions: dict[int, Path]) -> None:
+    header, rows = read_csv(eval_predictions[2])
+    assert header == ["index", "prediction", "label"] + [f"prob_{k}" for k in range(10)]
+    assert [int(row[0]) for row in rows] == list(range(EVAL_SIZE))
+    for row in rows:
+        probs = [float(p) for p in row[3:]]
+        assert sum(probs) == pytest.approx(1.0, abs=1e-5)
+        assert int(row[1]) == int(np.argmax(probs))
+
+
+def test_accuracy_from_file_is_the_logged_one(single_run: tuple, eval_predictions: dict[int, Path]) -> None:
+    _, rows = read_csv(eval_predictions[1])
+    accuracy = sum(row[1] == row[2] for row in rows) / len(rows)
+    assert accuracy == last_eval(single_run[0])["eval/accuracy"]
+
+
+def test_jsonl_has_the_csv_values(single_run: tuple, eval_predictions: dict[int, Path]) -> None:
+    model_dir = single_run[0] / "model"
+    run_predict("--model_dir", str(model_dir), "--format", "jsonl", "--batch_size", "16")
+    lines = (single_run[0] / "predictions.jsonl").read_text().splitlines()  # the default output
+    header, rows = read_csv(eval_predictions[1])
+    assert [json.loads(line) for line in lines] == [
+        {name: json.loads(value) for name, value in zip(header, row, strict=True)} for row in rows
+    ]
+
+
+def test_input_file_matches_the_model_in_process(single_run: tuple, tmp_path: Path) -> None:
+    model_dir = single_run[0] / "model"
+    pixels = load_digits().data[:7]  # 7 rows: 2 processes get unequal shares
+    source = tmp_path / "pixels.csv"
+    header = ",".join(f"pixel_{i}" for i in range(64))  # the optional header line
+    np.savetxt(source, pixels, fmt="%d", delimiter=",", header=header, comments="")
+    files = {n: tmp_path / f"{n}.csv" for n in (1, 2)}
+    for processes, output in files.items():
+        args = ["--model_dir", str(model_dir), "--input", str(source), "--output", str(output)]
+        run_predict(*args, "--batch_size", "2", processes=processes)
+    assert files[1].read_bytes() == files[2].read_bytes()
+
+    header, rows = read_csv(files[2])
+    assert header[:2] == ["index", "prediction"] and "label" not in header  # no labels in the input
+    config, _ = load_config([], default_path=model_dir / "config.yaml")
+    model = build_model(config)
+    model.load_state_dict(load_file(model_dir / "model.safetensors"))
+    model.eval()
+    with torch.no_grad():
+        probs = model(torch.tensor(pixels / 16.0, dtype=torch.float32)).softmax(dim=-1)
+    assert [int(row[1]) for row in rows] == probs.argmax(dim=-1).tolist()
+    written = np.array([[float(p) for p in row[2:]] for row in rows])
+    assert written == pytest.approx(probs.numpy(), abs=1e-6)
+
+
+def test_bad_row_names_file_and_line(single_run: tuple, tmp_path: Path) -> None:
+    source = tmp_path / "bad.csv"
+    good = ",".join(["0"] * 64)
+    source.write_text(f"{good}\n{good}\n{','.join(['0'] * 63)}\n")
+    result = run_predict("--model_dir", str(single_run[0] / "model"), "--input", str(source), check=False)
+    assert result.returncode != 0
+    assert f"{source}:3: expected 64 comma-separated pixel values, got 63" in result.stderr
