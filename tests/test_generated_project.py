@@ -81,10 +81,11 @@ def test_generated_test_suite_passes(render: Callable[..., Render]) -> None:
 
 @pytest.mark.parametrize("tracker", CHOICES["tracker"])
 def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> None:
-    """With each tracker, the project's tracker test runs for real (not skipped) and passes offline."""
+    """With each tracker, the project's tracker tests (offline logs, run continued after a resume, keys
+    from the platform's secrets never written) and its notebook tests run for real and pass."""
     project = render(tracker=tracker).path
     result = run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "tests/test_tracking.py"],
+        [sys.executable, "-m", "pytest", "-q", "-x", "tests/test_tracking.py", "tests/test_notebooks.py"],
         cwd=project,
         env=project_env(project),
         timeout=900,

@@ -25,14 +25,15 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
-from accelerate.utils.operations import slice_tensors
-from torch.utils.data import DataLoader
+from accelerate.utils.operations import send_to_device, slice_tensors
+from torch.utils.data import DataLoader, default_collate
 from tqdm.auto import tqdm
 
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.models import build_model
-from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, resume, save_checkpoint
+from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.config import (
+    METRIC_GOALS,
     ConfigError,
     TrainConfig,
     gradient_accumulation_steps,
@@ -40,8 +41,16 @@ from {{ cookiecutter.package_name }}.utils.config import (
     save_config,
 )
 from {{ cookiecutter.package_name }}.utils.hardware import check_output_dir, detect_platform, resolve_mixed_precision
+from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
+from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest
-from {{ cookiecutter.package_name }}.utils.tracking import metrics_size, setup_tracker, trackers, truncate_metrics
+from {{ cookiecutter.package_name }}.utils.tracking import (
+    metrics_size,
+    setup_tracker,
+    tracker_run_id,
+    trackers,
+    truncate_metrics,
+)
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -139,13 +148,37 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         model, optimizer, scheduler, train_loader, eval_loader
     )
 
+    # --- memory and speed, opt-in: the largest per-device batch that fits, then torch.compile
+    if config.auto_batch_size:
+        candidates = batch_size_candidates(
+            config.per_device_batch_size, config.global_batch_size, accelerator.num_processes
+        )
+        samples = default_collate([train_set[i] for i in range(candidates[0])])
+        probe_batch = send_to_device(samples, accelerator.device)
+
+        def train_step(size: int) -> None:
+            inputs, labels = slice_tensors(probe_batch, slice(0, size))
+            accelerator.backward(F.cross_entropy(model(inputs), labels))
+
+        config.per_device_batch_size = fit_batch_size(accelerator, model, candidates, train_step)
+        accumulation = gradient_accumulation_steps(config, accelerator.num_processes)
+        accelerator.gradient_accumulation_steps = accumulation
+        accelerator.print(
+            f"auto_batch_size: per-device batch {config.per_device_batch_size} x {accumulation} accumulation"
+        )
+    # The compiled module shares the prepared model's weights; checkpoints and exports use `model`.
+    forward = torch.compile(model) if config.compile else model
+
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     state, resumed_from = resume(accelerator, config)
     if accelerator.is_main_process:
         truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
-    accelerator.init_trackers(
-        output_dir.name, config=dataclasses.asdict(config), init_kwargs=setup_tracker(config)
-    )
+    tracker_kwargs = setup_tracker(accelerator, config, state)
+    # A continued tracker run keeps the settings it started with: MLflow refuses to change a logged
+    # parameter, and max_steps, say, may differ between sessions. Each checkpoint holds its config.yaml.
+    hparams = None if state.tracker_run_id else dataclasses.asdict(config)
+    accelerator.init_trackers(output_dir.name, config=hparams, init_kwargs=tracker_kwargs)
+    state.tracker_run_id = tracker_run_id(accelerator, config)
 
     # --- the loop
     # Train loss summed on the device since the last log: no host-device sync per step.
@@ -156,7 +189,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     progress = tqdm(
         total=total_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process
     )
-    while state.step < total_steps and not stopping:
+    while state.step < total_steps and not stopping and not state.stopped_early:
         model.train()
         train_loader.set_epoch(state.epoch)  # the data order of this epoch
         if hasattr(train_set, "set_epoch"):
@@ -171,7 +204,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
             for micro in range(accumulation):
                 inputs, labels = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
                 with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
-                    loss = F.cross_entropy(model(inputs), labels)
+                    loss = F.cross_entropy(forward(inputs), labels)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -205,15 +238,24 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
             if (config.eval_every and state.step % config.eval_every == 0) or (
                 not config.eval_every and end_of_epoch
             ):
-                metrics = evaluate(accelerator, model, eval_loader)
+                metrics = evaluate(accelerator, forward, eval_loader)
                 accelerator.log(metrics, step=state.step)
                 state.last_eval_step = state.step
-            if state.step % config.checkpoint_every == 0 or stopping or state.step == total_steps:
+                track_best(accelerator, model, config, state, metrics)
+                if config.early_stopping_patience:
+                    # Rank 0 decides (the gathered metrics are the same everywhere anyway) and
+                    # check_trigger, a collective, makes every process stop at this same step.
+                    patience_over = state.evals_since_best >= config.early_stopping_patience
+                    if accelerator.is_main_process and patience_over:
+                        accelerator.set_trigger()
+                    state.stopped_early = accelerator.check_trigger()
+            checkpoint_due = state.step % config.checkpoint_every == 0 or state.step == total_steps
+            if checkpoint_due or stopping or state.stopped_early:
                 state.loss_sums = accelerator.gather(running_loss.reshape(1)).tolist()
                 state.loss_batches = running_batches
                 state.metrics_bytes = metrics_size(output_dir)
                 save_checkpoint(accelerator, config, state, protect=resumed_from)
-            if stopping or state.step >= total_steps:
+            if stopping or state.stopped_early or state.step >= total_steps:
                 break
     progress.close()
     if stopping:
@@ -223,44 +265,69 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         )
         return False
 
+    if state.stopped_early:
+        accelerator.print(
+            f"early stopping at step {state.step}: {state.evals_since_best} evaluations without a better "
+            f"{config.best_metric} than {state.best_value:.4f} (step {state.best_step})"
+        )
+
     # --- final evaluation and export
     if running_batches:  # the last, partial logging interval
         loss_total = accelerator.reduce(running_loss, "sum").item()
         log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
     if metrics is None or state.last_eval_step != state.step:
-        metrics = evaluate(accelerator, model, eval_loader)
+        metrics = evaluate(accelerator, forward, eval_loader)
         if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
             accelerator.log(metrics, step=state.step)
+            track_best(accelerator, model, config, state, metrics)
     accelerator.print(
         f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
         f"eval loss {metrics['eval/loss']:.4f} | eval accuracy {metrics['eval/accuracy']:.4f}"
     )
-    accelerator.wait_for_everyone()
     # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
-    accelerator.save_model(model, output_dir / "model")
+    export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
+    accelerator.print(
+        f"exported {output_dir / 'model'} (last step) and {output_dir / 'best_model'} "
+        f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
+    )
     if accelerator.is_main_process:
-        save_config(config, output_dir / "model" / "config.yaml")
-        accelerator.print(f"exported {output_dir / 'model' / 'model.safetensors'}")
+        print(f"curves: {plot_metrics(output_dir)}")
     return True
 
 
 @torch.no_grad()
 def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
-    """Loss and accuracy over the whole eval set, each sample counted once on any number of processes."""
+    """Loss and accuracy over the whole eval set: the same numbers on any number of processes.
+
+    gather_for_metrics returns the batches in dataset order and drops the samples repeated to give
+    every process a full last batch; summing once over the whole set, in that order, makes the
+    result independent of how the set was split.
+    """
     model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-    correct = torch.zeros((), dtype=torch.long, device=accelerator.device)
-    count = 0
+    losses, hits = [], []
     for inputs, labels in loader:
         logits = model(inputs)
-        losses = F.cross_entropy(logits.float(), labels, reduction="none")
-        # Drops the samples that were repeated to give every process a full last batch.
-        losses, predictions, labels = accelerator.gather_for_metrics((losses, logits.argmax(dim=-1), labels))
-        loss_sum += losses.sum(dtype=torch.float64)
-        correct += (predictions == labels).sum()
-        count += labels.numel()
+        loss = F.cross_entropy(logits.float(), labels, reduction="none")
+        loss, predictions, labels = accelerator.gather_for_metrics((loss, logits.argmax(dim=-1), labels))
+        losses.append(loss)
+        hits.append(predictions == labels)
     model.train()
-    return {"eval/loss": loss_sum.item() / count, "eval/accuracy": correct.item() / count}
+    loss, hit = torch.cat(losses).double(), torch.cat(hits)
+    return {"eval/loss": loss.mean().item(), "eval/accuracy": hit.sum().item() / hit.numel()}
+
+
+def track_best(
+    accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, state: LoopState, metrics: dict
+) -> None:
+    """Export best_model/ when `metrics` beat the best so far, else count one more evaluation without."""
+    value, best = metrics[config.best_metric], state.best_value
+    if best is None or (value > best if METRIC_GOALS[config.best_metric] == "max" else value < best):
+        state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
+        # Outside checkpoints/, so rotation never removes it; predict.py --model_dir <output_dir>/best_model.
+        folder = Path(config.output_dir) / "best_model"
+        export_model(accelerator, model, config, folder, {"step": state.step, **metrics})
+    else:
+        state.evals_since_best += 1
 
 
 def log_train_loss(

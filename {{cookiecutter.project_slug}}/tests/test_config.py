@@ -60,6 +60,9 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         ("num_epochs: 0\n", r"config\.yaml: num_epochs=0 is invalid: it must be > 0"),
         ("- a list\n", r"config\.yaml: expected a mapping"),
         ("resume: /no/such\n", r"resume='/no/such' is invalid: it must be auto, never or a checkpoint"),
+        ("best_metric: accuracy\n", r"best_metric='accuracy' is not one of .*did you mean 'eval/accuracy'"),
+        ("early_stopping_patience: -1\n", r"early_stopping_patience=-1 is invalid: it must be >= 0"),
+        ("auto_batch_size: maybe\n", r"auto_batch_size must be bool, got 'maybe'"),
     ],
 )
 def test_wrong_types_and_values_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:

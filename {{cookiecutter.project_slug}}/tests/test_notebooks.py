@@ -43,3 +43,11 @@ def test_colab_notebook_mounts_drive_before_training() -> None:
     """configs/colab.yaml writes to Google Drive, so Drive is mounted in a cell before the launcher's."""
     source = code(nbformat.read(NOTEBOOKS["colab"], as_version=4))
     assert source.index('drive.mount("/content/drive")') < source.index("!bash scripts/run_colab.sh")
+{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
+
+
+def test_colab_notebook_hands_tracker_keys_to_the_training_cell() -> None:
+    """Colab's secrets are readable only in the notebook kernel, not in the launcher's subprocess."""
+    source = code(nbformat.read(NOTEBOOKS["colab"], as_version=4))
+    assert source.index("os.environ[name] = userdata.get(name)") < source.index("!bash scripts/run_colab.sh")
+{%- endif %}

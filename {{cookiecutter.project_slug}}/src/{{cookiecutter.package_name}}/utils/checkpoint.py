@@ -51,6 +51,13 @@ class LoopState:
     # Size of metrics.jsonl at this step: a resumed run cuts off what was logged after it.
     metrics_bytes: int = 0
     last_eval_step: int = -1
+    # Best value of config.best_metric so far, and evaluations since: best_model/ and early stopping.
+    best_value: float | None = None
+    best_step: int = -1
+    evals_since_best: int = 0
+    stopped_early: bool = False  # a rerun of an early-stopped run only exports
+    # The experiment tracker's run, which a resumed run continues ("" before the first one).
+    tracker_run_id: str = ""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -128,6 +135,31 @@ def save_checkpoint(
         _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect)
     accelerator.wait_for_everyone()
     return final
+
+
+def export_model(
+    accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, folder: Path, info: dict[str, Any]
+) -> None:
+    """Write plain safetensors weights, the config that rebuilds the model and `info` to `folder`.
+
+    All processes must call it (a sharded model is gathered first). The new export is staged and
+    swapped in by renames, so `folder` never holds a mix of two exports.
+    """
+    staging = folder.with_name(f"{STAGING_PREFIX}{folder.name}")
+    if accelerator.is_main_process and staging.exists():
+        shutil.rmtree(staging)
+    accelerator.wait_for_everyone()
+    accelerator.save_model(model, staging)
+    if accelerator.is_main_process:
+        save_config(config, staging / "config.yaml")
+        (staging / "export.json").write_text(json.dumps(info, indent=2))
+        for path in staging.iterdir():
+            _fsync(path)
+        if folder.exists():
+            _remove(folder)
+        os.replace(staging, folder)
+        _fsync(folder.parent)
+    accelerator.wait_for_everyone()
 
 
 def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Path | None]:

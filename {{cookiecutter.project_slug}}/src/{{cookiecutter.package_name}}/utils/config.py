@@ -45,9 +45,19 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
 
+    # Memory and speed, both off by default. auto_batch_size: if per_device_batch_size does not fit
+    # on the device, use the largest that does and raise accumulation to keep global_batch_size.
+    auto_batch_size: bool = False
+    compile: bool = False  # torch.compile the model after prepare (slow start, faster steps)
+
     # Bookkeeping, all counted in optimizer steps.
     log_every: int = 10
     eval_every: int = 0  # 0 = at the end of every epoch
+    # The evaluation metric that picks best_model/ (kept apart from the rotating checkpoints) and
+    # that early stopping watches: stop after `early_stopping_patience` evaluations without a new
+    # best (0 = never stop early).
+    best_metric: Literal["eval/accuracy", "eval/loss"] = "eval/accuracy"
+    early_stopping_patience: int = 0
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     # auto: continue from the newest valid checkpoint in output_dir, if any; never; or a checkpoint path.
@@ -69,7 +79,11 @@ RUN_DEFINING_FIELDS = (
     "weight_decay",
     "warmup_steps",
     "max_grad_norm",
+    "best_metric",
 )
+
+# Whether a higher or a lower value of each `best_metric` choice is better.
+METRIC_GOALS = {"eval/accuracy": "max", "eval/loss": "min"}
 
 
 class ConfigError(ValueError):
@@ -94,6 +108,7 @@ _CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
     ("max_grad_norm", lambda v: v > 0, "> 0"),
     ("log_every", lambda v: v > 0, "> 0"),
     ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
+    ("early_stopping_patience", lambda v: v >= 0, ">= 0 (0 means never stop early)"),
     ("checkpoint_every", lambda v: v > 0, "> 0"),
     ("keep_checkpoints", lambda v: v > 0, "> 0"),
     ("resume", lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto, never or a checkpoint folder"),

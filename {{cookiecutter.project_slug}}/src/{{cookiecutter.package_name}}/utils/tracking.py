@@ -10,8 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 
+from .checkpoint import LoopState
 from .config import TrainConfig
 
 
@@ -65,25 +67,102 @@ def trackers(config: TrainConfig) -> list[Any]:
     return chosen
 
 
-def setup_tracker(config: TrainConfig) -> dict[str, dict[str, Any]]:
-    """Make the chosen tracker work offline (environment variables) and return its `init_trackers` kwargs."""
-{%- if cookiecutter.tracker == "wandb" %}
+def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> dict[str, Any]:
+    """Make the chosen tracker work offline and continue the run of `state`; return `init_trackers` kwargs."""
+{%- if cookiecutter.tracker == "tensorboard" %}
+    if config.tracker == "tensorboard" and state.step:
+        # The same logging folder, minus what was logged after the checkpoint (it is logged again).
+        return {"tensorboard": {"purge_step": state.step + 1}}
+{%- elif cookiecutter.tracker == "wandb" %}
     if config.tracker == "wandb":
-        # Without an API key, wandb would prompt for one; offline mode writes a run that
-        # `wandb sync` uploads later.
-        if not os.environ.get("WANDB_API_KEY"):
+        source = load_secret("WANDB_API_KEY")
+        if source:
+            accelerator.print(f"wandb: API key from {source}")
+        else:
+            # Without a key wandb would prompt for one; offline, it writes a run that `wandb sync` uploads.
             os.environ.setdefault("WANDB_MODE", "offline")
-        return {"wandb": {"dir": config.output_dir}}
+            accelerator.print("wandb: no WANDB_API_KEY in the environment or the platform's secrets: offline")
+        kwargs: dict[str, Any] = {"dir": config.output_dir}
+        if state.tracker_run_id:
+            # wandb ignores steps it already has: those logged after the checkpoint keep their first values.
+            kwargs.update(id=state.tracker_run_id, resume="allow")
+        return {"wandb": kwargs}
 {%- elif cookiecutter.tracker == "mlflow" %}
     if config.tracker == "mlflow":
-        # A local file store unless the user points MLFLOW_TRACKING_URI at a server. MLflow 3 keeps
-        # the file store only behind an explicit opt-in; it is the one backend that needs no database.
+        for name in MLFLOW_SECRETS:
+            if source := load_secret(name):
+                accelerator.print(f"mlflow: {name} from {source}")
+        # A local file store unless MLFLOW_TRACKING_URI points at a server. MLflow 3 keeps the file
+        # store only behind an explicit opt-in; it is the one backend that needs no database.
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             os.environ["MLFLOW_TRACKING_URI"] = (Path(config.output_dir) / "mlruns").resolve().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        return {}
+        # A resumed run logs into the same MLflow run; steps logged after the checkpoint appear twice.
+        return {"mlflow": {"run_id": state.tracker_run_id or None}}
 {%- endif %}
     return {}
+
+
+def tracker_run_id(accelerator: Accelerator, config: TrainConfig) -> str:
+    """The tracker's run id, saved in checkpoints so that a resumed run continues that run."""
+{%- if cookiecutter.tracker == "wandb" %}
+    if config.tracker == "wandb" and accelerator.is_main_process:
+        return accelerator.get_tracker("wandb", unwrap=True).id
+{%- elif cookiecutter.tracker == "mlflow" %}
+    if config.tracker == "mlflow" and accelerator.is_main_process:
+        return accelerator.get_tracker("mlflow", unwrap=True).info.run_id
+{%- elif cookiecutter.tracker == "tensorboard" %}
+    # TensorBoard has no run ids: a resumed run continues by writing to the same logging folder.
+{%- endif %}
+    return ""
+{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
+{%- if cookiecutter.tracker == "mlflow" %}
+
+
+# Read from the platform's secrets when not in the environment; set MLFLOW_TRACKING_URI to log to a server.
+MLFLOW_SECRETS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+)
+{%- endif %}
+
+
+def load_secret(name: str) -> str | None:
+    """Make secret `name` available to this process; return where it was found, or None.
+
+    Looked up in the environment, then in Kaggle's secrets (Add-ons > Secrets), then in Colab's
+    (the key icon; readable only inside the notebook kernel, so notebooks/colab.ipynb exports it for
+    the launcher). The value goes into this process's environment only: never to a file or a log.
+    """
+    if os.environ.get(name):
+        return "the environment"
+    for source, read in (("Kaggle secrets", _kaggle_secret), ("Colab secrets", _colab_secret)):
+        try:
+            value = read(name)
+        except Exception:  # not that platform, secret not attached, or access refused: try the next
+            continue
+        if value:
+            os.environ[name] = value
+            return source
+    return None
+
+
+def _kaggle_secret(name: str) -> str | None:
+    from kaggle_secrets import UserSecretsClient
+
+    return UserSecretsClient().get_secret(name)
+
+
+def _colab_secret(name: str) -> str | None:
+    from google.colab import userdata
+    from IPython import get_ipython
+
+    if get_ipython() is None:  # a launcher's subprocess: userdata would need the kernel
+        return None
+    return userdata.get(name)
+{%- endif %}
 
 
 def _check_installed(tracker: str) -> None:

@@ -1,0 +1,135 @@
+"""Evaluation that does not depend on the process count, the best model, early stopping, the curves PNG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from safetensors.torch import load_file
+
+from {{ cookiecutter.package_name }}.data import build_datasets
+from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.utils.config import TrainConfig, load_config
+
+from .conftest import PROJECT, read_metrics, run_training
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_processes_evaluate_exactly_like_one_on_an_odd_eval_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without dropout and with one thread per process, 2-process DDP trains the very same weights as one
+    process with accumulation; the eval metrics, over a set that does not split evenly, are then equal."""
+    _, eval_set = build_datasets(TrainConfig())
+    assert len(eval_set) % 2 == 1  # the last batch is uneven: process 1 gets padding that must not count
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
+    args = ["--num_epochs", "2", "--dropout", "0", "--eval_every", "11", "--mixed_precision", "no"]
+    run_training(tmp_path / "one", *args)
+    run_training(tmp_path / "two", *args, processes=2)
+    one, two = (tmp_path / name / "model" / "model.safetensors" for name in ("one", "two"))
+    assert one.read_bytes() == two.read_bytes()
+    evals = [[row for row in read_metrics(tmp_path / name) if "eval/loss" in row] for name in ("one", "two")]
+    assert [row["step"] for row in evals[0]] == [11, 22, 33, 44]
+    assert evals[0] == evals[1]  # float for float, not approximately
+
+
+def evaluate_plainly(model_dir: Path) -> dict[str, float]:
+    config, _ = load_config([], default_path=model_dir / "config.yaml")
+    model = build_model(config)
+    model.load_state_dict(load_file(model_dir / "model.safetensors"))
+    model.eval()
+    inputs, labels = build_datasets(config)[1].tensors
+    with torch.no_grad():
+        logits = model(inputs)
+    loss = F.cross_entropy(logits, labels, reduction="none").double().mean().item()
+    return {"eval/loss": loss, "eval/accuracy": (logits.argmax(-1) == labels).sum().item() / len(labels)}
+
+
+def test_best_model_holds_the_best_evaluation_and_outlives_rotation(tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    run_training(
+        output_dir,
+        *["--max_steps", "60", "--eval_every", "5", "--checkpoint_every", "10", "--keep_checkpoints", "1"],
+        *["--best_metric", "eval/loss", "--learning_rate", "0.02"],  # a high rate: the loss goes up and down
+    )
+    evals = [row for row in read_metrics(output_dir) if "eval/loss" in row]
+    best = min(evals, key=lambda row: row["eval/loss"])
+    info = json.loads((output_dir / "best_model" / "export.json").read_text())
+    assert info["step"] == best["step"]
+    assert info["eval/loss"] == best["eval/loss"]
+    # The weights are those of that evaluation: plain PyTorch gets the same numbers from them.
+    plain = evaluate_plainly(output_dir / "best_model")
+    assert plain["eval/accuracy"] == best["eval/accuracy"]
+    assert plain["eval/loss"] == pytest.approx(best["eval/loss"], rel=1e-5)
+    # Rotation keeps one checkpoint; best_model lives outside checkpoints/ and is never rotated.
+    assert [path.name for path in (output_dir / "checkpoints").iterdir()] == ["step_00000060"]
+    assert json.loads((output_dir / "model" / "export.json").read_text())["step"] == 60
+
+
+def test_early_stopping_stops_both_processes_at_the_same_step(tmp_path: Path) -> None:
+    """A learning rate too small to change any prediction: accuracy never improves after the first
+    evaluation (step 2), so with patience 2 training stops at step 6, on both processes."""
+    output_dir = tmp_path / "run"
+    args = ["--learning_rate", "1e-9", "--eval_every", "2", "--early_stopping_patience", "2"]
+    result = run_training(output_dir, *args, "--log_every", "2", processes=2)
+    assert "early stopping at step 6: 2 evaluations without a better eval/accuracy" in result.stdout
+    assert max(row["step"] for row in read_metrics(output_dir)) == 6
+    # Both processes took part in the checkpoint of step 6: each wrote its random state there.
+    checkpoint = output_dir / "checkpoints" / "step_00000006"
+    assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
+    assert json.loads((output_dir / "best_model" / "export.json").read_text())["step"] == 2
+    # Running the same command again does not train on: the run is over.
+    before = (output_dir / "metrics.jsonl").read_text()
+    rerun = run_training(output_dir, *args, "--log_every", "2", processes=2)
+    assert "early stopping at step 6" in rerun.stdout
+    assert (output_dir / "metrics.jsonl").read_text() == before
+
+
+def test_curves_png_shows_every_logged_series(single_run: tuple) -> None:
+    output_dir, result = single_run
+    png = output_dir / "curves.png"
+    assert f"curves: {png}" in result.stdout
+    image = Image.open(png)
+    assert image.format == "PNG" and image.size[0] > 1000
+    counts = {}
+    for row in read_metrics(output_dir):
+        for name in row.keys() - {"step"}:
+            counts[name] = counts.get(name, 0) + 1
+    drawn = dict(item.split(": ") for item in image.text["Series"].split(", "))
+    assert drawn == {
+        name: str(counts[name]) for name in ("train/loss", "eval/loss", "eval/accuracy", "train/lr")
+    }
+    low, high = image.convert("L").getextrema()
+    assert high - low > 100  # lines on a background, not a blank picture
+
+
+def test_curves_command_redraws_and_names_a_wrong_folder(single_run: tuple, tmp_path: Path) -> None:
+    output_dir, _ = single_run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "metrics.jsonl").write_bytes((output_dir / "metrics.jsonl").read_bytes())
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.utils.plots"]
+    result = subprocess.run([*command, str(copy)], cwd=PROJECT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (
+        Image.open(copy / "curves.png").text["Series"] == Image.open(output_dir / "curves.png").text["Series"]
+    )
+    missing = subprocess.run([*command, str(tmp_path / "nope")], cwd=PROJECT, capture_output=True, text=True)
+    assert missing.returncode == 1
+    assert "metrics.jsonl does not exist" in missing.stderr
+
+
+def test_torch_compile_trains_and_exports_plain_weights(tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    result = run_training(output_dir, "--compile", "true", "--max_steps", "10", "--log_every", "5")
+    assert "done: 10 optimizer steps" in result.stdout
+    plain = evaluate_plainly(output_dir / "model")  # loads only if the keys have no "_orig_mod." prefix
+    logged = [row for row in read_metrics(output_dir) if "eval/accuracy" in row][-1]
+    assert plain["eval/accuracy"] == logged["eval/accuracy"]
