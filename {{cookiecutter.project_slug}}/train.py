@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.utils.accelerate_fixes import cache_lomo_check
 from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.config import (
     METRIC_GOALS,
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"{config_path}: {error}") from error
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
+    cache_lomo_check()  # Accelerate would look for an optional package at every optimizer step
     accelerator = Accelerator(
         mixed_precision=resolve_mixed_precision(config.mixed_precision),
         log_with=trackers(config),
