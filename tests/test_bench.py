@@ -1,0 +1,57 @@
+"""bench/bench.py in its quick mode: it renders, trains, checkpoints and prints a complete table.
+
+The figures of a quick run are not meaningful (too few steps) and nothing here asserts a speed: the
+test keeps the script from rotting. docs/benchmarks.md holds the figures of a full run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from .conftest import TEMPLATE, explain, run
+
+ROWS = {
+    "steps/s, tiny model": "loop",
+    "steps/s, realistic model": "loop",
+    "checkpoint save, ms (": "pair",
+    "checkpoint save, ms, against torch.save + fsync": "pair",
+    "resume, ms": "pair",
+    "cookiecutter to first optimizer step, s": "single",
+    "syncs outside torch per ordinary step / per logging step": "syncs",
+}
+
+
+def number(cell: str) -> float:
+    match = re.match(r"\s*([0-9.]+)", cell)
+    assert match, f"no number in {cell!r}"
+    return float(match.group(1))
+
+
+@pytest.mark.slow
+def test_quick_benchmark_prints_every_row() -> None:
+    result = run([sys.executable, "bench/bench.py", "--quick"], cwd=TEMPLATE, timeout=900)
+    assert result.returncode == 0, explain(result)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert lines[0].startswith("| measurement | generated project | plain PyTorch | ratio |"), result.stdout
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]] for line in lines[1:]
+    }
+    for prefix, kind in ROWS.items():
+        found = [cells for name, cells in rows.items() if name.startswith(prefix)]
+        assert len(found) == 1, f"row {prefix!r} missing or repeated in:\n{result.stdout}"
+        cells = found[0]
+        if kind in ("loop", "pair"):
+            generated, plain, ratio = number(cells[0]), number(cells[1]), number(cells[2])
+            assert generated > 0 and plain > 0 and ratio > 0
+            if kind == "pair":
+                assert ratio == pytest.approx(generated / plain, rel=0.05, abs=0.01)
+        elif kind == "single":
+            assert number(cells[0]) > 0
+        else:
+            # The generated loop reads nothing back from the device between logging steps.
+            assert cells[0].startswith("0 / "), f"syncs at ordinary steps: {cells[0]}"
+            assert cells[1].startswith("0 / "), f"the plain loop has syncs: {cells[1]}"
+    assert "Sync call sites at logging steps: train.py:" in result.stdout
