@@ -14,10 +14,14 @@ import sys
 PROJECT_SLUG = {{ cookiecutter.project_slug | tojson }}
 PACKAGE_NAME = {{ cookiecutter.package_name | tojson }}
 AUTHOR_EMAIL = {{ cookiecutter.author_email | tojson }}
+TASK = {{ cookiecutter.task | tojson }}
+
+# The task presets, one folder each in the template's _presets/ (post_gen_project.py moves one in place).
+TASKS = ("digits", "images", "text", "lm")
 
 # Importing any of these under the project's name would hide the real module.
 SHADOWED = {"torch", "accelerate", "numpy", "yaml", "sklearn", "safetensors", "tqdm"}
-SHADOWED |= {"tensorboard", "wandb", "mlflow"}
+SHADOWED |= {"tensorboard", "wandb", "mlflow", "transformers", "tokenizers", "torchvision"}
 
 
 def problems() -> list[str]:
@@ -39,6 +43,8 @@ def problems() -> list[str]:
             f"package_name {PACKAGE_NAME!r} would shadow the module of the same name that the project "
             f"imports or that Python ships: pick another name (e.g. 'my_{PACKAGE_NAME}')."
         )
+    if TASK not in TASKS:
+        found.append(f"task {TASK!r} is not a preset: choose one of {', '.join(TASKS)}.")
     if AUTHOR_EMAIL and not re.fullmatch(r"[^@\s]+@[^@\s]+", AUTHOR_EMAIL):
         found.append(f"author_email {AUTHOR_EMAIL!r} is not an email address: leave it empty or fix it.")
     return found

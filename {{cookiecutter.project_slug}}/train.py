@@ -6,8 +6,8 @@
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
 
 Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop (accumulation,
-logging, evaluation, checkpoints, stop on signal) -> export. The data and the model come from
-`build_datasets` and `build_model` in the package under src/: replace those, not this loop.
+logging, evaluation, checkpoints, stop on signal) -> export. Everything about the task (data, batches,
+model, loss, metrics) comes from `task.py` in the package under src/: change that, not this loop.
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
 the resumed run ends with the same weights and logs the same losses as one that was never stopped.
@@ -22,19 +22,16 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
 from accelerate.utils.operations import send_to_device, slice_tensors
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from {{ cookiecutter.package_name }}.data import build_datasets
-from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import cache_lomo_check
 from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.config import (
-    METRIC_GOALS,
     ConfigError,
     TrainConfig,
     gradient_accumulation_steps,
@@ -59,7 +56,7 @@ CONFIGS = Path(__file__).parent / "configs"
 def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()  # first, so that a signal during start-up is not lost
     where = detect_platform()
-    config, config_path = load_config(argv, default_path=CONFIGS / f"{where}.yaml")
+    config, config_path = load_config(argv, CONFIGS / f"{where}.yaml", task.Config)
     try:
         output_warnings = check_output_dir(config.output_dir, where)
     except ValueError as error:
@@ -116,17 +113,21 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     # samples), cut into micro-batches in the loop. With drop_last, every optimizer step sees exactly
     # global_batch_size samples and an epoch has len(train_set) // global_batch_size steps on any
     # number of processes, which is what lets a checkpoint move between world sizes.
-    train_set, eval_set = build_datasets(config)
+    train_set, eval_set = task.build_datasets(config)
     train_loader = DataLoader(
         train_set,
         batch_size=config.per_device_batch_size * accumulation,
         shuffle=True,
         drop_last=True,
+        collate_fn=task.collate,
         num_workers=config.num_workers,
         generator=torch.Generator().manual_seed(config.seed),
     )
     eval_loader = DataLoader(
-        eval_set, batch_size=config.per_device_batch_size, num_workers=config.num_workers
+        eval_set,
+        batch_size=config.per_device_batch_size,
+        collate_fn=task.collate,
+        num_workers=config.num_workers,
     )
     steps_per_epoch = len(train_set) // config.global_batch_size
     if steps_per_epoch == 0:
@@ -137,7 +138,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
 
     # --- model, optimizer, schedule (sized in optimizer steps, so independent of the world size)
-    model = build_model(config)
+    model = task.build_model(config)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
@@ -155,12 +156,11 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         candidates = batch_size_candidates(
             config.per_device_batch_size, config.global_batch_size, accelerator.num_processes
         )
-        samples = default_collate([train_set[i] for i in range(candidates[0])])
+        samples = task.collate([train_set[i] for i in range(candidates[0])])
         probe_batch = send_to_device(samples, accelerator.device)
 
         def train_step(size: int) -> None:
-            inputs, labels = slice_tensors(probe_batch, slice(0, size))
-            accelerator.backward(F.cross_entropy(model(inputs), labels))
+            accelerator.backward(task.loss(model, slice_tensors(probe_batch, slice(0, size))))
 
         config.per_device_batch_size = fit_batch_size(accelerator, model, candidates, train_step)
         accumulation = gradient_accumulation_steps(config, accelerator.num_processes)
@@ -204,9 +204,9 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
             batches.set_epoch(state.epoch)
         for batch in batches:
             for micro in range(accumulation):
-                inputs, labels = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
+                micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
                 with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
-                    loss = F.cross_entropy(forward(inputs), labels)
+                    loss = task.loss(forward, micro_batch)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -284,7 +284,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
             track_best(accelerator, model, config, state, metrics)
     accelerator.print(
         f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
-        f"eval loss {metrics['eval/loss']:.4f} | eval accuracy {metrics['eval/accuracy']:.4f}"
+        + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
     )
     # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
     export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
@@ -299,23 +299,19 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
 
 @torch.no_grad()
 def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
-    """Loss and accuracy over the whole eval set: the same numbers on any number of processes.
+    """The task's metrics over the whole eval set: the same numbers on any number of processes.
 
-    gather_for_metrics returns the batches in dataset order and drops the samples repeated to give
-    every process a full last batch; summing once over the whole set, in that order, makes the
-    result independent of how the set was split.
+    gather_for_metrics returns the per-sample values in dataset order and drops the samples repeated
+    to give every process a full last batch; reducing once over the whole set, in that order, makes
+    the result independent of how the set was split.
     """
     model.eval()
-    losses, hits = [], []
-    for inputs, labels in loader:
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.float(), labels, reduction="none")
-        loss, predictions, labels = accelerator.gather_for_metrics((loss, logits.argmax(dim=-1), labels))
-        losses.append(loss)
-        hits.append(predictions == labels)
+    gathered: dict[str, list[torch.Tensor]] = {}
+    for batch in loader:
+        for name, values in accelerator.gather_for_metrics(task.eval_step(model, batch)).items():
+            gathered.setdefault(name, []).append(values)
     model.train()
-    loss, hit = torch.cat(losses).double(), torch.cat(hits)
-    return {"eval/loss": loss.mean().item(), "eval/accuracy": hit.sum().item() / hit.numel()}
+    return task.metrics({name: torch.cat(parts) for name, parts in gathered.items()})
 
 
 def track_best(
@@ -323,7 +319,7 @@ def track_best(
 ) -> None:
     """Export best_model/ when `metrics` beat the best so far, else count one more evaluation without."""
     value, best = metrics[config.best_metric], state.best_value
-    if best is None or (value > best if METRIC_GOALS[config.best_metric] == "max" else value < best):
+    if best is None or (value > best if config.METRIC_GOALS[config.best_metric] == "max" else value < best):
         state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
         # Outside checkpoints/, so rotation never removes it; predict.py --model_dir <output_dir>/best_model.
         folder = Path(config.output_dir) / "best_model"

@@ -1,4 +1,4 @@
-"""Shared helpers: real training runs of train.py in a subprocess, as a user would start them."""
+"""Shared helpers: real runs of train.py and predict.py in a subprocess, as a user would start them."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
+
+from .task_settings import QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
-
-# Small but real: a few epochs of the default example on the CPU.
-QUICK = ["--num_epochs", "4", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"]
 
 
 def free_port() -> int:
@@ -53,16 +55,57 @@ def run_training(
     return result
 
 
+def run_predict(*args: str, processes: int = 1, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """predict.py as a user starts it; with processes > 1 the same real gloo job as `training_command`."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable]
+    if processes > 1:
+        env["ACCELERATE_USE_CPU"] = "1"
+        command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
+        command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
+        command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["predict.py", *args]
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        pytest.fail(
+            f"predict.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def assert_same_run(resumed: Path, reference: Path) -> None:
+    """Bitwise-equal exported weights and the same metrics.jsonl, line for line."""
+    expected = load_file(reference / "model" / "model.safetensors")
+    actual = load_file(resumed / "model" / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), f"{name} differs"
+    assert read_metrics(resumed) == read_metrics(reference)
+
+
+def wait_for_training(
+    output_dir: Path, process: subprocess.Popen, since: float, timeout: float = 120
+) -> None:
+    """Block until this run has written metrics.jsonl (it cuts it on resume, then logs): it is training."""
+    deadline = time.monotonic() + timeout
+    metrics = output_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.stat().st_mtime > since and metrics.stat().st_size):
+        if process.poll() is not None:
+            return
+        assert time.monotonic() < deadline, "train.py did not start training"
+        time.sleep(0.05)
+
+
 def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def last_eval(output_dir: Path) -> dict:
-    return [row for row in read_metrics(output_dir) if "eval/accuracy" in row][-1]
+    return [row for row in read_metrics(output_dir) if "eval/loss" in row][-1]
 
 
 @pytest.fixture(scope="session")
 def single_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """One short real run in one process, shared by the tests that only read its outputs."""
+    """A short real run (task_settings.QUICK), shared by the tests that only read its outputs."""
     output_dir = tmp_path_factory.mktemp("single") / "run"
     return output_dir, run_training(output_dir, *QUICK)

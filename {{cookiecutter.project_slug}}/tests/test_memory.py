@@ -22,6 +22,7 @@ from .conftest import PROJECT
 SIMULATED_OOM = """
 import sys
 import torch
+from accelerate.utils import find_batch_size
 import train
 
 class LimitedMemory(torch.nn.Module):
@@ -29,14 +30,14 @@ class LimitedMemory(torch.nn.Module):
         super().__init__()
         self.inner, self.limit = inner, limit
 
-    def forward(self, x):
-        if torch.is_grad_enabled() and x.shape[0] > self.limit:
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and find_batch_size((args, kwargs)) > self.limit:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        return self.inner(x)
+        return self.inner(*args, **kwargs)
 
 limit = int(sys.argv[1])
-build = train.build_model
-train.build_model = lambda config: LimitedMemory(build(config), limit)
+build = train.task.build_model
+train.task.build_model = lambda config: LimitedMemory(build(config), limit)
 sys.exit(train.main(sys.argv[2:]))
 """
 

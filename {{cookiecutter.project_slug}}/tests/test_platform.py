@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils import hardware
 from {{ cookiecutter.package_name }}.utils.hardware import (
     Gpu,
@@ -19,7 +20,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     gpu_facts,
 )
 
-from .conftest import PROJECT, run_training
+from .conftest import PROJECT, QUICK, run_training
 
 PLATFORM_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "SLURM_JOB_ID")
 T4 = "Tesla T4, 7.5, 15360 MiB"
@@ -101,7 +102,7 @@ def test_output_dir_checks_per_platform(clean_env: pytest.MonkeyPatch, tmp_path:
     assert "Kaggle keeps only" in check_output_dir("/tmp/outputs", "kaggle")[0]
     clean_env.setenv("SLURM_TMPDIR", str(tmp_path / "node"))
     assert "wiped when the job ends" in check_output_dir(str(tmp_path / "node" / "run"), "slurm")[0]
-    assert check_output_dir("outputs/digits", "local") == []
+    assert check_output_dir("outputs/run", "local") == []
 
 
 def test_train_uses_the_detected_platforms_config_and_says_so(
@@ -135,10 +136,12 @@ def test_another_run_cannot_take_over_an_output_dir(single_run: tuple, tmp_path:
     output_dir = tmp_path / "run"
     shutil.copytree(single_run[0], output_dir)
     before = (output_dir / "metrics.jsonl").read_text()
-    result = run_training(output_dir, "--num_epochs", "4", "--learning_rate", "0.01", check=False)
+    learning_rate = task.Config().learning_rate
+    result = run_training(output_dir, *QUICK, "--learning_rate", str(2 * learning_rate), check=False)
     assert result.returncode == 1
-    assert "holds a run with other settings (learning_rate 0.003 -> 0.01)" in result.stderr
-    never = run_training(output_dir, "--num_epochs", "4", "--resume", "never", check=False)
+    changed = f"learning_rate {learning_rate!r} -> {2 * learning_rate!r}"
+    assert f"holds a run with other settings ({changed})" in result.stderr
+    never = run_training(output_dir, *QUICK, "--resume", "never", check=False)
     assert never.returncode == 1 and "resume=never, but" in never.stderr
     assert (output_dir / "metrics.jsonl").read_text() == before  # nothing was touched
 

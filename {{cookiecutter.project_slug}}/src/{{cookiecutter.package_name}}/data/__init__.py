@@ -1,5 +1,1 @@
-"""Datasets. `train.py` only calls `build_datasets`: replace it to train on your own data."""
-
-from .digits import build_datasets
-
-__all__ = ["build_datasets"]
+"""The task's datasets: modules that task.py's `build_datasets` and `predict_inputs` read from."""

@@ -1,5 +1,1 @@
-"""Models. `train.py` only calls `build_model`: replace it to train your own network."""
-
-from .mlp import build_model
-
-__all__ = ["build_model"]
+"""The task's networks: modules that task.py's `build_model` builds from the config."""

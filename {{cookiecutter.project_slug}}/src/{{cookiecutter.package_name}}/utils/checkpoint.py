@@ -27,7 +27,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 
-from .config import RUN_DEFINING_FIELDS, ConfigError, TrainConfig, save_config
+from .config import ConfigError, TrainConfig, run_defining_fields, save_config
 from .hardware import detect_platform
 
 LOOP_STATE_FILE = "loop_state.json"
@@ -226,7 +226,7 @@ def _changed_fields(path: Path, config: TrainConfig) -> str:
     saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
     changes = [
         f"{name} {saved.get(name)!r} -> {getattr(config, name)!r}"
-        for name in RUN_DEFINING_FIELDS
+        for name in run_defining_fields(config)
         if saved.get(name) != getattr(config, name)
     ]
     return ", ".join(changes)

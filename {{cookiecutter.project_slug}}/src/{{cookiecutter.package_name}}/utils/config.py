@@ -13,23 +13,23 @@ import os
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
+
+# (field, predicate, what the value must be): checked after loading, naming where a bad value came from.
+Check = tuple[str, typing.Callable[[Any], bool], str]
 
 
 @dataclass
 class TrainConfig:
-    # Where this run writes metrics, checkpoints and the exported model.
-    output_dir: str = "outputs/digits"
-    seed: int = 42
+    """The fields every task shares. A task adds its own (data, model) in task.py's `Config`, a subclass,
+    which may also change the defaults below."""
 
-    # Data and model of the default example; add your own fields here.
-    eval_fraction: float = 0.2
-    augment_noise: float = 0.05  # std of the Gaussian pixel noise added to training images; 0 = off
-    num_workers: int = 0
-    hidden_size: int = 256
-    dropout: float = 0.1
+    # Where this run writes metrics, checkpoints and the exported model.
+    output_dir: str = "outputs/run"
+    seed: int = 42
+    num_workers: int = 0  # DataLoader worker processes
 
     # Optimization. Accumulation is derived, never set: global = per_device x processes x accumulation,
     # so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs.
@@ -53,10 +53,10 @@ class TrainConfig:
     # Bookkeeping, all counted in optimizer steps.
     log_every: int = 10
     eval_every: int = 0  # 0 = at the end of every epoch
-    # The evaluation metric that picks best_model/ (kept apart from the rotating checkpoints) and
-    # that early stopping watches: stop after `early_stopping_patience` evaluations without a new
-    # best (0 = never stop early).
-    best_metric: Literal["eval/accuracy", "eval/loss"] = "eval/accuracy"
+    # The evaluation metric (a key of METRIC_GOALS) that picks best_model/ (kept apart from the rotating
+    # checkpoints) and that early stopping watches: stop after `early_stopping_patience` evaluations
+    # without a new best (0 = never stop early).
+    best_metric: str = "eval/loss"
     early_stopping_patience: int = 0
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
@@ -64,60 +64,61 @@ class TrainConfig:
     resume: str = "auto"
     tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = "{{ cookiecutter.tracker }}"
 
+    # What the task's evaluation reports, and whether a higher or a lower value is better.
+    METRIC_GOALS: ClassVar[dict[str, Literal["max", "min"]]] = {"eval/loss": "min"}
+    # Fields that may change between sessions and platforms (batch split, precision, logging, output).
+    # Every other field defines the optimization: a checkpoint continues only a run with the same values.
+    SESSION_FIELDS: ClassVar[tuple[str, ...]] = (
+        "output_dir",
+        "num_workers",
+        "max_steps",
+        "per_device_batch_size",
+        "mixed_precision",
+        "auto_batch_size",
+        "compile",
+        "log_every",
+        "eval_every",
+        "early_stopping_patience",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "resume",
+        "tracker",
+    )
+    CHECKS: ClassVar[list[Check]] = [
+        ("output_dir", lambda v: v.strip() != "", "a non-empty path"),
+        ("num_workers", lambda v: v >= 0, ">= 0"),
+        ("num_epochs", lambda v: v > 0, "> 0"),
+        ("max_steps", lambda v: v >= 0, ">= 0 (0 means no cap)"),
+        ("per_device_batch_size", lambda v: v > 0, "> 0"),
+        ("global_batch_size", lambda v: v > 0, "> 0"),
+        ("learning_rate", lambda v: v > 0, "> 0"),
+        ("weight_decay", lambda v: v >= 0, ">= 0"),
+        ("warmup_steps", lambda v: v >= 0, ">= 0"),
+        ("max_grad_norm", lambda v: v > 0, "> 0"),
+        ("log_every", lambda v: v > 0, "> 0"),
+        ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
+        ("early_stopping_patience", lambda v: v >= 0, ">= 0 (0 means never stop early)"),
+        ("checkpoint_every", lambda v: v > 0, "> 0"),
+        ("keep_checkpoints", lambda v: v > 0, "> 0"),
+        ("resume", lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto, never or a checkpoint path"),
+    ]
 
-# Fields that define the optimization: a checkpoint continues only a run with the same values.
-# The others (batch split, precision, logging, output) may change between sessions and platforms.
-RUN_DEFINING_FIELDS = (
-    "seed",
-    "eval_fraction",
-    "augment_noise",
-    "hidden_size",
-    "dropout",
-    "num_epochs",
-    "global_batch_size",
-    "learning_rate",
-    "weight_decay",
-    "warmup_steps",
-    "max_grad_norm",
-    "best_metric",
-)
 
-# Whether a higher or a lower value of each `best_metric` choice is better.
-METRIC_GOALS = {"eval/accuracy": "max", "eval/loss": "min"}
+ConfigT = typing.TypeVar("ConfigT", bound=TrainConfig)
+
+
+def run_defining_fields(config: TrainConfig) -> list[str]:
+    """The fields a resumed run must share with its checkpoint."""
+    return [f.name for f in fields(config) if f.name not in config.SESSION_FIELDS]
 
 
 class ConfigError(ValueError):
     """A configuration problem, worded for the person who has to fix the file or flag."""
 
 
-# Each check is (field, predicate, what the value must be).
-_CHECKS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
-    ("output_dir", lambda v: v.strip() != "", "a non-empty path"),
-    ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
-    ("augment_noise", lambda v: v >= 0, ">= 0"),
-    ("num_workers", lambda v: v >= 0, ">= 0"),
-    ("hidden_size", lambda v: v > 0, "> 0"),
-    ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("num_epochs", lambda v: v > 0, "> 0"),
-    ("max_steps", lambda v: v >= 0, ">= 0 (0 means no cap)"),
-    ("per_device_batch_size", lambda v: v > 0, "> 0"),
-    ("global_batch_size", lambda v: v > 0, "> 0"),
-    ("learning_rate", lambda v: v > 0, "> 0"),
-    ("weight_decay", lambda v: v >= 0, ">= 0"),
-    ("warmup_steps", lambda v: v >= 0, ">= 0"),
-    ("max_grad_norm", lambda v: v > 0, "> 0"),
-    ("log_every", lambda v: v > 0, "> 0"),
-    ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
-    ("early_stopping_patience", lambda v: v >= 0, ">= 0 (0 means never stop early)"),
-    ("checkpoint_every", lambda v: v > 0, "> 0"),
-    ("keep_checkpoints", lambda v: v > 0, "> 0"),
-    ("resume", lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto, never or a checkpoint folder"),
-]
-
-
-def _field_types() -> dict[str, Any]:
-    hints = typing.get_type_hints(TrainConfig)
-    return {f.name: hints[f.name] for f in fields(TrainConfig)}
+def _field_types(config_class: type[TrainConfig]) -> dict[str, Any]:
+    hints = typing.get_type_hints(config_class)
+    return {f.name: hints[f.name] for f in fields(config_class)}
 
 
 def _nearest(key: str, options: typing.Iterable[str]) -> str:
@@ -157,7 +158,7 @@ def _coerce(key: str, value: Any, kind: Any, where: str) -> Any:
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__})")
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     """The typed values set in a YAML config file; unknown keys and wrong types raise ConfigError."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
@@ -167,7 +168,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of field: value, got {type(raw).__name__}")
-    types = _field_types()
+    types = _field_types(config_class)
     values = {}
     for key, value in raw.items():
         if key not in types:
@@ -178,16 +179,25 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
     """Reject values of the right type but outside their range, naming where each came from."""
-    for key, is_valid, expected in _CHECKS:
+    for key, is_valid, expected in config.CHECKS:
         value = getattr(config, key)
         if not is_valid(value):
             where = sources.get(key, "default")
             raise ConfigError(f"{where}: {key}={value!r} is invalid: it must be {expected}")
+    if config.best_metric not in config.METRIC_GOALS:
+        where = sources.get("best_metric", "default")
+        hint = _nearest(config.best_metric, config.METRIC_GOALS)
+        raise ConfigError(
+            f"{where}: best_metric={config.best_metric!r} is not one of {list(config.METRIC_GOALS)}{hint}"
+        )
 
 
-def load_config(argv: list[str] | None, default_path: str | Path) -> tuple[TrainConfig, Path]:
-    """Build the config from `--config FILE` (default `default_path`) and `--field value` flags."""
-    types = _field_types()
+def load_config(
+    argv: list[str] | None, default_path: str | Path, config_class: type[ConfigT]
+) -> tuple[ConfigT, Path]:
+    """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
+    flags."""
+    types = _field_types(config_class)
     parser = argparse.ArgumentParser(description="Train with Accelerate.", allow_abbrev=False)
     parser.add_argument("--config", type=Path, default=Path(default_path), help="YAML file")
     for name in types:
@@ -198,14 +208,14 @@ def load_config(argv: list[str] | None, default_path: str | Path) -> tuple[Train
         hint = _nearest(flag.lstrip("-").split("=")[0], types)
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
-    values = read_yaml(args.config)
+    values = read_yaml(args.config, config_class)
     sources = {key: str(args.config) for key in values}
     for name, kind in types.items():
         text = getattr(args, name)
         if text is not None:
             values[name] = _coerce(name, text, kind, f"--{name}")
             sources[name] = f"--{name}"
-    config = TrainConfig(**values)
+    config = config_class(**values)
     # "$SCRATCH/runs/digits" or "~/runs": cluster paths differ per user.
     config.output_dir = os.path.expanduser(os.path.expandvars(config.output_dir))
     if "$" in config.output_dir:

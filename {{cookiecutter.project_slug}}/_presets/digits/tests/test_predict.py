@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,32 +11,14 @@ import torch
 from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
-from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from .conftest import PROJECT, free_port, last_eval
+from .conftest import last_eval, run_predict
 
 pytestmark = pytest.mark.slow
 
 EVAL_SIZE = 359  # 20% of 1,797 digits: odd, so 2 processes get unequal shares
-
-
-def run_predict(*args: str, processes: int = 1, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """predict.py as a user starts it; with processes > 1 the same real gloo job as `training_command`."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable]
-    if processes > 1:
-        env["ACCELERATE_USE_CPU"] = "1"
-        command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
-        command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
-        command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["predict.py", *args]
-    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
-    if check and result.returncode != 0:
-        pytest.fail(
-            f"predict.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
-    return result
 
 
 def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -53,11 +32,13 @@ def eval_predictions(single_run: tuple, tmp_path_factory: pytest.TempPathFactory
     model_dir = single_run[0] / "model"
     out = tmp_path_factory.mktemp("predict")
     files = {}
-    for processes in (1, 2):
-        files[processes] = out / f"{processes}.csv"
-        args = ["--model_dir", str(model_dir), "--output", str(files[processes]), "--batch_size", "16"]
-        result = run_predict(*args, processes=processes)
-        assert f"world size {processes}" in result.stdout  # 2 processes really formed one group
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the same kernels in both: a thread count changes sums
+        for processes in (1, 2):
+            files[processes] = out / f"{processes}.csv"
+            args = ["--model_dir", str(model_dir), "--output", str(files[processes]), "--batch_size", "16"]
+            result = run_predict(*args, processes=processes)
+            assert f"world size {processes}" in result.stdout  # 2 processes really formed one group
     return files
 
 
@@ -105,8 +86,8 @@ def test_input_file_matches_the_model_in_process(single_run: tuple, tmp_path: Pa
 
     header, rows = read_csv(files[2])
     assert header[:2] == ["index", "prediction"] and "label" not in header  # no labels in the input
-    config, _ = load_config([], default_path=model_dir / "config.yaml")
-    model = build_model(config)
+    config, _ = load_config([], model_dir / "config.yaml", task.Config)
+    model = task.build_model(config)
     model.load_state_dict(load_file(model_dir / "model.safetensors"))
     model.eval()
     with torch.no_grad():

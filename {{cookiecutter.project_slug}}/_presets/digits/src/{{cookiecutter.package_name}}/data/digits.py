@@ -1,6 +1,6 @@
-"""The default example: scikit-learn's handwritten digits (1,797 8x8 images), shipped with the package.
+"""scikit-learn's handwritten digits (1,797 8x8 images, shipped with scikit-learn): no network needed.
 
-It needs no network, so the project trains anywhere, Kaggle with internet off included.
+Replace this module with your own data; task.py is the only caller.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import torch
 from sklearn.datasets import load_digits
 from torch.utils.data import Dataset, TensorDataset
 
-from ..utils.config import TrainConfig
-
 NUM_FEATURES = 64
 NUM_CLASSES = 10
+MAX_PIXEL = 16.0  # pixel values are 0..16
 
 
 class NoisyDigits(Dataset):
@@ -42,16 +41,16 @@ class NoisyDigits(Dataset):
         return image, self.labels[index]
 
 
-def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    """Return (train, eval) datasets of (features, label) pairs.
+def digit_splits(seed: int, eval_fraction: float, noise: float) -> tuple[NoisyDigits, TensorDataset]:
+    """(train, eval) datasets of (features, label) pairs, features scaled to 0..1.
 
-    The split depends only on `config.seed`, so every process and every platform sees the same one.
+    The split depends only on `seed`, so every process and every platform sees the same one.
     """
     images, labels = load_digits(return_X_y=True)
-    order = np.random.default_rng(config.seed).permutation(len(labels))
-    num_eval = round(len(labels) * config.eval_fraction)
-    features = torch.tensor(images / 16.0, dtype=torch.float32)  # pixel values are 0..16
+    order = np.random.default_rng(seed).permutation(len(labels))
+    num_eval = round(len(labels) * eval_fraction)
+    features = torch.tensor(images / MAX_PIXEL, dtype=torch.float32)
     targets = torch.tensor(labels, dtype=torch.long)
     eval_idx, train_idx = torch.from_numpy(order[:num_eval]), torch.from_numpy(order[num_eval:])
-    train_set = NoisyDigits(features[train_idx], targets[train_idx], config.augment_noise, config.seed)
+    train_set = NoisyDigits(features[train_idx], targets[train_idx], noise, seed)
     return train_set, TensorDataset(features[eval_idx], targets[eval_idx])

@@ -8,8 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from {{ cookiecutter.package_name }}.data import build_datasets
-from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
@@ -52,11 +51,11 @@ def test_checkpoints_are_complete_and_rotated(single_run: tuple) -> None:
 def test_exported_model_reproduces_logged_accuracy_with_plain_pytorch(single_run: tuple) -> None:
     output_dir, _ = single_run
     model_dir = output_dir / "model"
-    config, _ = load_config([], default_path=model_dir / "config.yaml")
-    model = build_model(config)
+    config, _ = load_config([], model_dir / "config.yaml", task.Config)
+    model = task.build_model(config)
     model.load_state_dict(load_file(model_dir / "model.safetensors"))
     model.eval()
-    _, eval_set = build_datasets(config)
+    _, eval_set = task.build_datasets(config)
     inputs, labels = eval_set.tensors
     with torch.no_grad():
         accuracy = (model(inputs).argmax(dim=-1) == labels).sum().item() / len(labels)

@@ -15,14 +15,20 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, list_checkpoints
 from {{ cookiecutter.package_name }}.utils.checkpoint import main as list_main
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from .conftest import PROJECT, last_eval, read_metrics, run_training, training_command
+from .conftest import (
+    PROJECT,
+    assert_same_run,
+    last_eval,
+    read_metrics,
+    run_training,
+    training_command,
+    wait_for_training,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +46,6 @@ def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     result = run_training(output_dir, *EXACT, *PER_DEVICE[processes], processes=processes)
     assert f"x {processes} processes x 2 accumulation = global batch 64" in result.stdout
     return processes, output_dir
-
-
-def assert_same_run(resumed: Path, reference: Path) -> None:
-    """Bitwise-equal exported weights and the same metrics.jsonl, line for line."""
-    expected = load_file(reference / "model" / "model.safetensors")
-    actual = load_file(resumed / "model" / "model.safetensors")
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(actual[name], expected[name]), f"{name} differs"
-    assert read_metrics(resumed) == read_metrics(reference)
 
 
 def test_resume_after_max_steps_mid_epoch_and_at_epoch_end_is_exact(
@@ -192,19 +188,6 @@ def test_checkpoint_moves_to_another_world_size(reference: tuple[int, Path], tmp
     assert last_eval(output_dir)["eval/accuracy"] == pytest.approx(
         last_eval(reference_dir)["eval/accuracy"], abs=0.02
     )
-
-
-def wait_for_training(
-    output_dir: Path, process: subprocess.Popen, since: float, timeout: float = 120
-) -> None:
-    """Block until this run has written metrics.jsonl (it cuts it on resume, then logs): it is training."""
-    deadline = time.monotonic() + timeout
-    metrics = output_dir / "metrics.jsonl"
-    while not (metrics.exists() and metrics.stat().st_mtime > since and metrics.stat().st_size):
-        if process.poll() is not None:
-            return
-        assert time.monotonic() < deadline, "train.py did not start training"
-        time.sleep(0.05)
 
 
 def test_listing_shows_step_validity_and_metadata(

@@ -13,9 +13,8 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file
 
-from {{ cookiecutter.package_name }}.data import build_datasets
-from {{ cookiecutter.package_name }}.models import build_model
-from {{ cookiecutter.package_name }}.utils.config import TrainConfig, load_config
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.config import load_config
 
 from .conftest import PROJECT, read_metrics, run_training
 
@@ -27,7 +26,7 @@ def test_two_processes_evaluate_exactly_like_one_on_an_odd_eval_set(
 ) -> None:
     """Without dropout and with one thread per process, 2-process DDP trains the very same weights as one
     process with accumulation; the eval metrics, over a set that does not split evenly, are then equal."""
-    _, eval_set = build_datasets(TrainConfig())
+    _, eval_set = task.build_datasets(task.Config())
     assert len(eval_set) % 2 == 1  # the last batch is uneven: process 1 gets padding that must not count
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
     args = ["--num_epochs", "2", "--dropout", "0", "--eval_every", "11", "--mixed_precision", "no"]
@@ -41,11 +40,11 @@ def test_two_processes_evaluate_exactly_like_one_on_an_odd_eval_set(
 
 
 def evaluate_plainly(model_dir: Path) -> dict[str, float]:
-    config, _ = load_config([], default_path=model_dir / "config.yaml")
-    model = build_model(config)
+    config, _ = load_config([], model_dir / "config.yaml", task.Config)
+    model = task.build_model(config)
     model.load_state_dict(load_file(model_dir / "model.safetensors"))
     model.eval()
-    inputs, labels = build_datasets(config)[1].tensors
+    inputs, labels = task.build_datasets(config)[1].tensors
     with torch.no_grad():
         logits = model(inputs)
     loss = F.cross_entropy(logits, labels, reduction="none").double().mean().item()

@@ -1,0 +1,140 @@
+"""The task: all that train.py and predict.py know about the data, the model and the metrics.
+
+Digits: classify scikit-learn's 8x8 handwritten digits with a small MLP. To train your own task, change
+this file and the data/ and models/ modules it calls; train.py and predict.py stay as they are, and so
+do exact resume, the same optimization on any number of processes and exact distributed evaluation.
+
+The contract (README, "Bring your own task"):
+- `Config`: the run's config, TrainConfig's fields plus this task's, with its metrics and checks.
+- `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
+  it called before each epoch: randomness in an item must be a function of (seed, epoch, index).
+- `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
+  each with one row per sample (train.py cuts micro-batches along that first dimension).
+- `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
+- `loss(model, batch)`: the batch's mean loss, a scalar tensor.
+- `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
+  gathers them from all processes, in dataset order, without the padding of the last uneven batch.
+- `metrics(values)`: the eval metrics from those values over the whole eval set, reduced once.
+- `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
+  split (with its labels) when `path` is None.
+- `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, TensorDataset, default_collate
+
+from .data.digits import MAX_PIXEL, NUM_CLASSES, NUM_FEATURES, digit_splits
+from .models.mlp import build_mlp
+from .utils.config import Check, ConfigError, TrainConfig
+
+
+@dataclass
+class Config(TrainConfig):
+    # This task's fields (each is a YAML key and a --flag).
+    eval_fraction: float = 0.2
+    augment_noise: float = 0.05  # std of the Gaussian pixel noise added to training images; 0 = off
+    hidden_size: int = 256
+    dropout: float = 0.1
+    # TrainConfig's defaults that this task sets otherwise.
+    best_metric: str = "eval/accuracy"
+
+    METRIC_GOALS: ClassVar[dict[str, str]] = {"eval/accuracy": "max", "eval/loss": "min"}
+    CHECKS: ClassVar[list[Check]] = [
+        *TrainConfig.CHECKS,
+        ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
+        ("augment_noise", lambda v: v >= 0, ">= 0"),
+        ("hidden_size", lambda v: v > 0, "> 0"),
+        ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ]
+
+
+def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    return digit_splits(config.seed, config.eval_fraction, config.augment_noise)
+
+
+collate = default_collate  # (images, labels) pairs stack into an (images, labels) batch
+
+
+def build_model(config: Config) -> torch.nn.Module:
+    return build_mlp(NUM_FEATURES, NUM_CLASSES, config.hidden_size, config.dropout)
+
+
+def loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs), labels)
+
+
+def eval_step(model: torch.nn.Module, batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    inputs, labels = batch
+    logits = model(inputs).float()
+    return {
+        "loss": F.cross_entropy(logits, labels, reduction="none"),
+        "hit": (logits.argmax(dim=-1) == labels).float(),
+    }
+
+
+def metrics(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {
+        "eval/loss": values["loss"].double().mean().item(),
+        "eval/accuracy": values["hit"].sum().item() / values["hit"].numel(),
+    }
+
+
+def predict_inputs(config: Config, path: Path | None) -> Dataset:
+    """The eval split with labels, or the images of a CSV file: one image per line, 64 comma-separated
+    pixel values 0..16 (8x8, row by row, like sklearn's load_digits); an optional header line is skipped."""
+    if path is None:
+        return build_datasets(config)[1]
+    return TensorDataset(read_pixels(path))
+
+
+def predict(model: torch.nn.Module, batch: list[torch.Tensor], config: Config) -> list[dict[str, Any]]:
+    """The predicted digit, the true one when known, and the probability of each digit."""
+    inputs, *known = batch
+    probs = model(inputs).float().softmax(dim=-1).cpu()
+    rows = []
+    for index, row in enumerate(probs.tolist()):
+        out: dict[str, Any] = {"prediction": int(probs[index].argmax())}
+        if known:
+            out["label"] = int(known[0][index])
+        out.update({f"prob_{digit}": p for digit, p in enumerate(row)})
+        rows.append(out)
+    return rows
+
+
+def read_pixels(path: Path) -> torch.Tensor:
+    """The images of a pixel CSV as model inputs; a ConfigError names the file and line of a bad row."""
+    if not path.is_file():
+        raise ConfigError(f"input file {path} does not exist")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        cells = [cell.strip() for cell in line.split(",")]
+        try:
+            values = [float(cell) for cell in cells]
+        except ValueError:
+            if number == 1:  # a header
+                continue
+            raise ConfigError(f"{path}:{number}: not a number in {line[:80]!r}") from None
+        if len(values) != NUM_FEATURES:
+            raise ConfigError(
+                f"{path}:{number}: expected {NUM_FEATURES} comma-separated pixel values, got {len(values)}"
+            )
+        bad = [v for v in values if not (math.isfinite(v) and 0 <= v <= MAX_PIXEL)]
+        if bad:
+            raise ConfigError(f"{path}:{number}: pixel values must be between 0 and 16, got {bad[0]}")
+        rows.append(values)
+    if not rows:
+        raise ConfigError(f"{path}: no rows of pixel values")
+    # The same scaling as the training data, so that a file of eval images gives the eval predictions.
+    return torch.tensor(np.array(rows, dtype=np.float64) / MAX_PIXEL, dtype=torch.float32)
