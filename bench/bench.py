@@ -257,16 +257,14 @@ def plain_loop(package: str, size: str, steps: int) -> None:
     import train
     from torch.utils.data import DataLoader
 
-    config_module = importlib.import_module(f"{package}.utils.config")
-    build_datasets = importlib.import_module(f"{package}.data").build_datasets
-    build_model = importlib.import_module(f"{package}.models").build_model
-    config = config_module.TrainConfig(hidden_size=SIZES[size], num_epochs=1000, augment_noise=0.0)
+    task = importlib.import_module(f"{package}.task")  # the default render: the digits preset
+    config = task.Config(hidden_size=SIZES[size], num_epochs=1000, augment_noise=0.0)
     torch.manual_seed(config.seed)
-    train_set, _ = build_datasets(config)
+    train_set, _ = task.build_datasets(config)
     loader = DataLoader(
         train_set, batch_size=BATCH, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(0)
     )
-    model = build_model(config)
+    model = task.build_model(config)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
@@ -298,15 +296,15 @@ def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
     from torch.utils.data import DataLoader
 
     checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
-    config_module = importlib.import_module(f"{package}.utils.config")
+    task = importlib.import_module(f"{package}.task")
     scratch = project.parent.parent / "checkpoint-bench"  # inside the parent's temporary folder
     scratch.mkdir(exist_ok=True)
-    config = config_module.TrainConfig(hidden_size=SIZES["realistic"], output_dir=str(scratch / "run"))
+    config = task.Config(hidden_size=SIZES["realistic"], output_dir=str(scratch / "run"))
     accelerator = Accelerator(cpu=True)
-    model = importlib.import_module(f"{package}.models").build_model(config)
+    model = task.build_model(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.warmup_cosine(20, 1000))
-    train_set, _ = importlib.import_module(f"{package}.data").build_datasets(config)
+    train_set, _ = task.build_datasets(config)
     loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, drop_last=True)
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     inputs, labels = next(iter(loader))

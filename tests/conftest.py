@@ -26,6 +26,12 @@ CHOICES: dict[str, list[str]] = {
     for key, value in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
     if isinstance(value, list) and not key.startswith("_")
 }
+# The task presets: one folder each under _presets/, the default (cookiecutter.json) first.
+DEFAULT_TASK = json.loads((TEMPLATE / "cookiecutter.json").read_text())["task"]
+TASKS = [DEFAULT_TASK] + sorted(
+    path.name for path in (TEMPLATE_DIR / "_presets").iterdir() if path.name != DEFAULT_TASK
+)
+DEFAULT_ANSWERS = {key: values[0] for key, values in CHOICES.items()} | {"task": DEFAULT_TASK}
 DEFAULT_SLUG = "digits-classifier"
 DEFAULT_PACKAGE = "digits_classifier"
 
@@ -34,10 +40,12 @@ CUSTOM_NAMES = {"project_name": "Vision Lab", "project_slug": "vision.lab", "pac
 # Only project_name is set: the slug and the package name are derived from it.
 DERIVED_NAMES = {"project_name": "Protein Folding_v2"}
 
-# Every render the option tests need: the default, each value of each choice option, custom names.
+# Every render the option tests need: the default, each value of each choice option, each task preset,
+# custom names.
 RENDERS: dict[str, dict[str, str]] = {
     "default": {},
     **{f"{key}={value}": {key: value} for key, values in CHOICES.items() for value in values},
+    **{f"task={task}": {"task": task} for task in TASKS[1:]},
     "custom-names": CUSTOM_NAMES,
     "derived-names": DERIVED_NAMES,
 }
@@ -75,7 +83,7 @@ def render_template(output_dir: Path, extra_context: Mapping[str, str]) -> Path:
 
 def _answers(project: Path, extra_context: Mapping[str, str]) -> dict[str, str]:
     """The answers as cookiecutter resolved them (defaults, derived names), read back from the render."""
-    context = {key: values[0] for key, values in CHOICES.items()} | dict(extra_context)
+    context = DEFAULT_ANSWERS | dict(extra_context)
     context.setdefault("project_slug", project.name)
     if "package_name" not in context:
         (package_dir,) = (project / "src").iterdir()
@@ -85,9 +93,7 @@ def _answers(project: Path, extra_context: Mapping[str, str]) -> dict[str, str]:
 
 def _key(extra_context: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     # Answers equal to a choice's default give the same project as leaving them out: render it once.
-    return tuple(
-        sorted((k, v) for k, v in extra_context.items() if not (k in CHOICES and CHOICES[k][0] == v))
-    )
+    return tuple(sorted((k, v) for k, v in extra_context.items() if DEFAULT_ANSWERS.get(k) != v))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CHOICES, RENDERS, Render, explain, render_template, run
+from .conftest import CHOICES, RENDERS, TASKS, Render, explain, render_template, run
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +31,14 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def test_pre_commit_passes_in_a_fresh_project(tmp_path: Path) -> None:
-    """In a new git repo of the default render, `pre-commit run --all-files` passes without changing a file.
+@pytest.mark.parametrize("task", TASKS)
+def test_pre_commit_passes_in_a_fresh_project(tmp_path: Path, task: str) -> None:
+    """In a new git repo of each preset's render, `pre-commit run --all-files` passes without changing a file.
 
     The hooks are `repo: local` with pinned PyPI packages; their environments are cached in
     PRE_COMMIT_HOME (default ~/.cache/pre-commit), which this test leaves as it is.
     """
-    project = render_template(tmp_path, {})
+    project = render_template(tmp_path, {"task": task})
     for command in (["git", "init", "-q"], ["git", "add", "-A"]):
         result = run(command, cwd=project, timeout=60)
         assert result.returncode == 0, explain(result)
@@ -49,7 +50,7 @@ def test_pre_commit_passes_in_a_fresh_project(tmp_path: Path) -> None:
     assert result.returncode == 0, explain(result)
 
 
-@pytest.mark.parametrize("name", ["default", "license=none", "custom-names"])
+@pytest.mark.parametrize("name", ["default", "license=none", "custom-names", "task=images", "task=text"])
 def test_pip_can_install_the_project_with_dev_extras(tmp_path: Path, name: str) -> None:
     """`pip install --dry-run -e '.[dev]'` succeeds: the PEP 621 metadata and the src layout build.
 
@@ -70,9 +71,12 @@ def test_pip_can_install_the_project_with_dev_extras(tmp_path: Path, name: str) 
     assert not [name for name in packages if name == "torch" or name.startswith("nvidia")], packages
 
 
-def test_generated_test_suite_passes(render: Callable[..., Render]) -> None:
-    """The default project's own test suite (real CPU training, a 2-process gloo run) passes."""
-    project = render().path
+@pytest.mark.parametrize("task", TASKS)
+def test_generated_test_suite_passes(render: Callable[..., Render], task: str) -> None:
+    """Each preset's own test suite passes: real CPU training, exact resume after SIGTERM, 1 against 2
+    processes, predictions on 1 and 2 processes, its task's quality (tests/test_guarantees.py,
+    tests/test_task.py), and the rest of the project's tests run with that task."""
+    project = render(task=task).path
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x"], cwd=project, env=project_env(project), timeout=900
     )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 from cookiecutter.exceptions import FailedHookException
 
-from .conftest import TEMPLATE, explain, render_template, run
+from .conftest import HOOKS_DIR, TASKS, TEMPLATE, explain, render_template, run
 
 # (answers, text the hook's message must contain)
 BAD_ANSWERS: list[tuple[dict[str, str], str]] = [
@@ -26,6 +27,8 @@ BAD_ANSWERS: list[tuple[dict[str, str], str]] = [
     ({"package_name": "torch"}, "package_name 'torch' would shadow"),
     ({"package_name": "accelerate"}, "package_name 'accelerate' would shadow"),
     ({"author_email": "nope"}, "author_email 'nope' is not an email address"),
+    ({"task": "vision"}, "task 'vision' is not a preset: choose one of digits, images, text, lm."),
+    ({"task": "../digits"}, "task '../digits' is not a preset"),
 ]
 
 
@@ -54,7 +57,7 @@ def test_bad_answer_is_rejected_by_the_hook(
 
 
 # A few of them through the command line, as a user would meet them.
-CLI_IDS = ("project_slug=../x", "package_name=match", "author_email=nope")
+CLI_IDS = ("project_slug=../x", "package_name=match", "author_email=nope", "task=vision")
 CLI_CASES = [case for case in BAD_ANSWERS if ids(case) in CLI_IDS]
 
 
@@ -94,3 +97,12 @@ def test_unusual_but_valid_answers_pass(tmp_path: Path, answers: dict[str, str])
     project = render_template(tmp_path, answers)
     assert project.is_dir()
     assert (project / "train.py").is_file()
+
+
+def test_the_hook_knows_exactly_the_presets_of_the_template() -> None:
+    """The pre-gen hook's list of tasks is the list of _presets/ folders (and the default comes first)."""
+    source = (HOOKS_DIR / "pre_gen_project.py").read_text(encoding="utf-8")
+    listed = re.search(r"^TASKS = \((.*)\)$", source, re.MULTILINE)
+    assert listed, "pre_gen_project.py has no TASKS tuple"
+    names = [name.strip().strip('"') for name in listed.group(1).split(",")]
+    assert names[0] == TASKS[0] and sorted(names) == sorted(TASKS)

@@ -15,10 +15,12 @@ import yaml
 
 from .conftest import (
     CHOICES,
+    TASKS,
     CUSTOM_NAMES,
     DEFAULT_PACKAGE,
     DEFAULT_SLUG,
     DERIVED_NAMES,
+    TEMPLATE_DIR,
     Render,
 )
 
@@ -224,3 +226,54 @@ def test_scripts_are_executable(render: Callable[..., Render]) -> None:
     assert scripts, "the template has no scripts/*.sh"
     for script in scripts:
         assert script.stat().st_mode & 0o111, f"{script.name} is not executable"
+
+
+# What each task needs beyond the shared dependencies, and the modules that hold its data and model.
+TASK_PACKAGES = {
+    "digits": {"scikit-learn"},
+    "images": {"torchvision"},
+    "text": {"transformers", "tokenizers"},
+    "lm": set(),
+}
+OPTIONAL_PACKAGES = set().union(*TASK_PACKAGES.values())
+
+
+def test_every_preset_is_described_here() -> None:
+    """A new folder under _presets/ needs its dependencies stated in TASK_PACKAGES."""
+    assert sorted(TASK_PACKAGES) == sorted(TASKS)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_task_renders_only_its_own_files_and_dependencies(render: Callable[..., Render], task: str) -> None:
+    """The chosen preset's task.py, data and model modules, tests and dependencies; nothing of the others."""
+    project = render(task=task)
+    assert not (project.path / "_presets").exists()
+    package = project.path / "src" / project.package
+    assert (package / "task.py").is_file()
+    assert (project.path / "tests" / "task_settings.py").is_file()
+    modules = {path.name for path in (package / "data").glob("*.py")} | {
+        path.name for path in (package / "models").glob("*.py")
+    }
+    for other in TASKS:
+        if other != task:
+            preset = TEMPLATE_DIR / "_presets" / other / "src" / "{{cookiecutter.package_name}}"
+            theirs = {path.name for path in preset.glob("*/*.py")} - modules - {"__init__.py"}
+            for name in theirs:
+                assert not list(package.rglob(name)), f"task={task}: {other}'s {name} was rendered"
+    assert dependency_names(project) & OPTIONAL_PACKAGES == TASK_PACKAGES[task]
+    configs = [yaml.safe_load(path.read_text()) for path in (project.path / "configs").glob("*.yaml")]
+    assert all(config["output_dir"].endswith(f"outputs/{task}") for config in configs)
+    readme = (project.path / "README.md").read_text(encoding="utf-8")
+    assert readme.count("\n## The task: ") == 1, "the task's README section is missing or repeated"
+
+
+def test_train_and_predict_are_the_same_for_every_task(render: Callable[..., Render]) -> None:
+    """train.py and predict.py hold no task-specific line: they are byte for byte the same in every preset,
+    and name no loss, label or metric."""
+    scripts = {task: render(task=task).path for task in TASKS}
+    for name in ("train.py", "predict.py"):
+        texts = {task: (path / name).read_text(encoding="utf-8") for task, path in scripts.items()}
+        assert len(set(texts.values())) == 1, f"{name} differs between tasks"
+        code = texts[TASKS[0]]
+        for word in ("cross_entropy", "accuracy", "labels", "logits", "inputs, "):
+            assert word not in code, f"{name} mentions {word!r}"

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch.utils.data import Dataset, TensorDataset
+
+from ..utils.packages import require
+
+# At import, so that a missing package stops train.py and predict.py before they write anything.
+sklearn_datasets = require("sklearn.datasets", "scikit-learn>=1.3")
 
 NUM_FEATURES = 64
 NUM_CLASSES = 10
@@ -46,7 +50,7 @@ def digit_splits(seed: int, eval_fraction: float, noise: float) -> tuple[NoisyDi
 
     The split depends only on `seed`, so every process and every platform sees the same one.
     """
-    images, labels = load_digits(return_X_y=True)
+    images, labels = sklearn_datasets.load_digits(return_X_y=True)
     order = np.random.default_rng(seed).permutation(len(labels))
     num_eval = round(len(labels) * eval_fraction)
     features = torch.tensor(images / MAX_PIXEL, dtype=torch.float32)
