@@ -28,9 +28,10 @@ CHOICES: dict[str, list[str]] = {
 }
 # The task presets: one folder each under _presets/, the default (cookiecutter.json) first.
 DEFAULT_TASK = json.loads((TEMPLATE / "cookiecutter.json").read_text())["task"]
-TASKS = [DEFAULT_TASK] + sorted(
-    path.name for path in (TEMPLATE_DIR / "_presets").iterdir() if path.name != DEFAULT_TASK
-)
+TASKS = [
+    DEFAULT_TASK,
+    *sorted(p.name for p in (TEMPLATE_DIR / "_presets").iterdir() if p.name != DEFAULT_TASK),
+]
 DEFAULT_ANSWERS = {key: values[0] for key, values in CHOICES.items()} | {"task": DEFAULT_TASK}
 DEFAULT_SLUG = "digits-classifier"
 DEFAULT_PACKAGE = "digits_classifier"

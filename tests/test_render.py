@@ -15,11 +15,11 @@ import yaml
 
 from .conftest import (
     CHOICES,
-    TASKS,
     CUSTOM_NAMES,
     DEFAULT_PACKAGE,
     DEFAULT_SLUG,
     DERIVED_NAMES,
+    TASKS,
     TEMPLATE_DIR,
     Render,
 )

@@ -104,9 +104,6 @@ class TrainConfig:
     ]
 
 
-ConfigT = typing.TypeVar("ConfigT", bound=TrainConfig)
-
-
 def run_defining_fields(config: TrainConfig) -> list[str]:
     """The fields a resumed run must share with its checkpoint."""
     return [f.name for f in fields(config) if f.name not in config.SESSION_FIELDS]
@@ -193,8 +190,8 @@ def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
 
 
 def load_config(
-    argv: list[str] | None, default_path: str | Path, config_class: type[ConfigT]
-) -> tuple[ConfigT, Path]:
+    argv: list[str] | None, default_path: str | Path, config_class: type[TrainConfig]
+) -> tuple[TrainConfig, Path]:
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
     flags."""
     types = _field_types(config_class)
