@@ -46,8 +46,9 @@ def test_quick_benchmark_prints_every_row() -> None:
         if kind in ("loop", "pair"):
             generated, plain, ratio = number(cells[0]), number(cells[1]), number(cells[2])
             assert generated > 0 and plain > 0 and ratio > 0
-            if kind == "pair":
-                assert ratio == pytest.approx(generated / plain, rel=0.05, abs=0.01)
+            if kind == "pair":  # the table rounds to whole ms: the ratio lies within that rounding
+                low, high = (generated - 0.5) / (plain + 0.5), (generated + 0.5) / max(plain - 0.5, 1e-9)
+                assert low - 0.01 <= ratio <= high + 0.01, (cells, low, high)
         elif kind == "single":
             assert number(cells[0]) > 0
         else:
