@@ -32,7 +32,6 @@ def test_missing_scikit_learn_names_the_package_and_the_pip_command(tmp_path: Pa
     result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("this task needs scikit-learn>=1.3, which is not installed: pip install -e ."), (
-        result.stderr[-2000:]
-    )
+    expected = "this task needs scikit-learn>=1.3, which is not installed: pip install -e ."
+    assert last_line.startswith(expected), result.stderr[-2000:]
     assert not (tmp_path / "run").exists()  # stopped before anything was written
