@@ -1,0 +1,238 @@
+"""The task: all that train.py and predict.py know about the data, the model and the metrics.
+
+lm: a small GPT that predicts the next character of a text (Shakespeare's plays by default), and writes
+text from prompts. To train your own task, change this file and the data/ and models/ modules it calls;
+train.py and predict.py stay as they are, and so do exact resume, the same optimization on any number of
+processes and exact distributed evaluation.
+
+The contract (README, "Bring your own task"):
+- `Config`: the run's config, TrainConfig's fields plus this task's, with its metrics and checks.
+- `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
+  it called before each epoch: randomness in an item must be a function of (seed, epoch, index).
+- `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
+  each with one row per sample (train.py cuts micro-batches along that first dimension).
+- `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
+- `loss(model, batch)`: the batch's mean loss, a scalar tensor.
+- `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
+  gathers them from all processes, in dataset order, without the padding of the last uneven batch.
+- `metrics(values)`: the eval metrics from those values over the whole eval set, reduced once.
+- `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
+  split (with its labels) when `path` is None.
+- `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import Dataset
+
+from .data.chars import Corpus, EvalWindows, TrainWindows, load_corpus, split_ids
+from .models.gpt import build_gpt, generate
+from .utils.config import Check, ConfigError, TrainConfig
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]  # src/<package>/task.py -> the folder with train.py
+NUM_EVAL_PROMPTS = 8  # predict.py without --input: prompts cut from the eval text
+
+
+@dataclass
+class Config(TrainConfig):
+    # This task's fields (each is a YAML key and a --flag).
+    data_file: str = "data/tinyshakespeare.txt"  # UTF-8 text; a relative path is taken from the project
+    eval_fraction: float = 0.1  # the end of the text is held out for evaluation
+    eval_windows: int = 500  # evaluate on this many windows spread over the held-out text (0 = all)
+    block_size: int = 64  # characters of context
+    num_layers: int = 4
+    num_heads: int = 4
+    embed_dim: int = 128
+    dropout: float = 0.0
+    # Sampling (predict.py); session fields, so they can change after training: --sample_chars 500.
+    sample_chars: int = 200  # characters written after each prompt
+    temperature: float = 0.8  # below 1: safer text; 0: always the most likely character
+    top_k: int = 0  # draw from the k most likely characters only (0 = from all)
+    # TrainConfig's defaults that this task sets otherwise. One epoch is one pass over the training text
+    # in windows of block_size + 1 characters: 15,684 windows, 245 optimizer steps of 64 windows.
+    num_epochs: int = 2
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    eval_every: int = 100
+
+    METRIC_GOALS: ClassVar[dict[str, str]] = {"eval/loss": "min", "eval/perplexity": "min"}
+    SESSION_FIELDS: ClassVar[tuple[str, ...]] = (
+        *TrainConfig.SESSION_FIELDS,
+        "sample_chars",
+        "temperature",
+        "top_k",
+    )
+    CHECKS: ClassVar[list[Check]] = [
+        *TrainConfig.CHECKS,
+        ("data_file", lambda v: v.strip() != "", "a path to a text file"),
+        ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
+        ("eval_windows", lambda v: v >= 0, ">= 0 (0 means all)"),
+        ("block_size", lambda v: v > 0, "> 0"),
+        ("num_layers", lambda v: v > 0, "> 0"),
+        ("num_heads", lambda v: v > 0, "> 0"),
+        ("embed_dim", lambda v: v > 0, "> 0"),
+        ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("sample_chars", lambda v: v >= 0, ">= 0"),
+        ("temperature", lambda v: v >= 0, ">= 0 (0 means the most likely character)"),
+        ("top_k", lambda v: v >= 0, ">= 0 (0 means all characters)"),
+    ]
+
+
+def data_path(config: Config) -> Path:
+    path = Path(os.path.expanduser(config.data_file))
+    return path if path.is_absolute() else PROJECT_DIR / path
+
+
+def corpus(config: Config) -> Corpus:
+    """The text of data_file as ids, and its vocabulary (its characters, sorted)."""
+    path = data_path(config)
+    if not path.is_file():
+        raise ConfigError(f"data_file {path} does not exist")
+    try:
+        return load_corpus(path)
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"data_file {path} is not UTF-8 text: {error}") from None
+
+
+def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    train_ids, eval_ids = split_ids(corpus(config).ids, config.eval_fraction)
+    train_set = TrainWindows(train_ids, config.block_size, config.seed)
+    eval_set = EvalWindows(eval_ids, config.block_size, config.eval_windows)
+    if not len(eval_set):
+        raise ConfigError(
+            f"data_file {data_path(config)}: its held-out end ({len(eval_ids)} characters) is shorter "
+            f"than one window of block_size + 1 = {config.block_size + 1} characters"
+        )
+    return train_set, eval_set
+
+
+def collate(samples: list[Any]) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Windows stack into [batch, block_size + 1] ids; prompts (predict_inputs) into a dict of padded ids
+    with their lengths and their input index, which seeds the sampling."""
+    if not isinstance(samples[0], dict):
+        return torch.stack(samples)
+    batch = {"index": torch.tensor([sample["index"] for sample in samples])}
+    for key in ("prompt", "continuation"):
+        if key in samples[0]:
+            batch[key] = pad_sequence([sample[key] for sample in samples], batch_first=True)
+            batch[f"{key}_length"] = torch.tensor([len(sample[key]) for sample in samples])
+    return batch
+
+
+def build_model(config: Config) -> torch.nn.Module:
+    if config.embed_dim % config.num_heads:
+        raise ConfigError(
+            f"embed_dim={config.embed_dim} must be divisible by num_heads={config.num_heads}: each head "
+            "gets an equal share of the embedding"
+        )
+    vocab_size = len(corpus(config).vocab)
+    return build_gpt(
+        vocab_size, config.block_size, config.num_layers, config.num_heads, config.embed_dim, config.dropout
+    )
+
+
+def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting each character of a window from the ones before it."""
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def eval_step(model: torch.nn.Module, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per window: the sum of its token losses and its token count, so that the mean over all tokens is
+    exact however the windows were split between processes."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    logits = model(inputs).float()
+    token_losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [batch, length]
+    tokens = targets.new_full((len(targets),), targets.shape[1])
+    return {"loss_sum": token_losses.sum(dim=1), "tokens": tokens}
+
+
+def metrics(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Mean loss per character (nats) and its perplexity, exp(loss): the number of characters the model
+    is, on average, as unsure between as a uniform guess (65 for an untrained model on Shakespeare)."""
+    mean = (values["loss_sum"].double().sum() / values["tokens"].sum()).item()
+    return {"eval/loss": mean, "eval/perplexity": math.exp(mean)}
+
+
+def predict_inputs(config: Config, path: Path | None) -> list[dict[str, Any]]:
+    """Prompts: one per line of the UTF-8 text file `path` (empty lines are skipped), or, with `path`
+    None, NUM_EVAL_PROMPTS prompts of block_size characters cut from the eval text at line starts, each
+    with the `sample_chars` characters that truly follow it."""
+    text = corpus(config)
+    if path is not None:
+        return read_prompts(path, text, config.data_file)
+    _, ids = split_ids(text.ids, config.eval_fraction)
+    length, follow = config.block_size, config.sample_chars
+    room = max(0, len(ids) - length - follow)
+    newline = text.vocab.find("\n")
+    items = []
+    for index in range(NUM_EVAL_PROMPTS):
+        start = index * room // NUM_EVAL_PROMPTS
+        breaks = (ids[start : start + length] == newline).nonzero()
+        if len(breaks) and start + int(breaks[0]) + 1 <= room:
+            start += int(breaks[0]) + 1  # begin at the start of a line, as a reader would
+        prompt, continuation = ids[start : start + length], ids[start + length : start + length + follow]
+        items.append({"index": index, "prompt": prompt, "continuation": continuation})
+    return items
+
+
+def read_prompts(path: Path, text: Corpus, source: str) -> list[dict[str, Any]]:
+    """The prompts of a file; a ConfigError names the file, line and character the model cannot read."""
+    if not path.is_file():
+        raise ConfigError(f"input file {path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text: {error}") from None
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        try:
+            items.append({"index": len(items), "prompt": text.encode(line)})
+        except ValueError as error:
+            raise ConfigError(f"{path}:{number}: {error} (the characters of {source})") from None
+    if not items:
+        raise ConfigError(f"{path}: no prompts (one per line)")
+    return items
+
+
+def predict(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Config) -> list[dict[str, Any]]:
+    """The prompt, the text the model writes after it and, for prompts from the eval text, the text that
+    truly follows. One prompt at a time: its text then depends on neither the batch nor the process."""
+    text = corpus(config)
+    rows = []
+    for row, index in enumerate(batch["index"].tolist()):
+        prompt = batch["prompt"][row, : batch["prompt_length"][row]]
+        written = generate(
+            model,
+            prompt,
+            config.sample_chars,
+            config.block_size,
+            config.temperature,
+            config.top_k,
+            sampling_generator(config.seed, index),
+        )
+        out = {"prompt": text.decode(prompt), "completion": text.decode(written)}
+        if "continuation" in batch:
+            out["true_continuation"] = text.decode(
+                batch["continuation"][row, : batch["continuation_length"][row]]
+            )
+        rows.append(out)
+    return rows
+
+
+def sampling_generator(seed: int, index: int) -> torch.Generator:
+    """The random stream of prompt `index`: a function of (seed, index) only, so its text is the same
+    on any number of processes and in any batch."""
+    return torch.Generator().manual_seed(int(np.random.default_rng([seed, index]).integers(2**63)))

@@ -1,0 +1,16 @@
+"""What the task-independent tests (conftest.py, test_guarantees.py and the others) run for this task."""
+
+# A short real run (about 3 seconds of training on an idle 2-core CPU), shared by the tests that only read
+# its outputs: 20 optimizer steps of 64 windows, a checkpoint every 10, one evaluation at the end.
+QUICK = ["--max_steps", "20", "--checkpoint_every", "10", "--keep_checkpoints", "2", "--log_every", "5"]
+
+# A run that trains for about 6 seconds (40 steps), so that a signal sent once training has begun lands
+# mid-run; dropout is on and accumulation is 2 (per-device 32, global 64). A stop takes effect at the next
+# logging step: every 2 steps.
+SIGNAL_RUN = ["--max_steps", "40", "--dropout", "0.1", "--log_every", "2", "--checkpoint_every", "10"]
+
+# 1 vs 2 processes (dropout 0, one thread each) end at exactly the same eval metrics: the gradients are
+# summed in the same order (g1/2 + g2/2 == (g1 + g2)/2 in floating point), a window's loss sum does not
+# depend on the batch it is in (the padded last batch of 2 processes included), and the sums over the
+# 500 windows are reduced once, in dataset order.
+TWO_PROCESS_EVAL_TOLERANCE = 0.0

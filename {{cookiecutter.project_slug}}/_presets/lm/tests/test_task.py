@@ -1,0 +1,214 @@
+"""The lm task: the quality its README states, deterministic data, a causal model, and sampled text that
+depends only on the model, the seed and the prompt's index."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.data.chars import TrainWindows, load_corpus
+from {{ cookiecutter.package_name }}.utils.config import load_config
+
+from .conftest import QUICK, last_eval, run_predict, run_training
+
+
+@pytest.mark.slow
+def test_the_default_config_reaches_the_stated_loss(tmp_path: Path) -> None:
+    """README: configs/local.yaml, 2 epochs of 245 optimizer steps, eval loss 1.887 (perplexity 6.60);
+    seeded, so the same on every run of the same CPU; 1.95 leaves room for another CPU's arithmetic.
+    Uniform guessing over the 65 characters would be ln(65) = 4.17."""
+    output_dir = tmp_path / "run"
+    result = run_training(output_dir)
+    assert "done: 490 optimizer steps" in result.stdout
+    final = last_eval(output_dir)
+    assert final["eval/loss"] < 1.95
+    assert final["eval/perplexity"] == pytest.approx(math.exp(final["eval/loss"]))
+
+
+def test_vocabulary_is_the_sorted_characters_of_the_text(tmp_path: Path) -> None:
+    config = task.Config()
+    text = task.data_path(config).read_text(encoding="utf-8")
+    corpus = task.corpus(config)
+    assert corpus.vocab == "".join(sorted(set(text))) and len(corpus.vocab) == 65
+    assert corpus.decode(corpus.ids) == text
+    # Rebuilt from a copy of the file (another process, another machine): the same ids.
+    copy = tmp_path / "copy.txt"
+    shutil.copyfile(task.data_path(config), copy)
+    again = load_corpus(copy)
+    assert again.vocab == corpus.vocab and torch.equal(again.ids, corpus.ids)
+
+
+def offsets(windows: TrainWindows, epochs: range) -> list[int]:
+    """Where each epoch's tiling of the training text starts."""
+    found = []
+    for epoch in epochs:
+        windows.set_epoch(epoch)
+        found.append(windows.offset)
+    return found
+
+
+def test_train_windows_are_a_function_of_seed_epoch_and_index() -> None:
+    config = task.Config()
+    first, _ = task.build_datasets(config)
+    second, _ = task.build_datasets(config)
+    train_ids = task.corpus(config).ids[:1_003_854]  # the first 90% of the text
+    assert len(first) == 15_684  # (1,003,854 - 1) // 64 - 1, for every epoch
+    indices = [0, 7, 4_000, len(first) - 1]
+    for epoch in (0, 5):
+        first.set_epoch(epoch)
+        second.set_epoch(9)  # whatever came before, and in whatever order items are read
+        second.set_epoch(epoch)
+        expected = [first[i] for i in indices]
+        assert all(torch.equal(expected[k], second[i]) for k, i in reversed(list(enumerate(indices))))
+        for index, window in zip(indices, expected, strict=True):
+            start = index * config.block_size + first.offset  # consecutive characters of the text
+            assert torch.equal(window, train_ids[start : start + config.block_size + 1])
+    # The tiling shifts between epochs, by 0..63 characters drawn from (seed, epoch), and with the seed.
+    assert len(set(offsets(first, range(8)))) > 1
+    other, _ = task.build_datasets(task.Config(seed=config.seed + 1))
+    assert offsets(other, range(8)) != offsets(first, range(8))
+    assert offsets(first, range(8)) == offsets(second, range(8))
+
+
+def test_eval_windows_are_fixed_disjoint_and_spread_over_the_held_out_text() -> None:
+    config = task.Config()
+    _, eval_set = task.build_datasets(config)
+    assert len(eval_set) == config.eval_windows == 500
+    starts = eval_set.starts
+    assert all(b - a >= config.block_size + 1 for a, b in itertools.pairwise(starts))
+    held_out = len(task.corpus(config).ids) - int(len(task.corpus(config).ids) * 0.9)
+    assert starts[0] == 0 and held_out - starts[-1] < 5 * (config.block_size + 1)
+    _, everything = task.build_datasets(task.Config(eval_windows=0))
+    assert len(everything) == held_out // (config.block_size + 1)  # 1,716 windows
+
+
+def test_the_model_is_causal() -> None:
+    """Changing a character changes no prediction made before it: no position sees its future."""
+    torch.manual_seed(0)
+    model = task.build_model(task.Config()).eval()
+    tokens = torch.randint(0, 65, (2, 64))
+    changed = tokens.clone()
+    changed[:, 40:] = (changed[:, 40:] + 1) % 65
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    torch.testing.assert_close(after[:, :40], before[:, :40], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[:, 40:], before[:, 40:])
+
+
+def test_an_embedding_that_the_heads_cannot_share_is_refused() -> None:
+    with pytest.raises(ValueError, match="embed_dim=100 must be divisible by num_heads=3"):
+        task.build_model(task.Config(embed_dim=100, num_heads=3))
+
+
+def sample_in_process(model_dir: Path, prompts: list[str], *overrides: str) -> list[str]:
+    """The completions of task.predict in this process, one prompt per batch, with one thread as the
+    predict.py runs below (a thread count changes how matrix products are summed)."""
+    config, _ = load_config(list(overrides), model_dir / "config.yaml", task.Config)
+    model = task.build_model(config)
+    model.load_state_dict(load_file(model_dir / "model.safetensors"))
+    model.eval()
+    corpus = task.corpus(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return [
+                task.predict(model, task.collate([{"index": i, "prompt": corpus.encode(p)}]), config)[0][
+                    "completion"
+                ]
+                for i, p in enumerate(prompts)
+            ]
+    finally:
+        torch.set_num_threads(threads)
+
+
+PROMPTS = ["ROMEO:", "", "First Citizen:\nWe are accounted poor", "To be, or not to be" * 5, "KING", "O"]
+
+
+@pytest.mark.slow
+def test_predict_completes_each_prompt_as_the_model_does_in_process(
+    single_run: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    model_dir = single_run[0] / "model"
+    source = tmp_path / "prompts.txt"
+    source.write_text("\n".join(PROMPTS) + "\n")  # a line per prompt: "\n" in one splits it in two
+    lines = [line for line in "\n".join(PROMPTS).splitlines() if line]  # empty lines are skipped
+    output = tmp_path / "out.jsonl"
+    args = ["--model_dir", str(model_dir), "--input", str(source), "--output", str(output)]
+    run_predict(*args, "--format", "jsonl", "--batch_size", "4", "--sample_chars", "40")
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["index"] for row in rows] == list(range(len(lines)))
+    assert [row["prompt"] for row in rows] == lines
+    assert all(set(row) == {"index", "prompt", "completion"} for row in rows)
+    assert all(len(row["completion"]) == 40 for row in rows)
+    # The same text in this process, one prompt per batch: it depends on neither the batch nor the run.
+    assert [row["completion"] for row in rows] == sample_in_process(model_dir, lines, "--sample_chars", "40")
+
+
+@pytest.mark.slow
+def test_eval_prompts_come_with_the_true_continuation(single_run: tuple, tmp_path: Path) -> None:
+    model_dir = single_run[0] / "model"
+    output = tmp_path / "eval.jsonl"
+    args = ["--model_dir", str(model_dir), "--output", str(output), "--format", "jsonl"]
+    run_predict(*args, "--sample_chars", "9")
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(rows) == task.NUM_EVAL_PROMPTS
+    held_out = task.data_path(task.Config()).read_text()[1_003_854:]
+    for row in rows:
+        assert len(row["prompt"]) == 64 and len(row["completion"]) == len(row["true_continuation"]) == 9
+        assert f"\n{row['prompt']}{row['true_continuation']}" in held_out  # cut at a line start
+
+
+@pytest.mark.slow
+def test_one_and_two_processes_write_the_same_completions(
+    single_run: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5 prompts in batches of 2: 3 batches, 2 for one process and 1 for the other."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same kernels in both: a thread count changes sums
+    source = tmp_path / "prompts.txt"
+    source.write_text("ROMEO:\nJULIET:\nKING RICHARD III:\nWhat\nO, \n")
+    files = {n: tmp_path / f"{n}.csv" for n in (1, 2)}
+    for processes, output in files.items():
+        args = ["--model_dir", str(single_run[0] / "model"), "--input", str(source), "--output", str(output)]
+        result = run_predict(*args, "--batch_size", "2", "--sample_chars", "60", processes=processes)
+        assert f"world size {processes}" in result.stdout
+    assert files[1].read_bytes() == files[2].read_bytes()
+
+
+@pytest.mark.slow
+def test_unknown_character_names_file_line_and_character(single_run: tuple, tmp_path: Path) -> None:
+    source = tmp_path / "prompts.txt"
+    source.write_text("ROMEO:\n\nJuliet, ma chère\n")
+    result = run_predict("--model_dir", str(single_run[0] / "model"), "--input", str(source), check=False)
+    assert result.returncode == 1
+    expected = f"error: {source}:3: character 'è' (column 14) is not in the vocabulary (the characters of "
+    assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_sampling_settings_change_without_refusing_the_checkpoint(single_run: tuple, tmp_path: Path) -> None:
+    """sample_chars, temperature and top_k are session fields: a run with other values still resumes."""
+    output_dir = tmp_path / "run"
+    shutil.copytree(single_run[0], output_dir)
+    result = run_training(output_dir, *QUICK, "--temperature", "0.5", "--top_k", "10", "--sample_chars", "9")
+    assert "resuming from" in result.stdout
+    # Greedy decoding (temperature 0) from the same model is one fixed text.
+    source = tmp_path / "prompts.txt"
+    source.write_text("ROMEO:\n")
+    texts = []
+    for seed in ("1", "2"):  # the seed only matters when drawing
+        output = tmp_path / f"greedy{seed}.csv"
+        args = ["--input", str(source), "--output", str(output), "--temperature", "0", "--seed", seed]
+        run_predict("--model_dir", str(output_dir / "model"), *args)
+        texts.append(output.read_text())
+    assert texts[0] == texts[1]

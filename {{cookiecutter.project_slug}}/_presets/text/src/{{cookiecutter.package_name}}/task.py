@@ -1,0 +1,234 @@
+"""The task: all that train.py and predict.py know about the data, the model and the metrics.
+
+Text: who says it? Classify passages of Shakespeare by speaker (the 4 with the most speeches) with a tiny
+BERT from Hugging Face transformers, built with random weights and a word-level tokenizer trained on the
+shipped texts, so that it all runs offline; `pretrained_model` switches to a hub checkpoint. To train your
+own task, change this file and the data/ and models/ modules it calls; train.py and predict.py stay as they
+are, and so do exact resume, the same optimization on any number of processes and exact distributed
+evaluation.
+
+The contract (README, "Bring your own task"):
+- `Config`: the run's config, TrainConfig's fields plus this task's, with its metrics and checks.
+- `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
+  it called before each epoch: randomness in an item must be a function of (seed, epoch, index).
+- `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
+  each with one row per sample (train.py cuts micro-batches along that first dimension).
+- `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
+- `loss(model, batch)`: the batch's mean loss, a scalar tensor.
+- `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
+  gathers them from all processes, in dataset order, without the padding of the last uneven batch.
+- `metrics(values)`: the eval metrics from those values over the whole eval set, reduced once.
+- `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
+  split (with its labels) when `path` is None.
+- `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from .data.texts import (
+    SPECIAL_TOKENS,
+    TokenizedTexts,
+    build_word_tokenizer,
+    read_labeled_texts,
+    split_examples,
+)
+from .models.transformer import build_pretrained, build_tiny_bert, load_pretrained_tokenizer
+from .utils.config import Check, ConfigError, TrainConfig
+from .utils.packages import require
+
+transformers = require("transformers", "transformers>=4.46")
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class Config(TrainConfig):
+    # This task's fields (each is a YAML key and a --flag).
+    data_file: str = "data/shakespeare_speakers.txt"  # label<TAB>text per line (data/texts.py)
+    eval_fraction: float = 0.2
+    max_length: int = 64  # tokens per text, [CLS] and [SEP] included; longer texts are truncated
+    vocab_size: int = 4000  # at most; the shipped texts have about 1,400 words seen twice
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    dropout: float = 0.1  # the model's hidden and attention dropout
+    # A Hugging Face Hub name or local folder (e.g. bert-base-uncased): its tokenizer and pretrained weights
+    # replace the tiny model; vocab_size, hidden_size, num_layers and num_heads are then unused.
+    pretrained_model: str = ""
+    # TrainConfig's defaults that this task sets otherwise.
+    num_epochs: int = 15
+    learning_rate: float = 1e-3
+    warmup_steps: int = 30
+    best_metric: str = "eval/accuracy"
+
+    METRIC_GOALS: ClassVar[dict[str, str]] = {"eval/accuracy": "max", "eval/loss": "min"}
+    CHECKS: ClassVar[list[Check]] = [
+        *TrainConfig.CHECKS,
+        ("data_file", lambda v: v.strip() != "", "a path"),
+        ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
+        ("max_length", lambda v: v >= 3, ">= 3 ([CLS], a token, [SEP])"),
+        ("vocab_size", lambda v: v > len(SPECIAL_TOKENS), f"> {len(SPECIAL_TOKENS)} (the special tokens)"),
+        ("hidden_size", lambda v: v > 0, "> 0"),
+        ("num_layers", lambda v: v > 0, "> 0"),
+        ("num_heads", lambda v: v > 0, "> 0"),
+        ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ]
+
+
+def read_splits(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+    """(train, eval) lists of (text, label), and the label names, sorted: label id i is labels[i]."""
+    examples = read_labeled_texts(Path(config.data_file))
+    train, eval_ = split_examples(examples, config.seed, config.eval_fraction)
+    if not train or not eval_:
+        raise ConfigError(f"eval_fraction={config.eval_fraction} leaves no train or no eval examples")
+    return train, eval_, sorted({label for _, label in examples})
+
+
+def build_tokenizer(config: Config, train: list[tuple[str, str]]) -> PreTrainedTokenizerBase:
+    """The pretrained model's tokenizer, or a word-level one built from the training texts (deterministic:
+    train.py and predict.py rebuild the same one from the config and the data file)."""
+    if config.pretrained_model:
+        return load_pretrained_tokenizer(config.pretrained_model)
+    return build_word_tokenizer([text for text, _ in train], config.vocab_size, config.max_length)
+
+
+def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    train, eval_, labels = read_splits(config)
+    tokenizer = build_tokenizer(config, train)
+    collate.use(tokenizer)
+
+    def tokenized(part: list[tuple[str, str]]) -> TokenizedTexts:
+        texts, ids = [text for text, _ in part], [labels.index(label) for _, label in part]
+        return TokenizedTexts(texts, tokenizer, config.max_length, ids)
+
+    return tokenized(train), tokenized(eval_)
+
+
+class PadCollate:
+    """`collate`: pads a list of tokenized texts to the longest one, with the tokenizer's pad token.
+
+    The tokenizer depends on the config, which collate is not given: build_datasets and predict_inputs,
+    which build the tokenizer, hand it over here first (DataLoader workers get a pickled copy).
+    """
+
+    def __init__(self) -> None:
+        self.collator = None
+
+    def use(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.collator = transformers.DataCollatorWithPadding(tokenizer, return_tensors="pt")
+
+    def __call__(self, samples: list[dict[str, Any]]) -> Mapping[str, torch.Tensor]:
+        if self.collator is None:
+            raise RuntimeError("call build_datasets or predict_inputs first: they build the tokenizer")
+        return self.collator(samples)  # input_ids, attention_mask and labels, one row per text
+
+
+collate = PadCollate()
+
+
+def build_model(config: Config) -> torch.nn.Module:
+    train, _, labels = read_splits(config)
+    if config.pretrained_model:
+        return build_pretrained(config.pretrained_model, labels, config.dropout)
+    vocab_size = len(build_tokenizer(config, train))
+    return build_tiny_bert(
+        vocab_size,
+        labels,
+        config.max_length,
+        config.hidden_size,
+        config.num_layers,
+        config.num_heads,
+        config.dropout,
+    )
+
+
+def without_padding_columns(batch: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """The batch without the token columns that are padding in every row.
+
+    A micro-batch cut from a longer padded batch keeps that batch's padding: cut back, it has the shape
+    it would have had if collated alone, as in 2 processes, so 1 and 2 processes compute exactly the same
+    numbers (and no time goes into padding). It costs one host-device sync per micro-batch.
+    """
+    mask = batch["attention_mask"]
+    keep = mask.bool().any(dim=0)
+    if keep.all():
+        return batch
+    width = mask.shape[1]
+    return {name: (v[:, keep] if v.dim() == 2 and v.shape[1] == width else v) for name, v in batch.items()}
+
+
+def loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    # Hugging Face models compute their own loss when the batch has labels (cross-entropy here).
+    return model(**without_padding_columns(batch)).loss
+
+
+def eval_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    batch = without_padding_columns(batch)
+    labels = batch["labels"]
+    logits = model(**batch).logits.float()
+    return {
+        "loss": F.cross_entropy(logits, labels, reduction="none"),
+        "hit": (logits.argmax(dim=-1) == labels).float(),
+    }
+
+
+def metrics(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {
+        "eval/loss": values["loss"].double().mean().item(),
+        "eval/accuracy": values["hit"].sum().item() / values["hit"].numel(),
+    }
+
+
+def predict_inputs(config: Config, path: Path | None) -> Dataset:
+    """The eval split with labels, or the texts of a UTF-8 text file, one text per line."""
+    if path is None:
+        return build_datasets(config)[1]
+    texts = read_texts(path)
+    train, _, _ = read_splits(config)
+    tokenizer = build_tokenizer(config, train)
+    collate.use(tokenizer)
+    return TokenizedTexts(texts, tokenizer, config.max_length, labels=None)
+
+
+def predict(
+    model: torch.nn.Module, batch: Mapping[str, torch.Tensor], config: Config
+) -> list[dict[str, Any]]:
+    """The predicted label, the true one when known, and the probability of each label."""
+    inputs = {name: values for name, values in batch.items() if name != "labels"}
+    probs = model(**inputs).logits.float().softmax(dim=-1).cpu()
+    names = model.config.id2label  # label id -> name, set by build_model
+    rows = []
+    for index, row in enumerate(probs.tolist()):
+        out: dict[str, Any] = {"prediction": names[int(probs[index].argmax())]}
+        if "labels" in batch:
+            out["label"] = names[int(batch["labels"][index])]
+        out.update({f"prob_{names[k]}": p for k, p in enumerate(row)})
+        rows.append(out)
+    return rows
+
+
+def read_texts(path: Path) -> list[str]:
+    """The lines of a text file; a ConfigError names the file (and line) when there is nothing to predict."""
+    if not path.is_file():
+        raise ConfigError(f"input file {path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    if not lines:
+        raise ConfigError(f"{path}: the file is empty; expected one text per line")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            # An empty line would shift every following row's index away from its line number.
+            raise ConfigError(f"{path}:{number}: empty line; expected one text per line")
+    return lines

@@ -1,0 +1,13 @@
+"""What the task-independent tests (conftest.py, test_guarantees.py and the others) run for this task."""
+
+# A short real run (about 2 seconds of training on an idle 2-core CPU), shared by the tests that only read
+# its outputs: 2 epochs of 21 optimizer steps (1,352 training passages // 64).
+QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"]
+
+# A run that trains for several seconds, so that a signal sent once training has begun lands mid-run:
+# 5 epochs, 105 optimizer steps, dropout 0.1 (the default) on, accumulation 2 (per-device 32, global 64).
+SIGNAL_RUN = ["--num_epochs", "5", "--log_every", "5", "--checkpoint_every", "20"]
+
+# 1 vs 2 processes (dropout 0, one thread each) end at exactly the same eval metrics: `loss` drops the
+# padding columns a micro-batch keeps from its longer batch, so both compute on the same shapes.
+TWO_PROCESS_EVAL_TOLERANCE = 0.0
