@@ -21,7 +21,7 @@ TASKS = ("digits", "images", "text", "lm")
 
 # Importing any of these under the project's name would hide the real module.
 SHADOWED = {"torch", "accelerate", "numpy", "yaml", "sklearn", "safetensors", "tqdm"}
-SHADOWED |= {"tensorboard", "wandb", "mlflow", "transformers", "tokenizers", "torchvision"}
+SHADOWED |= {"tensorboard", "wandb", "mlflow", "transformers", "tokenizers", "PIL"}
 
 
 def problems() -> list[str]:

@@ -233,7 +233,7 @@ def test_scripts_are_executable(render: Callable[..., Render]) -> None:
 # What each task needs beyond the shared dependencies, and the modules that hold its data and model.
 TASK_PACKAGES = {
     "digits": {"scikit-learn"},
-    "images": {"torchvision"},
+    "images": {"pillow"},
     "text": {"transformers", "tokenizers"},
     "lm": set(),
 }

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch = send_to_device(task.collate(items), state.device)
                 done.append((start, task.predict(model, batch, config)))
         # Unequal shares (no padding) are fine for gather_object: nothing is duplicated to drop later.
-        gathered = sorted(gather_object(done), key=lambda batch: batch[0])
+        gathered = sorted(gather_object(done), key=lambda item: item[0])
         if state.is_main_process:
             if [start for start, _ in gathered] != starts:  # a launch whose processes do not talk
                 raise RuntimeError(f"expected batches {starts}, gathered {[s for s, _ in gathered]}")

@@ -1,4 +1,4 @@
-"""Optional packages of a task (transformers, torchvision): a missing one stops the run with a fix."""
+"""Optional packages of a task (scikit-learn, Pillow, transformers): a missing one stops the run."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ def require(module: str, requirement: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
-        if error.name != module.split(".")[0]:
-            raise  # the package is there but broken: its own error says more
+        parts = module.split(".")
+        if error.name not in {".".join(parts[:n]) for n in range(1, len(parts) + 1)}:
+            raise  # the package is there but one of its own imports fails: that error says more
         raise SystemExit(
             f"this task needs {requirement}, which is not installed: pip install -e . (pyproject.toml lists "
             f"it; the launchers in scripts/ install it), or pip install '{requirement}'"
