@@ -78,7 +78,11 @@ def test_generated_test_suite_passes(render: Callable[..., Render], task: str) -
     tests/test_task.py), and the rest of the project's tests run with that task."""
     project = render(task=task).path
     result = run(
-        [sys.executable, "-m", "pytest", "-q", "-x"], cwd=project, env=project_env(project), timeout=900
+        # A preset's whole suite: about 10 minutes on an idle 2-core machine, more on a loaded one.
+        [sys.executable, "-m", "pytest", "-q", "-x"],
+        cwd=project,
+        env=project_env(project),
+        timeout=2400,
     )
     assert result.returncode == 0, explain(result)
 
