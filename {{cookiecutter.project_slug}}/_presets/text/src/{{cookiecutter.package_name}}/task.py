@@ -57,7 +57,7 @@ class Config(TrainConfig):
     data_file: str = "data/shakespeare_speakers.txt"  # label<TAB>text per line (data/texts.py)
     eval_fraction: float = 0.2
     max_length: int = 64  # tokens per text, [CLS] and [SEP] included; longer texts are truncated
-    vocab_size: int = 4000  # at most; the shipped texts have about 1,400 words seen twice
+    vocab_size: int = 4000  # at most; the shipped training texts give 1,389 (words seen twice + special)
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4

@@ -63,7 +63,6 @@ class GPT(nn.Module):
         dropout: float,
     ) -> None:
         super().__init__()
-        self.block_size = block_size
         self.token_embedding = nn.Embedding(vocab_size, embed_dim)
         self.position_embedding = nn.Embedding(block_size, embed_dim)
         self.dropout = nn.Dropout(dropout)
