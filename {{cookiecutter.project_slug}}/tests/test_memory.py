@@ -31,7 +31,7 @@ class LimitedMemory(torch.nn.Module):
         self.inner, self.limit = inner, limit
 
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled() and find_batch_size((args, kwargs)) > self.limit:
+        if torch.is_grad_enabled() and find_batch_size([*args, *kwargs.values()]) > self.limit:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
         return self.inner(*args, **kwargs)
 
