@@ -17,13 +17,6 @@ from matplotlib.figure import Figure
 
 from .tracking import metrics_path
 
-# One panel per group: the losses together, then accuracy, then the learning rate.
-PANELS = (
-    ("loss", ("train/loss", "eval/loss")),
-    ("accuracy", ("eval/accuracy",)),
-    ("learning rate", ("train/lr",)),
-)
-
 
 def read_series(output_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """Every logged metric as (step, value) pairs, in logging order."""
@@ -48,10 +41,17 @@ def plot_metrics(output_dir: str | Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {output_dir} the output_dir of a run?")
     series = read_series(output_dir)
-    figure = Figure(figsize=(5 * len(PANELS), 3.6), layout="constrained")
-    axes = figure.subplots(1, len(PANELS))
+    # One panel per group: the losses together, then the task's other eval metrics, then the learning rate.
+    other_metrics = tuple(sorted(name for name in series if name.startswith("eval/") and name != "eval/loss"))
+    panels = (
+        ("loss", ("train/loss", "eval/loss")),
+        ("eval metrics", other_metrics),
+        ("learning rate", ("train/lr",)),
+    )
+    figure = Figure(figsize=(5 * len(panels), 3.6), layout="constrained")
+    axes = figure.subplots(1, len(panels))
     drawn = {}
-    for ax, (title, names) in zip(axes, PANELS, strict=True):
+    for ax, (title, names) in zip(axes, panels, strict=True):
         for name in names:
             if name in series:
                 steps, values = zip(*series[name], strict=True)
