@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 from accelerate import PartialState
-from accelerate.utils import gather_object, parse_flag_from_env, send_to_device
+from accelerate.utils import gather_object, send_to_device
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.hardware import detect_platform
+from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, detect_platform, hide_gpus_from_cpu_run
 
 CONFIGS = Path(__file__).parent / "configs"
 FLOAT_DIGITS = 6  # fixed, so that files compare byte for byte
@@ -67,9 +67,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     # The process group when started by `accelerate launch`; nothing more. PartialState, unlike the
     # Accelerator, ignores ACCELERATE_USE_CPU: without it, CPU processes would not form a group.
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    state = PartialState(cpu=cpu_forced())
     try:
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched != state.num_processes:  # each would predict everything and overwrite the file
@@ -111,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             rows = [row for _, batch_rows in gathered for row in batch_rows]
             output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
             write_predictions(output, args.format, rows)
-            print(f"wrote {len(rows)} predictions to {output} | world size {state.num_processes}")
+            print(
+                f"wrote {len(rows)} predictions to {output} | world size {state.num_processes} | "
+                f"device {state.device}"
+            )
         state.wait_for_everyone()  # no process leaves before the file is complete
     finally:
         state.destroy_process_group()

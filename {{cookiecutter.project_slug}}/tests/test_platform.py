@@ -91,6 +91,25 @@ def test_no_nvidia_smi_means_cpu(clean_env: pytest.MonkeyPatch, tmp_path: Path) 
     assert auto_precision([]) == "no"
 
 
+@pytest.mark.parametrize(("use_cpu", "hidden"), [("1", True), ("true", True), ("0", False), (None, False)])
+def test_a_cpu_run_hides_the_gpus(clean_env: pytest.MonkeyPatch, use_cpu: str | None, hidden: bool) -> None:
+    """ACCELERATE_USE_CPU as Accelerate reads it; the GPUs are hidden through CUDA's own variable."""
+    if use_cpu is None:
+        clean_env.delenv("ACCELERATE_USE_CPU", raising=False)
+    else:
+        clean_env.setenv("ACCELERATE_USE_CPU", use_cpu)
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "0")  # also makes monkeypatch restore it after the test
+    hardware.hide_gpus_from_cpu_run()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ("" if hidden else "0")
+    assert hardware.cpu_forced() == hidden
+
+
+def test_deterministic_kernels_are_on_unless_turned_off(single_run: tuple, tmp_path: Path) -> None:
+    assert "| deterministic kernels on" in single_run[1].stdout
+    result = run_training(tmp_path / "run", "--max_steps", "2", "--deterministic", "false")
+    assert "| deterministic kernels off" in result.stdout
+
+
 def test_output_dir_checks_per_platform(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setattr(hardware, "COLAB_DRIVE", tmp_path / "MyDrive")  # not mounted
     with pytest.raises(ValueError, match="on Google Drive, which is not mounted"):

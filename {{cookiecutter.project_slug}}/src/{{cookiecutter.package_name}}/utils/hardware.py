@@ -20,6 +20,7 @@ from pathlib import Path
 
 import accelerate
 import torch
+from accelerate.utils import parse_flag_from_env
 
 COLAB_DRIVE = Path("/content/drive/MyDrive")
 KAGGLE_WORKING = Path("/kaggle/working")
@@ -65,10 +66,28 @@ def gpu_facts() -> list[Gpu]:
     return gpus
 
 
+def cpu_forced() -> bool:
+    """`ACCELERATE_USE_CPU=1` (what `accelerate launch --cpu` sets) asks for a CPU run even where a GPU is."""
+    return parse_flag_from_env("ACCELERATE_USE_CPU")
+
+
+def hide_gpus_from_cpu_run() -> None:
+    """Make a CPU run blind to the machine's GPUs; call it before anything touches CUDA.
+
+    CPU processes that still see a GPU use it behind the run's back: Accelerate's barrier allocates on
+    cuda:<local rank>, which crashes rank 1 of 2 CPU processes on a one-GPU machine ("invalid device
+    ordinal"), and every checkpoint would record the CUDA random state, creating a context on GPU 0 in
+    each process. CUDA reads CUDA_VISIBLE_DEVICES once, when it starts, hence the order.
+    """
+    if not cpu_forced():
+        return
+    if torch.cuda.is_initialized():
+        raise RuntimeError("hide_gpus_from_cpu_run() must run before CUDA is initialized")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 def cuda_usable() -> bool:
-    # `ACCELERATE_USE_CPU=1` (or `--cpu`) forces a CPU run even where a GPU is present.
-    forced_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    return torch.cuda.is_available() and not forced_cpu
+    return torch.cuda.is_available() and not cpu_forced()
 
 
 def auto_precision(gpus: list[Gpu]) -> str:
