@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -38,7 +39,12 @@ from {{ cookiecutter.package_name }}.utils.config import (
     load_config,
     save_config,
 )
-from {{ cookiecutter.package_name }}.utils.hardware import check_output_dir, detect_platform, resolve_mixed_precision
+from {{ cookiecutter.package_name }}.utils.hardware import (
+    check_output_dir,
+    detect_platform,
+    hide_gpus_from_cpu_run,
+    resolve_mixed_precision,
+)
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest
@@ -55,6 +61,7 @@ CONFIGS = Path(__file__).parent / "configs"
 
 def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()  # first, so that a signal during start-up is not lost
+    hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     where = detect_platform()
     config, config_path = load_config(argv, CONFIGS / f"{where}.yaml", task.Config)
     try:
@@ -71,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")
         ),
         # Every process draws the same permutation from data_seed and takes its own share of it.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=config.seed),
+        # non_blocking: batches from pinned memory (pin_memory below, on a GPU) are copied to the device
+        # while it still computes the previous step.
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True, data_seed=config.seed, non_blocking=True
+        ),
         # The loader yields whole accumulation windows (see the data section), so the optimizer steps
         # after every `accumulation` micro-batches and never on a short window at the end of an epoch.
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False),
@@ -100,13 +111,19 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         f"device {accelerator.device} | "
         f"mixed precision {accelerator.mixed_precision} | per-device batch {config.per_device_batch_size} x "
         f"{accelerator.num_processes} processes x {accumulation} accumulation = global batch "
-        f"{config.global_batch_size}"
+        f"{config.global_batch_size} | deterministic kernels {'on' if config.deterministic else 'off'}"
     )
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")
 
     # --- seeding: different dropout per process, same data order for all (data_seed above)
     set_seed(config.seed, device_specific=True)
+    # Bitwise-equal reruns and resumes on a GPU also need kernels that add in a fixed order (attention's
+    # backward pass and cuBLAS do not by default). Strict: an op without such a kernel stops the run and
+    # names itself, rather than quietly breaking exact resume. cuBLAS reads its setting at its first use.
+    if config.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(config.deterministic)
 
     # --- data
     # One train batch is one process's share of an optimizer step (per_device_batch_size x accumulation
@@ -114,6 +131,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     # global_batch_size samples and an epoch has len(train_set) // global_batch_size steps on any
     # number of processes, which is what lets a checkpoint move between world sizes.
     train_set, eval_set = task.build_datasets(config)
+    pin_memory = accelerator.device.type == "cuda"  # page-locked batches: faster, asynchronous copies
     train_loader = DataLoader(
         train_set,
         batch_size=config.per_device_batch_size * accumulation,
@@ -121,6 +139,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         drop_last=True,
         collate_fn=task.collate,
         num_workers=config.num_workers,
+        pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(config.seed),
     )
     eval_loader = DataLoader(
@@ -128,6 +147,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         batch_size=config.per_device_batch_size,
         collate_fn=task.collate,
         num_workers=config.num_workers,
+        pin_memory=pin_memory,
     )
     steps_per_epoch = len(train_set) // config.global_batch_size
     if steps_per_epoch == 0:

@@ -49,6 +49,9 @@ class TrainConfig:
     # on the device, use the largest that does and raise accumulation to keep global_batch_size.
     auto_batch_size: bool = False
     compile: bool = False  # torch.compile the model after prepare (slow start, faster steps)
+    # Deterministic kernels: on a GPU, what makes a rerun or a resumed run bitwise equal. An op that has
+    # none stops the run with its name; false = a little faster, reruns equal up to float rounding.
+    deterministic: bool = True
 
     # Bookkeeping, all counted in optimizer steps.
     log_every: int = 10
@@ -76,6 +79,7 @@ class TrainConfig:
         "mixed_precision",
         "auto_batch_size",
         "compile",
+        "deterministic",
         "log_every",
         "eval_every",
         "early_stopping_patience",

@@ -19,6 +19,16 @@ class Standardize(nn.Module):
         return (images - mean) / (std + 1e-3)  # + 1e-3: a single-colour image stays finite
 
 
+class SpatialMean(nn.Module):
+    """The mean of each channel over all positions: any image size gives one feature per channel.
+
+    Written out instead of nn.AdaptiveAvgPool2d(1), whose CUDA backward pass has no deterministic kernel.
+    """
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.mean(dim=(2, 3))
+
+
 def build_cnn(num_classes: int, channels: int, dropout: float) -> nn.Module:
     """Three stages of 3x3 convolution + ReLU + 2x2 max-pooling (`channels`, 2x, 4x wide), then the mean
     over the remaining positions and a linear classifier.
@@ -35,8 +45,7 @@ def build_cnn(num_classes: int, channels: int, dropout: float) -> nn.Module:
         *stage(3, channels),
         *stage(channels, 2 * channels),
         *stage(2 * channels, 4 * channels),
-        nn.AdaptiveAvgPool2d(1),  # any image size gives 4 * channels features
-        nn.Flatten(),
+        SpatialMean(),
         nn.Dropout(dropout),
         nn.Linear(4 * channels, num_classes),
     )
