@@ -17,6 +17,23 @@ from safetensors.torch import load_file
 from .task_settings import QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
+# The suite runs on the CPU, on a GPU machine too: the numbers are those of CI, and a 1-process run is
+# compared with 2 CPU processes. Runs made with `gpu=True` (tests/test_cuda.py) take the GPU back.
+os.environ["ACCELERATE_USE_CPU"] = "1"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` run wherever torch sees a CUDA GPU, and are skipped, saying why, elsewhere."""
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+
+
+def gpu_env() -> dict[str, str]:
+    """The environment of a run that uses the GPU as a user's run would."""
+    return {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"} | {"PYTHONUNBUFFERED": "1"}
 
 
 def free_port() -> int:
@@ -25,9 +42,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def training_command(output_dir: Path, *args: str, processes: int = 1) -> tuple[list[str], dict[str, str]]:
-    """The command and environment of a train.py run; with processes > 1, a real multi-process gloo job."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def training_command(
+    output_dir: Path, *args: str, processes: int = 1, gpu: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a train.py run: on the CPU, with processes > 1 a real multi-process
+    gloo job; with `gpu`, one process on the GPU."""
+    env = gpu_env() if gpu else {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable]
     if processes > 1:
         # --multi_gpu with ACCELERATE_USE_CPU=1 is what starts CPU processes that really talk (gloo);
@@ -43,10 +63,10 @@ def training_command(output_dir: Path, *args: str, processes: int = 1) -> tuple[
 
 
 def run_training(
-    output_dir: Path, *args: str, processes: int = 1, check: bool = True
+    output_dir: Path, *args: str, processes: int = 1, gpu: bool = False, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
     """Run train.py to its end with the local config."""
-    command, env = training_command(output_dir, *args, processes=processes)
+    command, env = training_command(output_dir, *args, processes=processes, gpu=gpu)
     result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     if check and result.returncode != 0:
         pytest.fail(
@@ -55,9 +75,11 @@ def run_training(
     return result
 
 
-def run_predict(*args: str, processes: int = 1, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_predict(
+    *args: str, processes: int = 1, gpu: bool = False, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """predict.py as a user starts it; with processes > 1 the same real gloo job as `training_command`."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = gpu_env() if gpu else {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable]
     if processes > 1:
         env["ACCELERATE_USE_CPU"] = "1"

@@ -543,6 +543,7 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
         **{key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")},
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "NUM_PROCESSES": "2",
+        "CUDA_VISIBLE_DEVICES": "",  # CPU processes, also on a machine with a GPU
         "SKIP_INSTALL": "1",
         "MAIN_PROCESS_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",

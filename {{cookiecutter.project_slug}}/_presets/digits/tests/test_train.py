@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from .conftest import QUICK, last_eval, read_metrics, run_training
+from .conftest import PROJECT, QUICK, gpu_env, last_eval, read_metrics, run_training
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +80,40 @@ def test_two_processes_communicate_and_match_one(single_run: tuple, tmp_path: Pa
     first_losses = [row["train/loss"] for row in read_metrics(output_dir) if "train/loss" in row][:2]
     single_losses = [row["train/loss"] for row in read_metrics(single_dir) if "train/loss" in row][:2]
     assert first_losses == pytest.approx(single_losses, rel=0.05)
+
+
+# train.py as a user starts it, on a GPU of which this process may use only argv[1] MiB: PyTorch's
+# allocator then raises its real CUDA out-of-memory error, as on a smaller or shared GPU.
+LIMITED_GPU = """
+import runpy, sys, torch
+torch.cuda.set_per_process_memory_fraction(int(sys.argv[1]) * 2**20 / torch.cuda.mem_get_info()[1])
+sys.argv = ["train.py", *sys.argv[2:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.cuda
+def test_auto_batch_size_backs_off_from_a_real_cuda_out_of_memory(tmp_path: Path) -> None:
+    """In 512 MiB, hidden 65536 (about 90 MB of weights, gradients and AdamW state) fits, a batch of 1024
+    (about 0.5 MB of activations per sample) does not. The search finds a size that fits, trains with
+    accumulation and ends bitwise equal to a run configured with that size from the start."""
+    args = ["--config", "configs/local.yaml", "--hidden_size", "65536", "--global_batch_size", "1024"]
+    args += ["--max_steps", "3", "--mixed_precision", "bf16"]
+
+    def train(output_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", LIMITED_GPU, "512", *args, "--output_dir", str(output_dir), *extra]
+        env = gpu_env()
+        return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+
+    plain = train(tmp_path / "plain", "--per_device_batch_size", "1024")
+    assert plain.returncode != 0 and "CUDA out of memory" in plain.stderr, plain.stderr[-3000:]
+    searched = train(tmp_path / "searched", "--per_device_batch_size", "1024", "--auto_batch_size", "true")
+    assert searched.returncode == 0, searched.stderr[-3000:]
+    found = re.search(r"auto_batch_size: per-device batch (\d+) x (\d+) accumulation", searched.stdout)
+    assert found, searched.stdout[-3000:]
+    size, accumulation = int(found[1]), int(found[2])
+    assert size < 1024 and size * accumulation == 1024
+    configured = train(tmp_path / "configured", "--per_device_batch_size", str(size))
+    assert configured.returncode == 0, configured.stderr[-3000:]
+    weights = [tmp_path / name / "model" / "model.safetensors" for name in ("searched", "configured")]
+    assert weights[0].read_bytes() == weights[1].read_bytes()

@@ -1,0 +1,154 @@
+"""The GPU paths, run for real on a CUDA GPU; skipped, with the reason, on a machine without one.
+
+The rest of the suite runs on the CPU everywhere (conftest.py). Here train.py and predict.py use the GPU
+as a user's run does, with this project's task:
+- in bf16 and in fp16 (with its real GradScaler), a run stopped by SIGTERM and one killed with SIGKILL
+  both continue with the same command and end bitwise identical to a run that was never stopped;
+- `--compile true` trains to the end, to nearly the same eval metrics as the eager run;
+- predict.py writes its predictions from the GPU, the same bytes twice, row for row like the CPU;
+- the launcher, with the machine's real nvidia-smi, picks one process per GPU and the precision the
+  GPUs support, and train.py runs on the GPU;
+- CPU processes (ACCELERATE_USE_CPU=1) on a GPU machine train in a gloo group without touching the GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+
+from .conftest import (
+    PROJECT,
+    QUICK,
+    assert_same_run,
+    free_port,
+    gpu_env,
+    last_eval,
+    run_predict,
+    run_training,
+    training_command,
+    wait_for_training,
+)
+from .task_settings import SIGNAL_RUN
+
+pytestmark = [pytest.mark.cuda, pytest.mark.slow]
+
+# A checkpoint at every step makes the short run last long enough on a fast GPU for a signal to land
+# mid-run, and a kill -9 likely to hit a save. It changes where checkpoints are, not the training.
+GPU_RUN = [*SIGNAL_RUN, "--checkpoint_every", "1", "--keep_checkpoints", "2"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_sigterm_and_kill_9_on_the_gpu_then_the_same_command_ends_bitwise_identical(
+    tmp_path: Path, precision: str
+) -> None:
+    args = [*GPU_RUN, "--mixed_precision", precision]
+    reference = tmp_path / "reference"
+    result = run_training(reference, *args, gpu=True)
+    assert "device cuda" in result.stdout and f"mixed precision {precision}" in result.stdout
+
+    stopped = tmp_path / "sigterm"
+    command, env = training_command(stopped, *args, gpu=True)
+    started = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_for_training(stopped, process, since=started)
+    assert process.poll() is None, "train.py ended before it was signalled"
+    time.sleep(random.uniform(0.0, 0.3))
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == EXIT_STOPPED, output[-3000:]
+    assert "resuming from" in run_training(stopped, *args, gpu=True).stdout
+    assert_same_run(stopped, reference)
+
+    killed = tmp_path / "kill"
+    command, env = training_command(killed, *args, gpu=True)
+    process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(killed) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    assert process.poll() is None, "train.py ended before it was killed"
+    time.sleep(random.uniform(0.0, 0.3))  # mid-step or mid-save
+    process.kill()
+    process.wait()
+    for path in list_checkpoints(killed):
+        assert checkpoint_problem(path) is None, path
+    assert "resuming from" in run_training(killed, *args, gpu=True).stdout
+    assert_same_run(killed, reference)
+
+
+def test_compiled_model_trains_to_the_eager_metrics(tmp_path: Path) -> None:
+    eager = run_training(tmp_path / "eager", *QUICK, gpu=True)
+    compiled = run_training(tmp_path / "compiled", *QUICK, "--compile", "true", gpu=True)
+    assert "device cuda" in compiled.stdout, eager.stdout[-2000:]
+    expected, actual = last_eval(tmp_path / "eager"), last_eval(tmp_path / "compiled")
+    assert actual["step"] == expected["step"]
+    # Fused kernels round differently: close, not equal.
+    assert actual["eval/loss"] == pytest.approx(expected["eval/loss"], rel=0.05)
+
+
+def test_predict_on_the_gpu(tmp_path: Path) -> None:
+    run_training(tmp_path / "run", *QUICK, gpu=True)
+    model_dir = tmp_path / "run" / "model"
+    files = [tmp_path / f"{name}.csv" for name in ("gpu", "again", "cpu")]
+    for output, gpu in zip(files, (True, True, False), strict=True):
+        result = run_predict("--model_dir", str(model_dir), "--output", str(output), gpu=gpu)
+        assert ("device cuda" in result.stdout) == gpu, result.stdout
+    assert files[0].read_bytes() == files[1].read_bytes()  # deterministic on the GPU too
+    gpu_rows, cpu_rows = (list(csv.DictReader(path.read_text().splitlines())) for path in files[::2])
+    assert [list(row) for row in gpu_rows] == [list(row) for row in cpu_rows]  # columns
+    assert [row["index"] for row in gpu_rows] == [row["index"] for row in cpu_rows]
+
+
+def test_launcher_decides_from_the_real_nvidia_smi(tmp_path: Path) -> None:
+    """scripts/run_local.sh with nothing faked: one process per visible GPU, bf16 on compute capability
+    8.0 and newer (fp16 below), and train.py on the GPU in that precision."""
+    gpus = torch.cuda.device_count()
+    capabilities = [torch.cuda.get_device_capability(index) for index in range(gpus)]
+    precision = "bf16" if all(capability >= (8, 0) for capability in capabilities) else "fp16"
+    env = gpu_env() | {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "SKIP_INSTALL": "1",
+        "MAIN_PROCESS_PORT": str(free_port()),
+    }
+    result = subprocess.run(
+        ["bash", "scripts/run_local.sh", *QUICK, "--output_dir", str(tmp_path / "run")],
+        cwd=PROJECT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert f"run_local: GPUs: {gpus} x {torch.cuda.get_device_name(0)}" in output, output[:3000]
+    assert f"run_local: processes: {gpus} (one per GPU)" in output
+    assert f"run_local: precision: {precision} (" in output
+    assert f"world size {gpus} | device cuda:0 | mixed precision {precision}" in output
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+
+
+def test_cpu_processes_on_a_gpu_machine_leave_the_gpu_alone(tmp_path: Path) -> None:
+    """Two CPU processes of one gloo group, started with the GPU visible: they train to the end (rank 1
+    would crash in Accelerate's barrier on cuda:1) and neither sees the GPU: a process that did would
+    record the CUDA random state in its checkpoint."""
+    result = run_training(tmp_path / "run", *QUICK, processes=2)
+    assert "world size 2 | device cpu" in result.stdout
+    states = sorted((tmp_path / "run" / "checkpoints").glob("step_*/random_states_*.pkl"))
+    assert {path.name for path in states} == {"random_states_0.pkl", "random_states_1.pkl"}
+    for path in states:
+        assert "torch_cuda_manual_seed" not in torch.load(path, weights_only=False), path
