@@ -17,6 +17,12 @@ What is measured, all on one CPU process:
 4. host-device synchronisations: every Tensor.item/tolist/numpy/cpu/__bool__/__float__/__int__ called
    from outside torch during training, grouped by the optimizer step it follows; and, in the same run,
    Python function calls per step of both loops (a count that the machine's speed cannot blur).
+5. data wait: the share of the generated train.py's step time spent inside next() on its train loader,
+   in the default example (augmentation on, default model), with num_workers 0 and 2.
+
+On a machine with CUDA (and only there), the same method also compares the two loops on the GPU in
+bf16 at GPU_SIZES, and measures the data wait there. The CPU measurements hide the GPU from their
+processes, so that they measure the same thing on any machine.
 
 The script renders the template itself; it needs the packages of requirements-dev.txt (torch included).
 """
@@ -26,8 +32,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import importlib
 import io
+import itertools
 import json
 import os
 import platform
@@ -44,7 +52,23 @@ BATCH = 64  # per-device = global batch: one micro-batch per optimizer step, no 
 WARMUP_STEPS = 20  # optimizer steps left out of every timed window (allocator, caches, first logs)
 LOG_EVERY = 50  # as Lightning's default log_every_n_steps; 10 would be 50 logs a second at the tiny size
 SIZES = {"tiny": 64, "realistic": 1024}  # hidden_size of the default MLP
+# GPU mode, bf16: name -> (hidden_size, per-device = global batch). At 1024 x 64 a GPU step is little
+# more than Python and kernel launches; 4096 x 512 gives the device more work per step than that.
+GPU_SIZES = {"medium": (1024, 64), "large": (4096, 512)}
+GPU_TARGETS = {"medium": None, "large": 0.98}
+DATA_WORKERS = (0, 2)  # num_workers of configs/local.yaml (the default) and of colab.yaml / kaggle.yaml
 SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What one worker process runs: how long, how large, on which device."""
+
+    steps: int  # optimizer steps per run
+    reps: int  # timed runs (per loop), after a warm-up that is thrown away
+    hidden: int | None = None  # hidden_size of the MLP; None: the task's default
+    batch: int = BATCH  # per-device = global batch
+    gpu: bool = False  # both loops on the GPU in bf16; else on the CPU, the GPU hidden
 
 
 # --- parent: render, start workers, print the table
@@ -56,15 +80,38 @@ def main() -> None:
     args = parser.parse_args()
     reps = 1 if args.quick else 11
     steps = {"tiny": 75, "realistic": 75} if args.quick else {"tiny": 1000, "realistic": 400}
+    wait = Setup(steps=75 if args.quick else 400, reps=1 if args.quick else 5)
 
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
         root = Path(scratch)
         first_step = time_to_first_step(root)
         project = root / "render" / "digits-classifier"
-        loops = {size: worker(project, "loops", size, steps[size], reps) for size in SIZES}
-        checkpoint = worker(project, "checkpoint", "realistic", 0, 3 if args.quick else 7)
-        syncs = worker(project, "syncs", "tiny", 6 * LOG_EVERY + 5, 1)
-    print(report(loops, checkpoint, syncs, first_step, reps, steps, args.quick))
+        loops = {
+            size: worker(project, "loops", size, Setup(steps[size], reps, SIZES[size])) for size in SIZES
+        }
+        data_wait = worker(project, "data_wait", "cpu", wait)
+        checkpoint = worker(project, "checkpoint", "realistic", Setup(0, 3 if args.quick else 7))
+        syncs = worker(project, "syncs", "tiny", Setup(6 * LOG_EVERY + 5, 1, SIZES["tiny"]))
+        gpu = gpu_mode(project, 75 if args.quick else 1000, reps, wait) if cuda_available() else None
+    print(report(loops, data_wait, checkpoint, syncs, first_step, gpu, reps, steps, args.quick))
+
+
+def cuda_available() -> bool:
+    # Imported here, after the time to first step: torch imported by this process beforehand would
+    # already be in the page cache for the new project's first run.
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gpu_mode(project: Path, steps: int, reps: int, wait: Setup) -> dict:
+    """Both loops in bf16 at each of GPU_SIZES, and the data wait, on the GPU: the CPU mode's code."""
+    loops = {
+        name: worker(project, "loops", f"gpu-{name}", Setup(steps, reps, hidden, batch, gpu=True))
+        for name, (hidden, batch) in GPU_SIZES.items()
+    }
+    data_wait = worker(project, "data_wait", "gpu", dataclasses.replace(wait, gpu=True))
+    return {"loops": loops, "data_wait": data_wait, "steps": steps}
 
 
 def time_to_first_step(root: Path) -> dict[str, float]:
@@ -93,16 +140,19 @@ def time_to_first_step(root: Path) -> dict[str, float]:
     return {"render": rendered - start, "first_step": stamp - start}
 
 
-def worker(project: Path, mode: str, size: str, steps: int, reps: int) -> Any:
+def worker(project: Path, mode: str, name: str, setup: Setup) -> Any:
     """Run this script in `mode` in a new process (a clean Accelerate state) and return its JSON result."""
-    result = project.parent.parent / f"{mode}-{size}.json"
-    command = [sys.executable, __file__, "--worker", mode, str(project), size, str(steps), str(reps)]
-    run([*command, str(result)], cwd=project, src=project / "src")
+    result = project.parent.parent / f"{mode}-{name}.json"
+    spec = json.dumps(dataclasses.asdict(setup))
+    command = [sys.executable, __file__, "--worker", mode, str(project), spec, str(result)]
+    # Accelerate takes a GPU when it sees one: a CPU measurement must not, also on a machine with one.
+    hide_gpu = {} if setup.gpu else {"CUDA_VISIBLE_DEVICES": ""}
+    run(command, cwd=project, src=project / "src", extra_env=hide_gpu)
     return json.loads(result.read_text())
 
 
-def run(command: list[str], cwd: Path, src: Path | None = None) -> str:
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+def run(command: list[str], cwd: Path, src: Path | None = None, extra_env: dict | None = None) -> str:
+    env = {**os.environ, "PYTHONHASHSEED": "0", **(extra_env or {})}
     if src is not None:  # the project as `pip install -e .` would make it importable
         env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
@@ -112,23 +162,25 @@ def run(command: list[str], cwd: Path, src: Path | None = None) -> str:
 
 
 def report(
-    loops: dict, checkpoint: dict, syncs: dict, first_step: dict, reps: int, steps: dict, quick: bool
+    loops: dict,
+    data_wait: dict,
+    checkpoint: dict,
+    syncs: dict,
+    first_step: dict,
+    gpu: dict | None,
+    reps: int,
+    steps: dict,
+    quick: bool,
 ) -> str:
     import accelerate
     import torch
 
     rows = ["| measurement | generated project | plain PyTorch | ratio | target |", "|---|---|---|---|---|"]
     for size, result in loops.items():
-        ours, plain = statistics.median(result["template"]), statistics.median(result["plain"])
-        # Each run is paired with the other loop's run next to it in time: the machine's speed drifts
-        # between runs more than the loops differ, and a pair shares its drift.
-        pairs = [a / b for a, b in zip(result["template"], result["plain"], strict=True)]
-        spread = f" ({min(pairs):.2f} to {max(pairs):.2f})" if len(pairs) > 1 else ""
         target = 0.90 if size == "tiny" else 0.98
-        rows.append(
-            f"| steps/s, {size} model (hidden {SIZES[size]}, {1000 / plain:.1f} ms/step) | {ours:.1f} "
-            f"| {plain:.1f} | {statistics.median(pairs):.3f}{spread} | >= {target} |"
-        )
+        label = f"{size} model (hidden {SIZES[size]}, {plain_ms(result):.1f} ms/step)"
+        rows.append(loop_row(label, result, target))
+    rows += data_wait_rows(data_wait, "")
     save, torch_save = statistics.median(checkpoint["save"]), statistics.median(checkpoint["torch_save"])
     save_fsync = statistics.median(checkpoint["torch_save_fsync"])
     ours_calls, plain_calls = syncs["python_calls"], syncs["plain_python_calls"]
@@ -147,6 +199,13 @@ def report(
         f"| syncs outside torch per ordinary step / per logging step | {syncs['ordinary']} / "
         f"{syncs['per_log']:g} | {syncs['plain_ordinary']} / {syncs['plain_per_log']:g} | | 0 / any |",
     ]
+    if gpu is not None:
+        for name, result in gpu["loops"].items():
+            hidden, batch = GPU_SIZES[name]
+            size = f"hidden {hidden}, batch {batch}"
+            label = f"{result['device']}, bf16, {size} ({plain_ms(result):.1f} ms/step)"
+            rows.append(loop_row(label, result, GPU_TARGETS[name]))
+        rows += data_wait_rows(gpu["data_wait"], f" on {gpu['data_wait']['device']}")
     timed = ", ".join(f"{size} {steps[size]}" for size in SIZES)
     notes = [
         "",
@@ -158,6 +217,7 @@ def report(
         f"speed is that of its median block; batch {BATCH}, log_every {LOG_EVERY}, "
         f"1 process on {device_name()}. "
         f"Checkpoint: median of {len(checkpoint['save'])}.",
+        data_wait_note(data_wait),
         "Checkpoint save, mean of its parts: "
         + ", ".join(f"{part} {seconds * 1000:.0f} ms" for part, seconds in checkpoint["parts"].items())
         + " (save_state writes the same tensors as torch.save; fsync makes every file, the loop state and "
@@ -165,11 +225,70 @@ def report(
         f"Sync call sites at logging steps: {', '.join(syncs['sites']) or 'none'}; torch-internal "
         f"calls per step (the same in both loops): {syncs['torch_internal']:g} / "
         f"{syncs['plain_torch_internal']:g}.",
+    ]
+    if gpu is not None:
+        notes.append(
+            f"GPU ({gpu['data_wait']['device']}): the same method, {gpu['steps']} optimizer steps per run; "
+            "the generated loop with --mixed_precision bf16, the plain loop with a pinned DataLoader, "
+            ".to(device, non_blocking=True) and torch.autocast bf16 around forward and loss; per-device = "
+            "global batch, 1 process; the step hook calls torch.cuda.synchronize() at block edges (both "
+            "loops), so that a block is timed by the device's work, not by how fast it was queued. "
+            "Data wait on the GPU: as above, with --mixed_precision bf16."
+        )
+    notes.append(
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"accelerate {accelerate.__version__}, {os.cpu_count()} CPUs "
-        f"({torch.get_num_threads()} torch threads), {time.strftime('%Y-%m-%d')}",
-    ]
+        f"({torch.get_num_threads()} torch threads), {time.strftime('%Y-%m-%d')}"
+    )
     return "\n".join(rows + notes)
+
+
+def plain_ms(result: dict) -> float:
+    """The plain loop's median time per step, ms: what a step costs at this size."""
+    return 1000 / statistics.median(result["plain"])
+
+
+def loop_row(label: str, result: dict, target: float | None) -> str:
+    ours, plain = statistics.median(result["template"]), statistics.median(result["plain"])
+    # Each run is paired with the other loop's run next to it in time: the machine's speed drifts
+    # between runs more than the loops differ, and a pair shares its drift.
+    pairs = [a / b for a, b in zip(result["template"], result["plain"], strict=True)]
+    spread = f" ({min(pairs):.2f} to {max(pairs):.2f})" if len(pairs) > 1 else ""
+    goal = f" >= {target} " if target else " "
+    return f"| steps/s, {label} | {ours:.1f} | {plain:.1f} | {statistics.median(pairs):.3f}{spread} |{goal}|"
+
+
+def data_wait_rows(result: dict, where: str) -> list[str]:
+    """One row per num_workers: the median share (and range) of the timed window spent fetching."""
+    rows = []
+    for workers in DATA_WORKERS:
+        shares = [100 * share for share in result["share"][str(workers)]]
+        spread = f" ({min(shares):.1f} to {max(shares):.1f})" if len(shares) > 1 else ""
+        ms = statistics.median(result["ms_per_step"][str(workers)])
+        if workers == 0:
+            name = f"default example (augmentation on, hidden {result['hidden']}, {ms:.1f} ms/step)"
+            target = " < 10% "
+        else:
+            name = f"num_workers {workers} (as colab.yaml, kaggle.yaml; {ms:.1f} ms/step)"
+            target = " "
+        rows.append(
+            f"| data wait{where}, {name}, % of step time | {statistics.median(shares):.1f}%{spread} "
+            f"| | |{target}|"
+        )
+    return rows
+
+
+def data_wait_note(result: dict) -> str:
+    return (
+        "Data wait: the generated train.py as is (augment_noise and hidden_size at their defaults, "
+        f"configs/local.yaml, batch {BATCH}, log_every {LOG_EVERY}, evaluation and checkpoint after the "
+        "window); every next() on its prepared train loader timed (Accelerate's DataLoaderShard.__iter__ "
+        "wrapped: the fetch from the DataLoader, the start and stop of its workers, the move to the device) "
+        f"and summed over the steps after the first {WARMUP_STEPS}, against the wall time of those steps; "
+        f"median (and range) of {len(result['share']['0'])} runs per num_workers, alternating, after a "
+        f"warm-up pair, {result['steps']} optimizer steps per run. Workers start again every epoch "
+        f"({result['steps_per_epoch']} steps): persistent workers would not see the dataset's set_epoch."
+    )
 
 
 def device_name() -> str:
@@ -183,108 +302,237 @@ def device_name() -> str:
 # --- workers: run inside the rendered project, with its package importable
 
 
-def worker_main(mode: str, project: Path, size: str, steps: int, reps: int, result: Path) -> None:
+def worker_main(mode: str, project: Path, setup: Setup, result: Path) -> None:
     sys.path.insert(0, str(project))  # the generated train.py
     package = next(path.name for path in (project / "src").iterdir() if (path / "__init__.py").exists())
     if mode == "loops":
-        output = bench_loops(project, package, size, steps, reps)
+        output = bench_loops(project, package, setup)
+    elif mode == "data_wait":
+        output = bench_data_wait(project, package, setup)
     elif mode == "checkpoint":
-        output = bench_checkpoint(project, package, reps)
+        output = bench_checkpoint(project, package, setup.reps)
     else:
-        output = count_syncs(project, package, steps)
+        output = count_syncs(project, package, setup.steps)
     result.write_text(json.dumps(output))
 
 
-def step_times() -> tuple[list[float], object]:
-    """perf_counter after every optimizer step, from a hook shared by both loops."""
+def block_edges(steps: int) -> range:
+    """Indices (in the list of step times) where the timed blocks start and end.
+
+    The first WARMUP_STEPS steps are not timed; the rest is cut in blocks of LOG_EVERY steps, each
+    holding exactly one logging step.
+    """
+    return range(WARMUP_STEPS, steps, LOG_EVERY)
+
+
+def step_times(steps: int, gpu: bool) -> tuple[list[float], object]:
+    """perf_counter after every optimizer step, from a hook shared by both loops.
+
+    On a GPU, optimizer.step() returns once its kernels are queued: at the block edges the hook waits
+    for the device, so that a block is timed by the work done, not by how far ahead the queue runs.
+    """
+    import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     stamps: list[float] = []
-    handle = register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: stamps.append(time.perf_counter())
-    )
+    edges = set(block_edges(steps))
+
+    def stamp(optimizer, args, kwargs) -> None:
+        stamps.append(time.perf_counter())
+
+    def stamp_synchronized(optimizer, args, kwargs) -> None:
+        if len(stamps) in edges:
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+
+    handle = register_optimizer_step_post_hook(stamp_synchronized if gpu else stamp)
     return stamps, handle
 
 
-def template_argv(project: Path, output_dir: Path, size: str, steps: int) -> list[str]:
+def template_argv(
+    project: Path, output_dir: Path, setup: Setup, augment: bool = False, workers: int = 0
+) -> list[str]:
     # Evaluation and checkpoint saves fall after the last step (eval_every and checkpoint_every larger
     # than the run): the timed window sees the step, the progress bar, logging and both checks.
-    return [
+    argv = [
         *("--config", str(project / "configs" / "local.yaml"), "--output_dir", str(output_dir)),
-        *("--hidden_size", str(SIZES[size]), "--max_steps", str(steps), "--num_epochs", "1000"),
-        *("--augment_noise", "0"),
-        *("--per_device_batch_size", str(BATCH), "--global_batch_size", str(BATCH)),
+        *("--max_steps", str(setup.steps), "--num_epochs", "1000", "--num_workers", str(workers)),
+        *("--per_device_batch_size", str(setup.batch), "--global_batch_size", str(setup.batch)),
         *("--log_every", str(LOG_EVERY), "--eval_every", str(10**9), "--checkpoint_every", str(10**9)),
     ]
+    if setup.hidden is not None:
+        argv += ["--hidden_size", str(setup.hidden)]
+    if not augment:  # the loop measurements: data loading must not hide the loop's own cost
+        argv += ["--augment_noise", "0"]
+    if setup.gpu:  # what `mixed_precision: auto` picks on compute capability 8.0 or newer, made sure of
+        argv += ["--mixed_precision", "bf16"]
+    return argv
 
 
-def bench_loops(project: Path, package: str, size: str, steps: int, reps: int) -> dict[str, list[float]]:
+def run_template(argv: list[str]) -> None:
+    """The generated train.py's main(), as `python train.py ARGV` runs it, quietly."""
+    import train  # the generated train.py
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        status = train.main(argv)
+    assert status == 0, f"train.main exited {status}"
+
+
+def bench_loops(project: Path, package: str, setup: Setup) -> dict:
     """Steps per second of both loops, alternating in this one process, the first pair thrown away.
 
     Alternating inside one process keeps what differs between processes (memory placement, a
     slow moment of this shared machine) from landing on one loop only; the first pair pays for
     lazy imports and first-use allocations.
     """
-    import train  # the generated train.py
-
     rates: dict[str, list[float]] = {"template": [], "plain": []}
-    for rep in range(reps + 1):
+    edges = block_edges(setup.steps)
+    for rep in range(setup.reps + 1):
         for kind in ("template", "plain") if rep % 2 == 0 else ("plain", "template"):
-            stamps, handle = step_times()
+            stamps, handle = step_times(setup.steps, setup.gpu)
             if kind == "template":
                 with tempfile.TemporaryDirectory() as scratch:
-                    argv = template_argv(project, Path(scratch) / "run", size, steps)
-                    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                        status = train.main(argv)
-                assert status == 0, f"train.main exited {status}"
+                    run_template(template_argv(project, Path(scratch) / "run", setup))
             else:
-                plain_loop(package, size, steps)
+                plain_loop(package, setup)
             handle.remove()
-            assert len(stamps) == steps, f"{kind}: {len(stamps)} optimizer steps, expected {steps}"
-            # Blocks of LOG_EVERY consecutive steps hold exactly one logging step each; the median
-            # block ignores the bursts in which this shared machine runs slow for everybody.
-            starts = range(WARMUP_STEPS, steps - LOG_EVERY, LOG_EVERY)
-            rate = LOG_EVERY / statistics.median(stamps[i + LOG_EVERY] - stamps[i] for i in starts)
+            assert len(stamps) == setup.steps, f"{kind}: {len(stamps)} steps, expected {setup.steps}"
+            # The median block ignores the bursts in which this shared machine runs slow for everybody.
+            blocks = [stamps[end] - stamps[start] for start, end in itertools.pairwise(edges)]
             if rep > 0:
-                rates[kind].append(rate)
-    return rates
+                rates[kind].append(LOG_EVERY / statistics.median(blocks))
+    return {**rates, "device": gpu_name() if setup.gpu else "cpu"}
 
 
-def plain_loop(package: str, size: str, steps: int) -> None:
-    """The loop a user would write by hand: same model, data order source, optimizer, schedule, clipping."""
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
+def plain_loop(package: str, setup: Setup) -> None:
+    """The loop a user would write by hand: same model, data order source, optimizer, schedule, clipping.
+
+    On the GPU, what such a user adds for speed: pinned memory, copies that do not wait, bf16 autocast.
+    """
     import torch
     import torch.nn.functional as F
     import train
     from torch.utils.data import DataLoader
 
     task = importlib.import_module(f"{package}.task")  # the default render: the digits preset
-    config = task.Config(hidden_size=SIZES[size], num_epochs=1000, augment_noise=0.0)
+    config = task.Config(hidden_size=setup.hidden, num_epochs=1000, augment_noise=0.0)
+    gpu, device = setup.gpu, torch.device("cuda" if setup.gpu else "cpu")
+    # train.main switches deterministic kernels on for the whole process (its `deterministic` option):
+    # the hand-written loop runs with torch's default, as in a process of its own.
+    torch.use_deterministic_algorithms(False)
     torch.manual_seed(config.seed)
     train_set, _ = task.build_datasets(config)
     loader = DataLoader(
-        train_set, batch_size=BATCH, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(0)
+        train_set,
+        batch_size=setup.batch,
+        shuffle=True,
+        drop_last=True,
+        pin_memory=gpu,
+        generator=torch.Generator().manual_seed(0),
     )
-    model = task.build_model(config)
+    model = task.build_model(config).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
-    total = len(train_set) // BATCH * config.num_epochs
+    total = len(train_set) // setup.batch * config.num_epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.warmup_cosine(config.warmup_steps, total))
     model.train()
     step, epoch = 0, 0
-    while step < steps:
+    while step < setup.steps:
         train_set.set_epoch(epoch)
         for inputs, labels in loader:
-            loss = F.cross_entropy(model(inputs), labels)
+            if gpu:
+                inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = F.cross_entropy(model(inputs), labels)
+            else:  # the batch is already where the model is, and fp32 is what the generated loop runs
+                loss = F.cross_entropy(model(inputs), labels)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
             scheduler.step()
             step += 1
-            if step == steps:
+            if step == setup.steps:
                 break
         epoch += 1
+
+
+def bench_data_wait(project: Path, package: str, setup: Setup) -> dict:
+    """Share of the generated loop's timed window spent waiting for batches, per num_workers.
+
+    The default example as a user runs it (augmentation on, default model); the runs alternate
+    between the DATA_WORKERS settings in this one process, the first pair thrown away.
+    """
+    task = importlib.import_module(f"{package}.task")
+    shares: dict[str, list[float]] = {str(workers): [] for workers in DATA_WORKERS}
+    ms_per_step: dict[str, list[float]] = {str(workers): [] for workers in DATA_WORKERS}
+    edges = block_edges(setup.steps)
+    fetches: list[tuple[float, float]] = []
+    with timed_fetches(fetches):
+        for rep in range(setup.reps + 1):
+            for workers in DATA_WORKERS if rep % 2 == 0 else DATA_WORKERS[::-1]:
+                fetches.clear()
+                stamps, handle = step_times(setup.steps, setup.gpu)
+                with tempfile.TemporaryDirectory() as scratch:
+                    argv = template_argv(project, Path(scratch) / "run", setup, augment=True, workers=workers)
+                    run_template(argv)
+                handle.remove()
+                # The window: from the end of step WARMUP_STEPS to the last block edge; the final
+                # evaluation's fetches, after it, are left out.
+                start, end = stamps[edges[0]], stamps[edges[-1]]
+                inside = [done - begun for begun, done in fetches if start <= begun and done <= end]
+                assert len(inside) >= edges[-1] - edges[0], f"{len(inside)} fetches timed: the wrapper missed"
+                if rep > 0:
+                    shares[str(workers)].append(sum(inside) / (end - start))
+                    ms_per_step[str(workers)].append(1000 * (end - start) / (edges[-1] - edges[0]))
+    config = task.Config()
+    train_set, _ = task.build_datasets(config)
+    return {
+        "share": shares,
+        "ms_per_step": ms_per_step,
+        "hidden": config.hidden_size,
+        "steps": setup.steps,
+        "steps_per_epoch": len(train_set) // setup.batch,
+        "device": gpu_name() if setup.gpu else "cpu",
+    }
+
+
+@contextlib.contextmanager
+def timed_fetches(fetches: list[tuple[float, float]]):
+    """Record (start, end) of every next() on a prepared data loader; train.py stays as it is.
+
+    Accelerate's DataLoaderShard.__iter__ is the generator the loop iterates: it fetches from the
+    torch DataLoader (which starts its workers at an epoch's first fetch and stops them after the
+    last) and moves the batch to the device. Wrapping that generator times all the loop waits for.
+    """
+    from accelerate.data_loader import DataLoaderShard
+
+    original = DataLoaderShard.__iter__
+
+    def timed_iter(self):
+        with contextlib.closing(original(self)) as batches:
+            while True:
+                begun = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                finally:  # the last, empty fetch of an epoch counts too: Accelerate ends the epoch there
+                    fetches.append((begun, time.perf_counter()))
+                yield batch
+
+    DataLoaderShard.__iter__ = timed_iter
+    try:
+        yield
+    finally:
+        DataLoaderShard.__iter__ = original
 
 
 def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
@@ -437,9 +685,10 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
         originals[name], wrapper = counted(name)
         setattr(torch.Tensor, name, wrapper)
     handle = register_optimizer_step_post_hook(after_step)
+    setup = Setup(steps, 1, SIZES["tiny"])
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            argv = template_argv(project, Path(scratch) / "run", "tiny", steps)
+            argv = template_argv(project, Path(scratch) / "run", setup)
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 sys.setprofile(profile)
                 assert train.main(argv) == 0
@@ -449,7 +698,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
         function_calls.clear()
         current["step"] = 0
         sys.setprofile(profile)
-        plain_loop(package, "tiny", steps)
+        plain_loop(package, setup)
         sys.setprofile(None)
         plain = tally()
     finally:
@@ -462,7 +711,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _, _, mode, project, size, steps, reps, result = sys.argv
-        worker_main(mode, Path(project), size, int(steps), int(reps), Path(result))
+        _, _, mode, project, setup, result = sys.argv
+        worker_main(mode, Path(project), Setup(**json.loads(setup)), Path(result))
     else:
         main()

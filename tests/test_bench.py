@@ -21,6 +21,8 @@ ROWS = {
     "resume, ms": "pair",
     "cookiecutter to first optimizer step, s": "single",
     "syncs outside torch per ordinary step / per logging step": "syncs",
+    "data wait, default example (augmentation on": "percent",
+    "data wait, num_workers 2": "percent",
 }
 
 
@@ -51,8 +53,12 @@ def test_quick_benchmark_prints_every_row() -> None:
                 assert low - 0.01 <= ratio <= high + 0.01, (cells, low, high)
         elif kind == "single":
             assert number(cells[0]) > 0
+        elif kind == "percent":  # a share of the step time spent fetching batches
+            assert cells[0].split()[0].endswith("%"), cells
+            assert 0 < number(cells[0]) < 100, f"data wait {cells[0]}"
         else:
             # The generated loop reads nothing back from the device between logging steps.
             assert cells[0].startswith("0 / "), f"syncs at ordinary steps: {cells[0]}"
             assert cells[1].startswith("0 / "), f"the plain loop has syncs: {cells[1]}"
     assert "Sync call sites at logging steps: train.py:" in result.stdout
+    assert "Data wait: the generated train.py as is" in result.stdout
