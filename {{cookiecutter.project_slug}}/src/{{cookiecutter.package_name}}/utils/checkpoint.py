@@ -150,6 +150,9 @@ def export_model(
         shutil.rmtree(staging)
     accelerator.wait_for_everyone()
     accelerator.save_model(model, staging)
+    # Every process looks into the staging folder inside save_model: none may still be there when the
+    # main process renames it (rank 1 of 2 CPU processes once failed with FileNotFoundError).
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         save_config(config, staging / "config.yaml")
         (staging / "export.json").write_text(json.dumps(info, indent=2))
