@@ -17,8 +17,9 @@ What is measured, all on one CPU process:
 4. host-device synchronisations: every Tensor.item/tolist/numpy/cpu/__bool__/__float__/__int__ called
    from outside torch during training, grouped by the optimizer step it follows; and, in the same run,
    Python function calls per step of both loops (a count that the machine's speed cannot blur).
-5. data wait: the share of the generated train.py's step time spent inside next() on its train loader,
-   in the default example (augmentation on, default model), with num_workers 0 and 2.
+5. data wait: the share of the generated train.py's step time spent inside next() on its train loader
+   and in its train set's set_epoch, in the default example (augmentation on, default model), with
+   num_workers 0 (what its configs set) and, for comparison, 2.
 
 On a machine with CUDA (and only there), the same method also compares the two loops on the GPU in
 bf16 at GPU_SIZES, and measures the data wait there. The CPU measurements hide the GPU from their
@@ -56,7 +57,7 @@ SIZES = {"tiny": 64, "realistic": 1024}  # hidden_size of the default MLP
 # more than Python and kernel launches; 4096 x 512 gives the device more work per step than that.
 GPU_SIZES = {"medium": (1024, 64), "large": (4096, 512)}
 GPU_TARGETS = {"medium": None, "large": 0.98}
-DATA_WORKERS = (0, 2)  # num_workers of configs/local.yaml (the default) and of colab.yaml / kaggle.yaml
+DATA_WORKERS = (0, 2)  # the digits configs' num_workers, and 2 (the images preset's colab/kaggle.yaml)
 SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
 
 
@@ -269,7 +270,7 @@ def data_wait_rows(result: dict, where: str) -> list[str]:
             name = f"default example (augmentation on, hidden {result['hidden']}, {ms:.1f} ms/step)"
             target = " < 10% "
         else:
-            name = f"num_workers {workers} (as colab.yaml, kaggle.yaml; {ms:.1f} ms/step)"
+            name = f"num_workers {workers}, for comparison ({ms:.1f} ms/step)"
             target = " "
         rows.append(
             f"| data wait{where}, {name}, % of step time | {statistics.median(shares):.1f}%{spread} "
@@ -284,7 +285,8 @@ def data_wait_note(result: dict) -> str:
         f"configs/local.yaml, batch {BATCH}, log_every {LOG_EVERY}, evaluation and checkpoint after the "
         "window); every next() on its prepared train loader timed (Accelerate's DataLoaderShard.__iter__ "
         "wrapped: the fetch from the DataLoader, the start and stop of its workers, the move to the device) "
-        f"and summed over the steps after the first {WARMUP_STEPS}, against the wall time of those steps; "
+        "and every call of the train set's set_epoch (its new noise) outside them, "
+        f"summed over the steps after the first {WARMUP_STEPS}, against the wall time of those steps; "
         f"median (and range) of {len(result['share']['0'])} runs per num_workers, alternating, after a "
         f"warm-up pair, {result['steps']} optimizer steps per run. Workers start again every epoch "
         f"({result['steps_per_epoch']} steps): persistent workers would not see the dataset's set_epoch."
@@ -433,6 +435,7 @@ def plain_loop(package: str, setup: Setup) -> None:
         batch_size=setup.batch,
         shuffle=True,
         drop_last=True,
+        collate_fn=task.collate,  # the task's, as in train.py: its batches may come stacked already
         pin_memory=gpu,
         generator=torch.Generator().manual_seed(0),
     )
@@ -475,7 +478,9 @@ def bench_data_wait(project: Path, package: str, setup: Setup) -> dict:
     ms_per_step: dict[str, list[float]] = {str(workers): [] for workers in DATA_WORKERS}
     edges = block_edges(setup.steps)
     fetches: list[tuple[float, float]] = []
-    with timed_fetches(fetches):
+    config = task.Config()
+    train_set, _ = task.build_datasets(config)
+    with timed_fetches(fetches, type(train_set)):
         for rep in range(setup.reps + 1):
             for workers in DATA_WORKERS if rep % 2 == 0 else DATA_WORKERS[::-1]:
                 fetches.clear()
@@ -492,8 +497,6 @@ def bench_data_wait(project: Path, package: str, setup: Setup) -> dict:
                 if rep > 0:
                     shares[str(workers)].append(sum(inside) / (end - start))
                     ms_per_step[str(workers)].append(1000 * (end - start) / (edges[-1] - edges[0]))
-    config = task.Config()
-    train_set, _ = task.build_datasets(config)
     return {
         "share": shares,
         "ms_per_step": ms_per_step,
@@ -505,34 +508,50 @@ def bench_data_wait(project: Path, package: str, setup: Setup) -> dict:
 
 
 @contextlib.contextmanager
-def timed_fetches(fetches: list[tuple[float, float]]):
-    """Record (start, end) of every next() on a prepared data loader; train.py stays as it is.
+def timed_fetches(fetches: list[tuple[float, float]], dataset_type: type):
+    """Record (start, end) of every next() on a prepared data loader, and of every set_epoch of the
+    train set made outside one; train.py stays as it is.
 
     Accelerate's DataLoaderShard.__iter__ is the generator the loop iterates: it fetches from the
     torch DataLoader (which starts its workers at an epoch's first fetch and stops them after the
-    last) and moves the batch to the device. Wrapping that generator times all the loop waits for.
+    last) and moves the batch to the device. Wrapping that generator times all the loop waits for,
+    except the dataset's set_epoch that train.py calls before an epoch: the GPU waits for that too.
     """
     from accelerate.data_loader import DataLoaderShard
 
     original = DataLoaderShard.__iter__
+    original_set_epoch = getattr(dataset_type, "set_epoch", None)
+    fetching = False  # a set_epoch inside a fetch is already in that fetch's time
 
     def timed_iter(self):
+        nonlocal fetching
         with contextlib.closing(original(self)) as batches:
             while True:
-                begun = time.perf_counter()
+                begun, fetching = time.perf_counter(), True
                 try:
                     batch = next(batches)
                 except StopIteration:
                     return
                 finally:  # the last, empty fetch of an epoch counts too: Accelerate ends the epoch there
                     fetches.append((begun, time.perf_counter()))
+                    fetching = False
                 yield batch
 
+    def timed_set_epoch(self, epoch: int) -> None:
+        begun = time.perf_counter()
+        original_set_epoch(self, epoch)
+        if not fetching:
+            fetches.append((begun, time.perf_counter()))
+
     DataLoaderShard.__iter__ = timed_iter
+    if original_set_epoch is not None:
+        dataset_type.set_epoch = timed_set_epoch
     try:
         yield
     finally:
         DataLoaderShard.__iter__ = original
+        if original_set_epoch is not None:
+            dataset_type.set_epoch = original_set_epoch
 
 
 def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
@@ -553,7 +572,7 @@ def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.warmup_cosine(20, 1000))
     train_set, _ = task.build_datasets(config)
-    loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, drop_last=True)
+    loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, drop_last=True, collate_fn=task.collate)
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     inputs, labels = next(iter(loader))
     accelerator.backward(F.cross_entropy(model(inputs), labels))

@@ -265,6 +265,14 @@ def test_task_renders_only_its_own_files_and_dependencies(render: Callable[..., 
     assert dependency_names(project) & OPTIONAL_PACKAGES == TASK_PACKAGES[task]
     configs = [yaml.safe_load(path.read_text()) for path in (project.path / "configs").glob("*.yaml")]
     assert all(config["output_dir"].endswith(f"outputs/{task}") for config in configs)
+    # The GPU platforms start DataLoader workers only where items are decoded from files (they restart
+    # every epoch); the laptop config never does.
+    workers = {
+        path.stem: yaml.safe_load(path.read_text()).get("num_workers", 0)
+        for path in (project.path / "configs").glob("*.yaml")
+    }
+    assert workers.pop("local") == 0
+    assert all((count > 0) == (task == "images") for count in workers.values()), workers
     readme = (project.path / "README.md").read_text(encoding="utf-8")
     assert readme.count("\n## The task: ") == 1, "the task's README section is missing or repeated"
 

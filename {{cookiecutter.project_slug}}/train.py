@@ -215,7 +215,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         model.train()
         train_loader.set_epoch(state.epoch)  # the data order of this epoch
         if hasattr(train_set, "set_epoch"):
-            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards only to the sampler)
+            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
         batches = train_loader
         if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
             batches = accelerator.skip_first_batches(

@@ -7,7 +7,8 @@ do exact resume, the same optimization on any number of processes and exact dist
 The contract (README, "Bring your own task"):
 - `Config`: the run's config, TrainConfig's fields plus this task's, with its metrics and checks.
 - `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
-  it called before each epoch: randomness in an item must be a function of (seed, epoch, index).
+  it called before each epoch (maybe more than once): randomness in an item must be a function of
+  (seed, epoch, index).
 - `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
   each with one row per sample (train.py cuts micro-batches along that first dimension).
 - `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
-from .data.digits import MAX_PIXEL, NUM_CLASSES, NUM_FEATURES, digit_splits
+from .data.digits import MAX_PIXEL, NUM_CLASSES, NUM_FEATURES, DigitBatch, digit_splits
 from .models.mlp import build_mlp
 from .utils.config import Check, ConfigError, TrainConfig
 
@@ -61,7 +62,10 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     return digit_splits(config.seed, config.eval_fraction, config.augment_noise)
 
 
-collate = default_collate  # (images, labels) pairs stack into an (images, labels) batch
+def collate(samples: list[tuple[torch.Tensor, ...]] | DigitBatch) -> list[torch.Tensor] | DigitBatch:
+    """(images, labels) pairs (or images alone, to predict) stacked into a batch; the training set's
+    `__getitems__` hands over its batches already stacked."""
+    return samples if isinstance(samples, DigitBatch) else default_collate(samples)
 
 
 def build_model(config: Config) -> torch.nn.Module:

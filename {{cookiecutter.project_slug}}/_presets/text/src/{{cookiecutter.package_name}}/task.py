@@ -10,7 +10,8 @@ evaluation.
 The contract (README, "Bring your own task"):
 - `Config`: the run's config, TrainConfig's fields plus this task's, with its metrics and checks.
 - `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
-  it called before each epoch: randomness in an item must be a function of (seed, epoch, index).
+  it called before each epoch (maybe more than once): randomness in an item must be a function of
+  (seed, epoch, index).
 - `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
   each with one row per sample (train.py cuts micro-batches along that first dimension).
 - `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
