@@ -15,7 +15,10 @@ number of processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import dataclasses
+import difflib
 import io
 import json
 import os
@@ -26,13 +29,16 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object, send_to_device
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, detect_platform, hide_gpus_from_cpu_run
 
-CONFIGS = Path(__file__).parent / "configs"
+PROJECT = Path(__file__).resolve().parent
+CONFIGS = PROJECT / "configs"
+OWN_FLAGS = ("--model_dir", "--input", "--output", "--format", "--batch_size")
 FLOAT_DIGITS = 6  # fixed, so that files compare byte for byte
 
 
@@ -46,7 +52,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         "--model_dir",
         type=Path,
         help="folder with model.safetensors and config.yaml (default: <output_dir of the platform's "
-        "config>/model)",
+        "config>/model, a relative output_dir taken from the project folder, as train.py does)",
     )
     parser.add_argument(
         "--input",
@@ -78,22 +84,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{launched} processes were started but they do not communicate (world size "
                 f"{state.num_processes}); on a CPU-only machine set ACCELERATE_USE_CPU=1"
             )
-        model_dir = args.model_dir
-        if model_dir is None:
-            platform_config, _ = load_config([], CONFIGS / f"{detect_platform()}.yaml", task.Config)
-            model_dir = Path(platform_config.output_dir) / "model"
-        config, _ = load_config(overrides, model_dir / "config.yaml", task.Config)
-        weights = model_dir / "model.safetensors"
-        if not weights.is_file():
-            raise ConfigError(f"{weights} does not exist: train first, or pass --model_dir")
-        model = task.build_model(config)
-        model.load_state_dict(load_file(weights))
+        # Every check below runs on every process, before any prediction: all stop alike, none waits.
+        check_overrides(overrides)
+        model_dir = args.model_dir if args.model_dir is not None else default_model_dir()
+        output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
+        check_output(output, args.format, given=args.output is not None)
+        config = model_config(model_dir, overrides)
+        model = load_model(config, model_dir, overrides)
         model.to(state.device).eval()
 
         # Every process reads all inputs (small) and fails the same way on a bad file: no process waits.
         inputs = task.predict_inputs(config, args.input)
         if len(inputs) == 0:
-            raise ConfigError(f"{args.input}: nothing to predict")
+            raise ConfigError(f"{args.input or 'the eval split'}: nothing to predict")
 
         # Whole batches are split, not single items: batch k is always items [k*B, (k+1)*B), so its
         # numbers come out of the same kernels on any number of processes and the files are identical.
@@ -110,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
             if [start for start, _ in gathered] != starts:  # a launch whose processes do not talk
                 raise RuntimeError(f"expected batches {starts}, gathered {[s for s, _ in gathered]}")
             rows = [row for _, batch_rows in gathered for row in batch_rows]
-            output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
             write_predictions(output, args.format, rows)
             print(
                 f"wrote {len(rows)} predictions to {output} | world size {state.num_processes} | "
@@ -120,6 +122,101 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         state.destroy_process_group()
     return 0
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """The flags that are not predict.py's own must each name a config field (`--field value`); anything
+    else, --config included (the config is the model's own), is refused, naming the flags there are."""
+    names = {field.name for field in dataclasses.fields(task.Config)}
+    tokens = iter(overrides)
+    for token in tokens:
+        flag = token.split("=")[0]
+        if flag.startswith("--") and flag[2:] in names:
+            if "=" not in token:
+                next(tokens, None)  # its value (a missing one is load_config's to report)
+            continue
+        if flag == "--config":
+            raise ConfigError(
+                "predict.py has no --config: the model is rebuilt from <model_dir>/config.yaml; pass "
+                "--model_dir for another model, or --field value to override one of its fields"
+            )
+        if not token.startswith("-"):
+            raise ConfigError(f"unexpected argument {token!r}: pass an input file as --input {token}")
+        flags = [*OWN_FLAGS, *sorted(f"--{name}" for name in names)]
+        match = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+        hint = f" (did you mean {match[0]!r}?)" if match else ""
+        raise ConfigError(
+            f"unknown argument {token!r}{hint}: predict.py takes {', '.join(OWN_FLAGS)}, and --field value "
+            "for a field of the model's config (python predict.py --help)"
+        )
+
+
+def default_model_dir() -> Path:
+    """<output_dir>/model of the platform's config; a relative output_dir is taken from the project folder,
+    as train.py takes it, so predict.py finds the model from any working directory."""
+    path = CONFIGS / f"{detect_platform()}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{path} (whose output_dir holds the model) does not exist: pass --model_dir")
+    platform_config, _ = load_config([], path, task.Config)
+    return PROJECT / platform_config.output_dir / "model"
+
+
+def check_output(output: Path, fmt: str, given: bool) -> None:
+    """Refuse an output that cannot be written (a folder, a path under a file, a folder without write
+    permission) before any work, naming it."""
+    name = f"--output {output}" if given else f"the default output {output}"
+    if output.is_dir():
+        raise ConfigError(
+            f"{name} is a folder: pass --output with a file path, e.g. {output / f'predictions.{fmt}'}"
+        )
+    folder = output.parent
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        folder = folder.parent  # the folders that do not exist yet are created
+    if not folder.is_dir():
+        raise ConfigError(f"{name}: {folder} is a file, not a folder; pass --output with a path in a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{name}: cannot write in {folder} (permission denied); pass --output with a path "
+            "in a folder you can write to"
+        )
+
+
+def model_config(model_dir: Path, overrides: list[str]) -> task.Config:
+    """The exported config of `model_dir`, with the --field value overrides."""
+    if not model_dir.is_dir():
+        problem = "is a file, not a folder" if model_dir.exists() else "does not exist"
+        raise ConfigError(
+            f"model folder {model_dir} {problem}: train first (python train.py), or pass --model_dir with a "
+            "model folder exported by train.py (<output_dir>/model or <output_dir>/best_model)"
+        )
+    path = model_dir / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"{path} does not exist: pass --model_dir with a model folder exported by train.py "
+            "(model.safetensors and config.yaml)"
+        )
+    return load_config(overrides, path, task.Config)[0]
+
+
+def load_model(config: task.Config, model_dir: Path, overrides: list[str]) -> torch.nn.Module:
+    """The model of `config` with the exported weights; a ConfigError says why they do not load."""
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        raise ConfigError(f"{weights} does not exist: train first (python train.py), or pass --model_dir")
+    try:
+        state_dict = load_file(weights)
+    except (SafetensorError, OSError) as error:
+        raise ConfigError(f"{weights}: not a readable safetensors file ({error}): export it again") from None
+    model = task.build_model(config)
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError:
+        changed = f" with {' '.join(overrides)}" if overrides else ""
+        raise ConfigError(
+            f"{weights} does not fit the model of {model_dir / 'config.yaml'}{changed}: override only fields "
+            "that leave the model as trained"
+        ) from None
+    return model
 
 
 def write_predictions(path: Path, fmt: str, rows: list[dict[str, Any]]) -> None:
@@ -137,10 +234,18 @@ def write_predictions(path: Path, fmt: str, rows: list[dict[str, Any]]) -> None:
         content = text.getvalue()
     else:
         content = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(content)
-    temporary.replace(path)  # a complete file or none
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(content, encoding="utf-8")
+        temporary.replace(path)  # a complete file or none
+    except OSError as error:  # checked before predicting (check_output); a full disk shows only now
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise ConfigError(
+            f"cannot write {path}: {error.strerror or error}; pass --output with a path in a folder you can "
+            "write to"
+        ) from None
 
 
 if __name__ == "__main__":

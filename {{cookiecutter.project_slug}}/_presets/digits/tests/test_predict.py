@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.config import load_config
+from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 
 from .conftest import last_eval, run_predict
 
@@ -104,3 +106,68 @@ def test_bad_row_names_file_and_line(single_run: tuple, tmp_path: Path) -> None:
     result = run_predict("--model_dir", str(single_run[0] / "model"), "--input", str(source), check=False)
     assert result.returncode != 0
     assert f"{source}:3: expected 64 comma-separated pixel values, got 63" in result.stderr
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], start: str) -> None:
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {start}"), result.stderr[-2000:]
+
+
+def test_a_binary_input_names_the_file_and_the_expected_format(single_run: tuple, tmp_path: Path) -> None:
+    source = tmp_path / "digits.png"
+    source.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    result = run_predict("--model_dir", str(single_run[0] / "model"), "--input", str(source), check=False)
+    assert_one_line_error(
+        result, f"{source}: not a text file (byte 0x89 at offset 0 is not UTF-8); expected a CSV"
+    )
+    assert "64 comma-separated pixel values" in result.stderr
+
+
+def test_a_malformed_first_row_is_an_error_not_a_header(single_run: tuple, tmp_path: Path) -> None:
+    """A header-less file of 5 rows whose first row has a bad cell: refused, naming line 1, rather than
+    4 predictions whose indices are all one row off."""
+    rows = [",".join(str(int(v)) for v in pixels) for pixels in load_digits().data[:5]]
+    rows[0] = rows[0].replace("0", "O", 1)  # a letter O typed for a zero
+    source = tmp_path / "pixels.csv"
+    source.write_text("\n".join(rows) + "\n")
+    output = tmp_path / "p.csv"
+    args = ["--model_dir", str(single_run[0] / "model"), "--input", str(source), "--output", str(output)]
+    result = run_predict(*args, check=False)
+    assert_one_line_error(result, f"{source}:1: not a number in 'O,")
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("pixel_0,pixel_1\n", "{path}: no rows of pixel values; expected a CSV file of 64"),  # a header alone
+        ("1,2,x\n", "{path}:1: not a number in '1,2,x' (a first line is a header, and skipped, only if"),
+        (",".join(["0"] * 63) + "\n", "{path}:1: expected 64 comma-separated pixel values, got 63"),
+        ("a,b\nc,d\n", "{path}:2: not a number in 'c,d'"),  # one header line at most
+        (b"\xff\xfe0,1\n", "{path}: not a text file (byte 0xff at offset 0 is not UTF-8); expected a CSV"),
+        (None, "input {path} is a folder; expected a CSV file of 64"),
+    ],
+    ids=["header-only", "bad-first-row", "short-first-row", "two-headers", "utf-16", "folder"],
+)
+def test_read_pixels_names_the_file_and_the_problem(
+    tmp_path: Path, content: str | bytes | None, message: str
+) -> None:
+    path = tmp_path / "pixels.csv"
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match="^" + re.escape(message.format(path=path))):
+        task.read_pixels(path)
+
+
+def test_read_pixels_skips_a_header_of_words_and_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "pixels.csv"
+    header = ",".join(f"pixel_{i}" for i in range(64))
+    path.write_text("\ufeff" + header + "\n" + ",".join(["16"] * 64) + "\n\n" + ",".join(["0"] * 64) + "\n")
+    assert task.read_pixels(path).tolist() == [[1.0] * 64, [0.0] * 64]
+    path.write_text("\ufeff" + ",".join(["8"] * 64) + "\n")  # no header: the first row is data
+    assert task.read_pixels(path).tolist() == [[0.5] * 64]

@@ -232,6 +232,26 @@ def test_bad_inputs_are_one_line_errors_that_name_the_file(single_run: tuple, tm
     assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'broken.png'}: not a readable PNG")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["notes.txt", "random.bin", "fake.png"])
+def test_a_file_that_is_no_image_is_a_one_line_error_naming_it(
+    single_run: tuple, tmp_path: Path, name: str
+) -> None:
+    source = tmp_path / name
+    if name == "notes.txt":
+        source.write_text("not an image\n")
+    else:
+        source.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8)))
+    output = tmp_path / "p.csv"
+    args = ["--model_dir", str(single_run[0] / "model"), "--input", str(source), "--output", str(output)]
+    result = run_predict(*args, check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {source}: not a readable PNG or JPEG image"), result.stderr[-2000:]
+    assert not output.exists()
+
+
 # --- quality and packages
 
 

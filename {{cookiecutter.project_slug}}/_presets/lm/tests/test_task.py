@@ -196,6 +196,32 @@ def test_unknown_character_names_file_line_and_character(single_run: tuple, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("content", ["binary", "folder", "empty"])
+def test_a_bad_prompt_file_is_a_one_line_error_naming_it(
+    single_run: tuple, tmp_path: Path, content: str
+) -> None:
+    source = tmp_path / "prompts.txt"
+    expected = {
+        "binary": f"{source}: not UTF-8 text (invalid start byte at byte 0); expected a UTF-8 text file",
+        "folder": f"input {source} is a folder; expected a UTF-8 text file with one prompt per line",
+        "empty": f"{source}: no prompts; expected a UTF-8 text file with one prompt per line",
+    }[content]
+    if content == "binary":
+        source.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    elif content == "folder":
+        source.mkdir()
+    else:
+        source.write_text("\n\n")
+    output = tmp_path / "p.csv"
+    args = ["--model_dir", str(single_run[0] / "model"), "--input", str(source), "--output", str(output)]
+    result = run_predict(*args, check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {expected}"), result.stderr[-2000:]
+    assert not output.exists()
+
+
+@pytest.mark.slow
 def test_sampling_settings_change_without_refusing_the_checkpoint(single_run: tuple, tmp_path: Path) -> None:
     """sample_chars, temperature and top_k are session fields: a run with other values still resumes."""
     output_dir = tmp_path / "run"

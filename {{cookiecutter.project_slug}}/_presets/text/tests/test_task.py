@@ -23,6 +23,7 @@ WITHOUT_TRANSFORMERS = (
     "import runpy, sys; sys.modules['transformers'] = None; sys.argv = ['train.py', *sys.argv[1:]]; "
     "runpy.run_path('train.py', run_name='__main__')"
 )
+ONE_PER_LINE = "a UTF-8 text file with one text per line"  # what a bad input file's message asks for
 TEXTS = [
     "What work's, my countrymen, in hand? where go you With bats and clubs?",
     "But, soft! what light through yonder window breaks?",
@@ -130,15 +131,25 @@ def test_predict_on_the_eval_split_gives_the_logged_accuracy(single_run: tuple, 
         (None, "input file {path} does not exist"),
         ("", "{path}: the file is empty; expected one text per line"),
         ("a text\n\nanother\n", "{path}:2: empty line; expected one text per line"),
-        (b"caf\xe9\n", "{path}: not UTF-8 text (invalid continuation byte at byte 3)"),
+        (
+            b"caf\xe9\n",
+            "{path}: not UTF-8 text (invalid continuation byte at byte 3); expected " + ONE_PER_LINE,
+        ),
+        (
+            b"a text\nab\x00cd\n",
+            "{path}:2: a NUL byte, so a binary file; expected " + ONE_PER_LINE,
+        ),
+        ("folder", "input {path} is a folder; expected " + ONE_PER_LINE),
     ],
-    ids=["missing", "empty", "blank-line", "latin-1"],
+    ids=["missing", "empty", "blank-line", "latin-1", "nul", "folder"],
 )
 def test_a_bad_input_file_names_the_file_and_the_problem(
     tmp_path: Path, content: str | bytes | None, message: str
 ) -> None:
     path = tmp_path / "texts.txt"
-    if isinstance(content, bytes):
+    if content == "folder":
+        path.mkdir()
+    elif isinstance(content, bytes):
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
@@ -153,6 +164,20 @@ def test_predict_py_reports_a_bad_input_in_one_line(single_run: tuple, tmp_path:
     result = run_predict("--model_dir", str(single_run[0] / "model"), "--input", str(missing), check=False)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == f"error: input file {missing} does not exist"
+
+
+@pytest.mark.slow
+def test_predict_py_reports_a_binary_input_in_one_line(single_run: tuple, tmp_path: Path) -> None:
+    source = tmp_path / "texts.png"
+    source.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    output = tmp_path / "p.csv"
+    args = ["--model_dir", str(single_run[0] / "model"), "--input", str(source), "--output", str(output)]
+    result = run_predict(*args, check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    expected = f"error: {source}: not UTF-8 text (invalid start byte at byte 0); expected {ONE_PER_LINE}"
+    assert result.stderr.strip().splitlines()[-1] == expected
+    assert not output.exists()
 
 
 def test_missing_transformers_names_the_package_and_the_pip_command(tmp_path: Path) -> None:

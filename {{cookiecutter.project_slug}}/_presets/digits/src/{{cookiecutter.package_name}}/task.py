@@ -37,6 +37,8 @@ from .data.digits import MAX_PIXEL, NUM_CLASSES, NUM_FEATURES, DigitBatch, digit
 from .models.mlp import build_mlp
 from .utils.config import Check, ConfigError, TrainConfig
 
+PIXELS_FORMAT = f"a CSV file of {NUM_FEATURES} comma-separated pixel values 0..16 per line (8x8, row by row)"
+
 
 @dataclass
 class Config(TrainConfig):
@@ -95,7 +97,8 @@ def metrics(values: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
     """The eval split with labels, or the images of a CSV file: one image per line, 64 comma-separated
-    pixel values 0..16 (8x8, row by row, like sklearn's load_digits); an optional header line is skipped."""
+    pixel values 0..16 (8x8, row by row, like sklearn's load_digits); an optional header line (words, no
+    numbers) is skipped."""
     if path is None:
         return build_datasets(config)[1]
     return TensorDataset(read_pixels(path))
@@ -116,20 +119,27 @@ def predict(model: torch.nn.Module, batch: list[torch.Tensor], config: Config) -
 
 
 def read_pixels(path: Path) -> torch.Tensor:
-    """The images of a pixel CSV as model inputs; a ConfigError names the file and line of a bad row."""
-    if not path.is_file():
-        raise ConfigError(f"input file {path} does not exist")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    """The images of a pixel CSV as model inputs; a ConfigError names the file, and the line of a bad row.
+
+    The first line is a header, and skipped, only if none of its cells is a number (a header is words):
+    a header-less file whose first row is malformed is refused like any other bad row, not silently cut
+    short, which would shift every following prediction's index.
+    """
+    lines = read_input_lines(path, PIXELS_FORMAT)
+    rows, first = [], True
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         cells = [cell.strip() for cell in line.split(",")]
+        may_be_header, first = first, False
+        if may_be_header and not any(is_number(cell) for cell in cells):
+            continue  # the header line
         try:
             values = [float(cell) for cell in cells]
         except ValueError:
-            if number == 1:  # a header
-                continue
-            raise ConfigError(f"{path}:{number}: not a number in {line[:80]!r}") from None
+            hint = " (a first line is a header, and skipped, only if none of its cells is a number)"
+            hint = hint if may_be_header else ""
+            raise ConfigError(f"{path}:{number}: not a number in {line[:80]!r}{hint}") from None
         if len(values) != NUM_FEATURES:
             raise ConfigError(
                 f"{path}:{number}: expected {NUM_FEATURES} comma-separated pixel values, got {len(values)}"
@@ -139,6 +149,32 @@ def read_pixels(path: Path) -> torch.Tensor:
             raise ConfigError(f"{path}:{number}: pixel values must be between 0 and 16, got {bad[0]}")
         rows.append(values)
     if not rows:
-        raise ConfigError(f"{path}: no rows of pixel values")
+        raise ConfigError(f"{path}: no rows of pixel values; expected {PIXELS_FORMAT}")
     # The same scaling as the training data, so that a file of eval images gives the eval predictions.
     return torch.tensor(np.array(rows, dtype=np.float64) / MAX_PIXEL, dtype=torch.float32)
+
+
+def read_input_lines(path: Path, expected: str) -> list[str]:
+    """The lines of the text file `path`; a ConfigError names it, and what was expected, when it is missing,
+    a folder, unreadable or not text (a binary file)."""
+    if path.is_dir():
+        raise ConfigError(f"input {path} is a folder; expected {expected}")
+    if not path.is_file():
+        raise ConfigError(f"input file {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8-sig").splitlines()  # -sig: a spreadsheet's byte order mark
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not a text file (byte {error.object[error.start]:#04x} at offset {error.start} is not "
+            f"UTF-8); expected {expected}"
+        ) from None
+    except OSError as error:
+        raise ConfigError(f"cannot read input file {path}: {error.strerror or error}") from None
+
+
+def is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True

@@ -26,6 +26,7 @@ The contract (README, "Bring your own task"):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from .utils.config import Check, ConfigError, TrainConfig
 from .utils.packages import require
 
 transformers = require("transformers", "transformers>=4.46")
+PROJECT_DIR = Path(__file__).resolve().parents[2]  # src/<package>/task.py -> the folder with train.py
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -55,7 +57,8 @@ if TYPE_CHECKING:
 @dataclass
 class Config(TrainConfig):
     # This task's fields (each is a YAML key and a --flag).
-    data_file: str = "data/shakespeare_speakers.txt"  # label<TAB>text per line (data/texts.py)
+    # label<TAB>text per line (data/texts.py); a relative path is taken from the project folder.
+    data_file: str = "data/shakespeare_speakers.txt"
     eval_fraction: float = 0.2
     max_length: int = 64  # tokens per text, [CLS] and [SEP] included; longer texts are truncated
     vocab_size: int = 4000  # at most; the shipped training texts give 1,389 (words seen twice + special)
@@ -88,7 +91,8 @@ class Config(TrainConfig):
 
 def read_splits(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
     """(train, eval) lists of (text, label), and the label names, sorted: label id i is labels[i]."""
-    examples = read_labeled_texts(Path(config.data_file))
+    path = Path(os.path.expanduser(config.data_file))
+    examples = read_labeled_texts(path if path.is_absolute() else PROJECT_DIR / path)
     train, eval_ = split_examples(examples, config.seed, config.eval_fraction)
     if not train or not eval_:
         raise ConfigError(f"eval_fraction={config.eval_fraction} leaves no train or no eval examples")
@@ -219,16 +223,26 @@ def predict(
 
 
 def read_texts(path: Path) -> list[str]:
-    """The lines of a text file; a ConfigError names the file (and line) when there is nothing to predict."""
+    """The lines of a text file; a ConfigError names the file (and line) when it is missing, a folder,
+    unreadable or not text (a binary file), or when there is nothing to predict."""
+    expected = "a UTF-8 text file with one text per line"
+    if path.is_dir():
+        raise ConfigError(f"input {path} is a folder; expected {expected}")
     if not path.is_file():
         raise ConfigError(f"input file {path} does not exist")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); expected {expected}"
+        ) from None
+    except OSError as error:
+        raise ConfigError(f"cannot read input file {path}: {error.strerror or error}") from None
     if not lines:
         raise ConfigError(f"{path}: the file is empty; expected one text per line")
     for number, line in enumerate(lines, start=1):
+        if "\0" in line:
+            raise ConfigError(f"{path}:{number}: a NUL byte, so a binary file; expected {expected}")
         if not line.strip():
             # An empty line would shift every following row's index away from its line number.
             raise ConfigError(f"{path}:{number}: empty line; expected one text per line")

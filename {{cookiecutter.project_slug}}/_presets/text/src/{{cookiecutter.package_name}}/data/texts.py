@@ -36,7 +36,7 @@ def read_labeled_texts(path: Path) -> list[tuple[str, str]]:
     """(text, label) pairs of a file with one example per line, `label<TAB>text`; lines starting with # are
     comments. A ConfigError names the file and line of a bad one."""
     if not path.is_file():
-        raise ConfigError(f"data_file {path} does not exist (relative paths start at the current directory)")
+        raise ConfigError(f"data_file {path} does not exist")
     examples = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
