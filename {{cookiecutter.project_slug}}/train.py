@@ -11,12 +11,14 @@ model, loss, metrics) comes from `task.py` in the package under src/: change tha
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
 the resumed run ends with the same weights and logs the same losses as one that was never stopped.
-Exit status: 0 when training is done, 75 when a signal stopped it after a checkpoint.
+Exit status: 0 when training is done, 75 when a signal stopped it after a checkpoint, 1 with a one-line
+`config error:` or `error:` (a bad value, a folder in use or holding another run, a full disk, divergence).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 import sys
@@ -47,6 +49,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
 )
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
+from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest
 from {{ cookiecutter.package_name }}.utils.tracking import (
     metrics_size,
@@ -56,7 +59,8 @@ from {{ cookiecutter.package_name }}.utils.tracking import (
     truncate_metrics,
 )
 
-CONFIGS = Path(__file__).parent / "configs"
+PROJECT = Path(__file__).resolve().parent
+CONFIGS = PROJECT / "configs"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     where = detect_platform()
     config, config_path = load_config(argv, CONFIGS / f"{where}.yaml", task.Config)
+    # Relative to the project, not to the working directory: the same command finds its run from anywhere.
+    # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.
+    config.output_dir = os.path.normpath(PROJECT / config.output_dir)
     try:
         output_warnings = check_output_dir(config.output_dir, where)
     except ValueError as error:
@@ -89,21 +96,29 @@ def main(argv: list[str] | None = None) -> int:
         # Stepped by hand once per optimizer step: Accelerate would step it once per process.
         step_scheduler_with_optimizer=False,
     )
+    lock = OutputLock(config.output_dir)  # taken in train() on the main process
     try:
         accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
             config, accelerator.num_processes
         )
         for warning in output_warnings:
             accelerator.print(f"WARNING: {warning}")
-        finished = train(accelerator, config, config_path, stop)
+        finished = train(accelerator, config, config_path, stop, lock)
         stop.ignore_from_now_on()
     finally:
-        accelerator.end_training()  # closes trackers and the process group, also after a crash
+        try:
+            accelerator.end_training()  # closes trackers and the process group, also after a crash
+        finally:
+            lock.release()  # after the trackers' last writes; a no-op where it was not taken
     return 0 if finished else EXIT_STOPPED
 
 
-def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop: StopRequest) -> bool:
-    """Train until done (True) or until a stop signal was agreed on and checkpointed (False)."""
+def train(
+    accelerator: Accelerator, config: TrainConfig, config_path: Path, stop: StopRequest, lock: OutputLock
+) -> bool:
+    """Train until done (True) or until a stop signal was agreed on and checkpointed (False).
+
+    `lock` is taken once the config and data have passed their checks, before anything is written."""
     output_dir = Path(config.output_dir)
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.print(
@@ -111,10 +126,9 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         f"device {accelerator.device} | "
         f"mixed precision {accelerator.mixed_precision} | per-device batch {config.per_device_batch_size} x "
         f"{accelerator.num_processes} processes x {accumulation} accumulation = global batch "
-        f"{config.global_batch_size} | deterministic kernels {'on' if config.deterministic else 'off'}"
+        f"{config.global_batch_size} | deterministic kernels {'on' if config.deterministic else 'off'} | "
+        f"output {output_dir}"
     )
-    if accelerator.is_main_process:
-        save_config(config, output_dir / "config.yaml")
 
     # --- seeding: different dropout per process, same data order for all (data_seed above)
     set_seed(config.seed, device_specific=True)
@@ -154,8 +168,16 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
         raise ConfigError(
             f"global_batch_size={config.global_batch_size} is larger than the training set ({len(train_set)})"
         )
+    if len(eval_set) < accelerator.num_processes:  # gather_for_metrics needs a sample on every process
+        raise ConfigError(
+            f"the eval split has {len(eval_set)} sample(s), fewer than the {accelerator.num_processes} "
+            "process(es): give it more data (for example a larger eval_fraction)"
+        )
     schedule_steps = steps_per_epoch * config.num_epochs
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
+
+    # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
+    claim(accelerator, lock)
 
     # --- model, optimizer, schedule (sized in optimizer steps, so independent of the world size)
     model = task.build_model(config)
@@ -192,8 +214,10 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     forward = torch.compile(model) if config.compile else model
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
+    # Or refuse: a folder of another run, or whose checkpoints cannot be read.
     state, resumed_from = resume(accelerator, config)
     if accelerator.is_main_process:
+        save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
         truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
     tracker_kwargs = setup_tracker(accelerator, config, state)
     # A continued tracker run keeps the settings it started with: MLflow refuses to change a logged
@@ -206,12 +230,14 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     # Train loss summed on the device since the last log: no host-device sync per step.
     running_loss = torch.tensor(own_loss_sum(state.loss_sums, accelerator), device=accelerator.device)
     running_batches, stopping = state.loss_batches, False
+    diverged = ""  # why training cannot go on: a non-finite loss, metric or weight
+    last_saved = resumed_from  # the newest checkpoint known to hold finite weights
     micro_size = config.per_device_batch_size
     metrics: dict[str, float] | None = None
     progress = tqdm(
         total=total_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process
     )
-    while state.step < total_steps and not stopping and not state.stopped_early:
+    while state.step < total_steps and not stopping and not state.stopped_early and not diverged:
         model.train()
         train_loader.set_epoch(state.epoch)  # the data order of this epoch
         if hasattr(train_set, "set_epoch"):
@@ -223,6 +249,7 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
             )
             batches.set_epoch(state.epoch)
         for batch in batches:
+            step_loss = None
             for micro in range(accumulation):
                 micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
                 with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
@@ -232,12 +259,19 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
                         accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
                     optimizer.step()  # a no-op until the last micro-batch
                     optimizer.zero_grad()
-                running_loss += loss.detach()
-                running_batches += 1
+                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
 
-            # One optimizer step is done.
-            if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: the step did not happen
+            # One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients):
+            # then neither the schedule nor the logged loss counts it.
+            if accelerator.optimizer_step_was_skipped:
+                state.skipped_in_a_row += 1
+                if state.skipped_in_a_row >= config.fp16_skip_patience:
+                    diverged = f"fp16's loss scaler skipped {state.skipped_in_a_row} optimizer steps in a row"
+            else:
+                state.skipped_in_a_row = 0
                 scheduler.step()
+                running_loss += step_loss
+                running_batches += accumulation
             state.step += 1
             state.epoch_samples += config.global_batch_size
             state.samples_seen += config.global_batch_size
@@ -254,13 +288,21 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
                 totals = accelerator.reduce(torch.stack([running_loss, vote]), "sum")
                 loss_total, votes = totals.tolist()
                 stopping = votes > 0
-                log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
+                if not math.isfinite(loss_total):  # the same sum on every process: all stop here
+                    diverged = f"the train loss of steps up to {state.step} is {loss_total}"
+                elif running_batches:
+                    log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
                 running_loss.zero_()
                 running_batches = 0
+            if diverged:
+                break
             if (config.eval_every and state.step % config.eval_every == 0) or (
                 not config.eval_every and end_of_epoch
             ):
                 metrics = evaluate(accelerator, forward, eval_loader)
+                if not all(math.isfinite(value) for value in metrics.values()):
+                    diverged = f"the eval metrics at step {state.step} are {metrics}"
+                    break
                 accelerator.log(metrics, step=state.step)
                 state.last_eval_step = state.step
                 track_best(accelerator, model, config, state, metrics)
@@ -273,13 +315,19 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
                     state.stopped_early = accelerator.check_trigger()
             checkpoint_due = state.step % config.checkpoint_every == 0 or state.step == total_steps
             if checkpoint_due or stopping or state.stopped_early:
+                # Never a checkpoint of broken weights: it would rotate the last good one out.
+                if not weights_finite(accelerator, model):
+                    diverged = f"the weights at step {state.step} are not all finite"
+                    break
                 state.loss_sums = accelerator.gather(running_loss.reshape(1)).tolist()
                 state.loss_batches = running_batches
                 state.metrics_bytes = metrics_size(output_dir)
-                save_checkpoint(accelerator, config, state, protect=resumed_from)
+                last_saved = save_checkpoint(accelerator, config, state, protect=resumed_from)
             if stopping or state.stopped_early or state.step >= total_steps:
                 break
     progress.close()
+    if diverged:
+        raise RunError(diverged_message(diverged, config, last_saved))
     if stopping:
         accelerator.print(
             f"stopped by {stop.signal_name or 'another process'} at step {state.step}: checkpoint saved, "
@@ -296,9 +344,14 @@ def train(accelerator: Accelerator, config: TrainConfig, config_path: Path, stop
     # --- final evaluation and export
     if running_batches:  # the last, partial logging interval
         loss_total = accelerator.reduce(running_loss, "sum").item()
+        if not math.isfinite(loss_total):
+            why = f"the train loss of the last steps is {loss_total}"
+            raise RunError(diverged_message(why, config, last_saved))
         log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
     if metrics is None or state.last_eval_step != state.step:
         metrics = evaluate(accelerator, forward, eval_loader)
+        if not all(math.isfinite(value) for value in metrics.values()):
+            raise RunError(diverged_message(f"the final eval metrics are {metrics}", config, last_saved))
         if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
             accelerator.log(metrics, step=state.step)
             track_best(accelerator, model, config, state, metrics)
@@ -370,6 +423,21 @@ def log_train_loss(
     )
 
 
+def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:
+    """Whether every weight is finite on every process (one sync; each process checks its own shard)."""
+    broken = torch.stack([~param.detach().isfinite().all() for param in model.parameters()]).any()
+    return accelerator.reduce(broken.float(), "sum").item() == 0
+
+
+def diverged_message(why: str, config: TrainConfig, last_saved: Path | None) -> str:
+    kept = f"the last checkpoint, {last_saved}, is from before" if last_saved else "no checkpoint was written"
+    return (
+        f"training diverged: {why}. Nothing was saved or exported after it ({kept}). Lower learning_rate "
+        f"(now {config.learning_rate:g}) or raise warmup_steps, and train in a new --output_dir or pass "
+        "--start_over true"
+    )
+
+
 def own_loss_sum(loss_sums: list[float], accelerator: Accelerator) -> float:
     """This process's share of the loss window saved in a checkpoint (the mean if the world size changed)."""
     if len(loss_sums) == accelerator.num_processes:
@@ -394,3 +462,9 @@ if __name__ == "__main__":
         sys.exit(main())
     except ConfigError as error:
         sys.exit(f"config error: {error}")
+    except RunError as error:
+        sys.exit(f"error: {error}")
+    except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders, plots)
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        sys.exit(f"error: {write_error(Path(error.filename or '.'), error)}")

@@ -29,25 +29,28 @@ def fake_checkpoint(root: Path, step: int, valid: bool) -> Path:
     path = root / "checkpoints" / f"step_{step:08d}"
     path.mkdir(parents=True)
     if valid:
-        state = {"loop_state": {"step": step}, "file_sizes": {}}
+        state = {"loop_state": {"step": step}, "files": {}}
         (path / "loop_state.json").write_text(json.dumps(state))
     return path
 
 
-def test_rotation_keeps_the_newest_valid_and_the_protected_checkpoint(tmp_path: Path) -> None:
+def test_rotation_removes_only_readable_checkpoints_older_than_the_latest(tmp_path: Path) -> None:
+    """keep=1: the one just written stays, and the one resumed from; an unreadable one is left for a person
+    to look at, never deleted."""
     resumed_from = fake_checkpoint(tmp_path, 1, valid=True)
     fake_checkpoint(tmp_path, 2, valid=True)
-    fake_checkpoint(tmp_path, 3, valid=False)  # killed before its loop state was written
-    newest = fake_checkpoint(tmp_path, 4, valid=True)
-    _rotate(tmp_path, keep=1, protect=resumed_from)
-    assert list_checkpoints(tmp_path) == [resumed_from, newest]
+    unreadable = fake_checkpoint(tmp_path, 3, valid=False)  # killed before its loop state was written
+    latest = fake_checkpoint(tmp_path, 4, valid=True)
+    _rotate(tmp_path, keep=1, protect=resumed_from, latest=latest)
+    assert list_checkpoints(tmp_path) == [resumed_from, unreadable, latest]
 
 
-def test_rotation_never_removes_the_only_valid_checkpoint(tmp_path: Path) -> None:
-    only_valid = fake_checkpoint(tmp_path, 1, valid=True)
-    fake_checkpoint(tmp_path, 2, valid=False)
-    _rotate(tmp_path, keep=1, protect=None)
-    assert list_checkpoints(tmp_path) == [only_valid]
+def test_rotation_keeps_everything_when_the_latest_is_unsound(tmp_path: Path) -> None:
+    older = [fake_checkpoint(tmp_path, step, valid=True) for step in (1, 2)]
+    latest = fake_checkpoint(tmp_path, 3, valid=True)
+    (latest / "loop_state.json").write_text("{")  # damaged after its save
+    _rotate(tmp_path, keep=1, protect=None, latest=latest)
+    assert list_checkpoints(tmp_path) == [*older, latest]
 
 
 @pytest.fixture

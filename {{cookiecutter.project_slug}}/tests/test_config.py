@@ -61,6 +61,13 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         ("best_metric: loss\n", r"best_metric='loss' is not one of .*did you mean 'eval/loss'"),
         ("early_stopping_patience: -1\n", r"early_stopping_patience=-1 is invalid: it must be >= 0"),
         ("auto_batch_size: maybe\n", r"auto_batch_size must be bool, got 'maybe'"),
+        ("learning_rate: .inf\n", r"config\.yaml: learning_rate must be a finite number, got inf"),
+        ("learning_rate: inf\n", r"config\.yaml: learning_rate must be a finite number, got inf"),
+        ("weight_decay: .nan\n", r"config\.yaml: weight_decay must be a finite number, got nan"),
+        ("max_grad_norm: 1e999\n", r"config\.yaml: max_grad_norm must be a finite number, got inf"),
+        ("seed: -5\n", r"config\.yaml: seed=-5 is invalid: it must be between 0 and 2\*\*32 - 1"),
+        ("seed: 4294967296\n", r"seed=4294967296 is invalid"),
+        ("fp16_skip_patience: 0\n", r"fp16_skip_patience=0 is invalid: it must be > 0"),
     ],
 )
 def test_wrong_types_and_values_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils import hardware
 from {{ cookiecutter.package_name }}.utils.hardware import (
     Gpu,
@@ -20,7 +18,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     gpu_facts,
 )
 
-from .conftest import PROJECT, QUICK, run_training
+from .conftest import PROJECT, run_training
 
 PLATFORM_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "SLURM_JOB_ID")
 T4 = "Tesla T4, 7.5, 15360 MiB"
@@ -148,21 +146,6 @@ def test_colab_without_drive_stops_before_training(monkeypatch: pytest.MonkeyPat
     assert result.returncode == 1
     assert "colab.yaml: output_dir /content/drive/MyDrive/" in result.stderr
     assert "which is not mounted" in result.stderr
-
-
-def test_another_run_cannot_take_over_an_output_dir(single_run: tuple, tmp_path: Path) -> None:
-    """Two runs never share a folder; rerunning the same command is what continues one."""
-    output_dir = tmp_path / "run"
-    shutil.copytree(single_run[0], output_dir)
-    before = (output_dir / "metrics.jsonl").read_text()
-    learning_rate = task.Config().learning_rate
-    result = run_training(output_dir, *QUICK, "--learning_rate", str(2 * learning_rate), check=False)
-    assert result.returncode == 1
-    changed = f"learning_rate {learning_rate!r} -> {2 * learning_rate!r}"
-    assert f"holds a run with other settings ({changed})" in result.stderr
-    never = run_training(output_dir, *QUICK, "--resume", "never", check=False)
-    assert never.returncode == 1 and "resume=never, but" in never.stderr
-    assert (output_dir / "metrics.jsonl").read_text() == before  # nothing was touched
 
 
 def test_environment_report(tmp_path: Path) -> None:

@@ -142,7 +142,8 @@ def test_damaged_newest_checkpoints_fall_back_to_an_older_one(
     shutil.rmtree(output_dir / "model")
     newest, second, third = list_checkpoints(output_dir)[::-1][:3]
     weights = newest / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated copy
+    weights_size = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: weights_size // 2])  # truncated copy
     (second / "loop_state.json").write_text('{"loop_state": {"step": ')  # torn write
     staging = output_dir / "checkpoints" / ".incomplete_step_00000999"  # a save killed half-way
     staging.mkdir()
@@ -160,7 +161,12 @@ def test_damaged_newest_checkpoints_fall_back_to_an_older_one(
     assert f"WARNING: skipping checkpoint {second}: loop_state.json is damaged" in result.stdout
     assert f"resuming from {third}" in result.stdout
     assert_same_run(output_dir, reference_dir)
-    # Rotation replaced the damaged checkpoints and removed the staging folder.
+    # The damaged checkpoints were set aside as they were (never deleted); the run's own unfinished save
+    # (the staging folder) was removed, and every checkpoint in place is sound.
+    (aside,) = (output_dir / "set_aside").iterdir()
+    assert (aside / "checkpoints" / newest.name / "model.safetensors").stat().st_size == weights_size // 2
+    assert (aside / "checkpoints" / second.name / "loop_state.json").read_text() == '{"loop_state": {"step": '
+    assert f"set aside the unreadable checkpoint(s) {second.name}, {newest.name} to {aside}" in result.stdout
     assert not staging.exists()
     assert all(checkpoint_problem(path) is None for path in list_checkpoints(output_dir))
 

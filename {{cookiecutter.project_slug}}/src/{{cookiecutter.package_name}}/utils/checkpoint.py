@@ -2,9 +2,12 @@
 
 Layout of `<output_dir>/checkpoints/step_<N>/`: what `save_state` writes (model, optimizer, scheduler,
 grad scaler, sampler, one RNG file per process), `config.yaml`, `meta.json` (platform, versions, time)
-and `loop_state.json`, written last, which also lists the size of every other file. Everything is
-written into a hidden staging folder that is renamed to `step_<N>` once complete, so a `step_<N>`
-folder is always whole; the size list catches files damaged afterwards.
+and `loop_state.json`, written last, which also lists the size and SHA-256 of every other file. Everything
+is written into a hidden staging folder that is renamed to `step_<N>` once complete, so a `step_<N>`
+folder is always whole; the checksums catch files damaged afterwards (a resume checks them all).
+
+Nothing that cannot be read is deleted: rotation removes only readable checkpoints older than the one
+this run has just written, and unreadable ones met on resume are set aside (run_dir.set_aside).
 
 List the checkpoints of a run:  python -m {{ cookiecutter.package_name }}.utils.checkpoint <output_dir>
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -26,9 +30,11 @@ import accelerate
 import torch
 import yaml
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
 
 from .config import ConfigError, TrainConfig, run_defining_fields, save_config
 from .hardware import detect_platform
+from .run_dir import RunError, earlier_outputs, set_aside, write_error
 
 LOOP_STATE_FILE = "loop_state.json"
 META_FILE = "meta.json"
@@ -51,6 +57,7 @@ class LoopState:
     # Size of metrics.jsonl at this step: a resumed run cuts off what was logged after it.
     metrics_bytes: int = 0
     last_eval_step: int = -1
+    skipped_in_a_row: int = 0  # fp16: optimizer steps the loss scaler skipped since the last real one
     # Best value of config.best_metric so far, and evaluations since: best_model/ and early stopping.
     best_value: float | None = None
     best_step: int = -1
@@ -73,23 +80,42 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda path: int(path.name[5:]))
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why `path` cannot be resumed from, or None if it is complete and undamaged."""
+def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
+    """Why `path` cannot be resumed from, or None if it is complete and undamaged.
+
+    Sizes are always compared; `contents` also compares every file's SHA-256 (reads the whole checkpoint).
+    """
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
+        files: dict[str, dict[str, Any]] = record["files"]
         LoopState(**record["loop_state"])
-        sizes: dict[str, int] = record["file_sizes"]
     except FileNotFoundError:
         return f"no {LOOP_STATE_FILE}: the save did not finish"
-    except (ValueError, KeyError, TypeError) as error:
-        return f"{LOOP_STATE_FILE} is damaged ({error})"
-    for name, size in sizes.items():
+    except TypeError as error:  # a field this version does not know
+        return f"{LOOP_STATE_FILE} was written by another version of this project ({error})"
+    except (OSError, ValueError, KeyError) as error:
+        return f"{LOOP_STATE_FILE} is damaged ({error!r})"
+    for name, expected in files.items():
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes, {size} were written"
+        if file.stat().st_size != expected["bytes"]:
+            return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} were written"
+        if contents and _sha256(file) != expected["sha256"]:
+            return f"{name} does not match its checksum: its contents changed after the save"
     return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name[5:])
 
 
 def read_loop_state(path: Path) -> LoopState:
@@ -115,26 +141,41 @@ def save_checkpoint(
     final = root / f"step_{state.step:08d}"
     staging = root / f"{STAGING_PREFIX}{final.name}"
     if accelerator.is_main_process and staging.exists():
-        shutil.rmtree(staging)  # left by a run killed while saving
+        shutil.rmtree(staging)  # this run's own unfinished save, left by a kill
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
+    try:
+        accelerator.save_state(str(staging))
+    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+        raise write_error(staging, error) from error
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        save_config(config, staging / "config.yaml")
-        _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
-        sizes = {path.name: path.stat().st_size for path in sorted(staging.iterdir()) if path.is_file()}
-        for name in sizes:  # the loop state is the seal: the files it vouches for must be on disk first
-            _fsync(staging / name)
-        record = {"loop_state": dataclasses.asdict(state), "file_sizes": sizes}
-        _write_durably(staging / LOOP_STATE_FILE, json.dumps(record, indent=2))
-        _fsync(staging)
-        if final.exists():  # a run that resumed from an older checkpoint saves this step again
-            _remove(final)
-        os.replace(staging, final)
-        _fsync(root)
-        _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect)
+        try:
+            _publish(accelerator, config, state, staging, final)
+        except OSError as error:
+            raise write_error(staging, error) from error
+        _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect, latest=final)
     accelerator.wait_for_everyone()
     return final
+
+
+def _publish(
+    accelerator: Accelerator, config: TrainConfig, state: LoopState, staging: Path, final: Path
+) -> None:
+    """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
+    save_config(config, staging / "config.yaml")
+    _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
+    files = {}
+    for path in sorted(staging.iterdir()):
+        if path.is_file():  # the loop state is the seal: the files it vouches for must be on disk first
+            _fsync(path)
+            files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    record = {"loop_state": dataclasses.asdict(state), "files": files}
+    _write_durably(staging / LOOP_STATE_FILE, json.dumps(record, indent=2))
+    _fsync(staging)
+    if final.exists():  # never overwrite: resume set newer checkpoints aside, so this one is a stranger
+        set_aside([final], config.output_dir)
+    os.replace(staging, final)
+    _fsync(final.parent)
 
 
 def export_model(
@@ -149,16 +190,22 @@ def export_model(
     if accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)
     accelerator.wait_for_everyone()
-    accelerator.save_model(model, staging)
+    try:
+        accelerator.save_model(model, staging)
+    except (OSError, RuntimeError) as error:
+        raise write_error(staging, error) from error
     # Every process looks into the staging folder inside save_model: none may still be there when the
     # main process renames it (rank 1 of 2 CPU processes once failed with FileNotFoundError).
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        save_config(config, staging / "config.yaml")
-        (staging / "export.json").write_text(json.dumps(info, indent=2))
-        for path in staging.iterdir():
-            _fsync(path)
-        if folder.exists():
+        try:
+            save_config(config, staging / "config.yaml")
+            (staging / "export.json").write_text(json.dumps(info, indent=2))
+            for path in staging.iterdir():
+                _fsync(path)
+        except OSError as error:
+            raise write_error(staging, error) from error
+        if folder.exists():  # this run's own earlier export (resume set an earlier run's aside)
             _remove(folder)
         os.replace(staging, folder)
         _fsync(folder.parent)
@@ -168,65 +215,137 @@ def export_model(
 def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Path | None]:
     """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
 
-    `auto` tries the newest checkpoint in output_dir first and falls back to older ones when a
-    checkpoint is damaged, with a warning naming it; all processes agree on which one loaded.
+    The main process decides, reading every checksum once, and may set files aside (`decide_start`);
+    then every process loads the same checkpoint, or all stop with the same error.
     """
-    if config.resume == "never":
-        if list_checkpoints(config.output_dir):
-            raise ConfigError(
-                f"resume=never, but {checkpoint_root(config.output_dir)} holds checkpoints of an earlier "
-                "run: choose a new output_dir, or delete that folder to start over"
-            )
-        accelerator.print("resume: never, starting fresh")
-        return LoopState(), None
-    if config.resume != "auto":
-        candidates = [Path(config.resume)]
-        if problem := checkpoint_problem(candidates[0]):
-            raise ConfigError(f"resume={config.resume}: cannot resume from it: {problem}")
-    else:
-        candidates = []
-        for path in reversed(list_checkpoints(config.output_dir)):
-            problem = checkpoint_problem(path)
-            if problem is None:
-                candidates.append(path)
-            else:
-                accelerator.print(f"WARNING: skipping checkpoint {path}: {problem}")
-    for path in candidates:
-        if config.resume == "auto" and (changed := _changed_fields(path, config)):
-            # Refuse before anything is overwritten: two different runs must not share a folder.
-            raise ConfigError(
-                f"{config.output_dir} holds a run with other settings ({changed}): rerun with the same "
-                "settings to continue it, or choose a new output_dir for this one"
-            )
-        problem = None
+    decision: list[Any] = [None]
+    if accelerator.is_main_process:
         try:
-            state = load_checkpoint(accelerator, path)
-        except Exception as error:  # damaged in a way the size check cannot see
-            problem = f"loading failed: {error!r}"
-        # Every process must leave with the same checkpoint loaded.
-        failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
-        if failed.item() == 0:
-            saved_world = read_meta(path).get("world_size", accelerator.num_processes)
-            accelerator.print(
-                f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples)"
-            )
-            if saved_world != accelerator.num_processes:
-                accelerator.print(
-                    f"note: saved by {saved_world} process(es), resumed by {accelerator.num_processes}: "
-                    "weights, optimizer, schedule and data position carry over; the random streams of "
-                    "processes that did not exist before start from the seed, so the run is not bit-exact"
-                )
-            return state, path
-        problem = problem or "loading failed on another process"
-        if config.resume != "auto":
+            decision = [decide_start(config)]
+        except (ConfigError, RunError) as error:
+            decision = [error]
+    decision = broadcast_object_list(decision)
+    if isinstance(decision[0], Exception):
+        raise decision[0]
+    path, notes = decision[0]
+    for note in notes:
+        accelerator.print(note)
+    if path is None:
+        accelerator.print(f"starting fresh in {config.output_dir}")
+        return LoopState(), None
+    problem = None
+    try:
+        state = load_checkpoint(accelerator, path)
+    except Exception as error:  # the checksums matched: a mismatch of code or versions, not of bytes
+        problem = f"{error!r}"
+    # Every process must leave with the same checkpoint loaded.
+    failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
+    if failed.item():
+        raise RunError(
+            f"checkpoint {path} is intact but could not be loaded ({problem or 'on another process'}): "
+            "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
+        )
+    saved_world = read_meta(path).get("world_size", accelerator.num_processes)
+    accelerator.print(
+        f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples)"
+    )
+    if saved_world != accelerator.num_processes:
+        accelerator.print(
+            f"note: saved by {saved_world} process(es), resumed by {accelerator.num_processes}: "
+            "weights, optimizer, schedule and data position carry over; the random streams of "
+            "processes that did not exist before start from the seed, so the run is not bit-exact"
+        )
+    return state, path
+
+
+def decide_start(config: TrainConfig) -> tuple[Path | None, list[str]]:
+    """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe.
+
+    Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
+    to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
+    Checkpoints newer than the one continued are set aside, never overwritten.
+    """
+    output_dir = Path(config.output_dir)
+    checkpoints = list_checkpoints(output_dir)
+    notes: list[str] = []
+    if config.resume not in ("auto", "never"):
+        path = Path(config.resume)
+        if problem := checkpoint_problem(path):
             raise ConfigError(f"resume={config.resume}: cannot resume from it: {problem}")
-        accelerator.print(f"WARNING: skipping checkpoint {path}: {problem}")
-    accelerator.print(f"no usable checkpoint in {checkpoint_root(config.output_dir)}: starting fresh")
-    return LoopState(), None
+        if changed := _changed_fields(path, config):
+            raise ConfigError(
+                f"resume={config.resume}: the checkpoint was trained with other settings ({changed}); "
+                "pass its settings to continue it (a run's settings are fixed for its whole length)"
+            )
+        if path.resolve().parent == checkpoint_root(output_dir).resolve():
+            newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
+            if newer:
+                folder = set_aside(newer, output_dir)
+                notes.append(f"set aside {len(newer)} checkpoint(s) newer than {path.name} to {folder}")
+            return path, notes
+        return path, notes + _clear_for_fresh_start(config, "to continue another folder's checkpoint in it")
+    if config.resume == "never":
+        return None, notes + _clear_for_fresh_start(config, "resume=never")
+    unreadable: list[str] = []
+    for path in reversed(checkpoints):
+        problem = checkpoint_problem(path)
+        if problem:
+            unreadable.append(f"{path.name} ({problem})")
+            notes.append(f"WARNING: skipping checkpoint {path}: {problem}")
+            continue
+        if changed := _changed_fields(path, config):
+            if not config.start_over:
+                raise ConfigError(
+                    f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
+                    "continue it, choose another --output_dir, or pass --start_over true to set it aside"
+                )
+            return None, notes + _clear_for_fresh_start(config, "other settings")
+        newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
+        if newer:
+            folder = set_aside(newer, output_dir)
+            names = ", ".join(other.name for other in newer)
+            notes.append(f"set aside the unreadable checkpoint(s) {names} to {folder}")
+        return path, notes
+    if unreadable and not config.start_over:
+        raise RunError(
+            f"no checkpoint in {checkpoint_root(output_dir)} can be read: {'; '.join(unreadable)}. Nothing "
+            "was changed: repair or move them, or pass --start_over true to set them aside and start over"
+        )
+    return None, notes + _clear_for_fresh_start(config, "no readable checkpoint")
 
 
-def _changed_fields(path: Path, config: TrainConfig) -> str:
-    saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
+def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
+    """Notes for a fresh start in output_dir; raise if an earlier run's outputs are there without start_over.
+
+    Allowed without asking: an empty folder, and the same run stopped before its first checkpoint (same
+    settings, nothing exported): starting it again repeats it exactly.
+    """
+    output_dir = Path(config.output_dir)
+    earlier = earlier_outputs(output_dir)
+    if not earlier:
+        return []
+    saved = output_dir / "config.yaml"
+    unfinished = not list_checkpoints(output_dir) and not (output_dir / "model").exists()
+    if unfinished and saved.is_file() and not _changed_fields(output_dir, config):
+        return [f"note: {output_dir} holds this run stopped before its first checkpoint: starting it again"]
+    if not config.start_over:
+        raise ConfigError(
+            f"output_dir {output_dir} holds an earlier run ({', '.join(earlier)}) that this one cannot "
+            f"continue ({why}): choose another --output_dir, or pass --start_over true to move it to "
+            f"{output_dir / 'set_aside'}/<time>/ and start over"
+        )
+    folder = set_aside([output_dir / name for name in earlier], output_dir)
+    return [f"start_over: moved the earlier run ({', '.join(earlier)}) to {folder}"]
+
+
+def _changed_fields(folder: Path, config: TrainConfig) -> str:
+    """The run-defining fields whose value in `folder`/config.yaml differs from `config` ("" if none)."""
+    try:
+        saved = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as error:
+        return f"its config.yaml cannot be read: {error}"
+    if not isinstance(saved, dict):
+        return "its config.yaml is not a mapping"
     changes = [
         f"{name} {saved.get(name)!r} -> {getattr(config, name)!r}"
         for name in run_defining_fields(config)
@@ -267,15 +386,17 @@ def _meta(accelerator: Accelerator) -> dict[str, Any]:
     }
 
 
-def _rotate(output_dir: str | Path, keep: int, protect: Path | None) -> None:
-    """Keep the newest `keep` valid checkpoints (and `protect`); remove the rest and stale staging folders."""
+def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Path) -> None:
+    """Keep the newest `keep` checkpoints up to `latest` (just written and checked) and `protect`; remove
+    older readable ones, and stale staging folders. Unreadable checkpoints are left for a person to see."""
     root = checkpoint_root(output_dir)
-    valid = [path for path in list_checkpoints(output_dir) if checkpoint_problem(path) is None]
-    kept = set(valid[-keep:])
-    if protect is not None:
-        kept.add(protect)
-    for path in list_checkpoints(output_dir):
-        if path not in kept:
+    if checkpoint_problem(latest, contents=False) is not None:
+        return  # the new checkpoint is not sound: nothing older may go
+    older = [path for path in list_checkpoints(output_dir) if checkpoint_step(path) < checkpoint_step(latest)]
+    readable = [path for path in older if checkpoint_problem(path, contents=False) is None]
+    kept = set(readable[len(readable) - (keep - 1) :]) if keep > 1 else set()
+    for path in readable:
+        if path not in kept and path != protect:
             _remove(path)
     for staging in root.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(staging)

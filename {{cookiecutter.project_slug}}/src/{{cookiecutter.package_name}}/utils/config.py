@@ -7,8 +7,10 @@ stops the run before training with the file (or flag) and the key named.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, fields
@@ -26,7 +28,8 @@ class TrainConfig:
     """The fields every task shares. A task adds its own (data, model) in task.py's `Config`, a subclass,
     which may also change the defaults below."""
 
-    # Where this run writes metrics, checkpoints and the exported model.
+    # Where this run writes metrics, checkpoints and the exported model; a relative path is relative to
+    # the project folder (where train.py is), whatever the working directory. One run at a time per folder.
     output_dir: str = "outputs/run"
     seed: int = 42
     num_workers: int = 0  # DataLoader worker processes
@@ -65,6 +68,13 @@ class TrainConfig:
     keep_checkpoints: int = 3
     # auto: continue from the newest valid checkpoint in output_dir, if any; never; or a checkpoint path.
     resume: str = "auto"
+    # When output_dir holds a run this one cannot continue (other settings, no readable checkpoint,
+    # resume: never): false refuses to start; true moves that run's files to output_dir/set_aside/<time>/
+    # and starts over. Nothing is deleted either way.
+    start_over: bool = False
+    # Stop as diverged after this many optimizer steps in a row that fp16's loss scaler skipped (overflowing
+    # gradients; a few at the start are normal). A non-finite loss or weight stops the run at once.
+    fp16_skip_patience: int = 25
     tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = "{{ cookiecutter.tracker }}"
 
     # What the task's evaluation reports, and whether a higher or a lower value is better.
@@ -86,10 +96,13 @@ class TrainConfig:
         "checkpoint_every",
         "keep_checkpoints",
         "resume",
+        "start_over",
+        "fp16_skip_patience",
         "tracker",
     )
     CHECKS: ClassVar[list[Check]] = [
         ("output_dir", lambda v: v.strip() != "", "a non-empty path"),
+        ("seed", lambda v: 0 <= v < 2**32, "between 0 and 2**32 - 1"),
         ("num_workers", lambda v: v >= 0, ">= 0"),
         ("num_epochs", lambda v: v > 0, "> 0"),
         ("max_steps", lambda v: v >= 0, ">= 0 (0 means no cap)"),
@@ -104,6 +117,7 @@ class TrainConfig:
         ("early_stopping_patience", lambda v: v >= 0, ">= 0 (0 means never stop early)"),
         ("checkpoint_every", lambda v: v > 0, "> 0"),
         ("keep_checkpoints", lambda v: v > 0, "> 0"),
+        ("fp16_skip_patience", lambda v: v > 0, "> 0"),
         ("resume", lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto, never or a checkpoint path"),
     ]
 
@@ -146,14 +160,16 @@ def _coerce(key: str, value: Any, kind: Any, where: str) -> Any:
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             return int(value)
     elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
         # YAML 1.1 reads "1e-3" as a string; accept any numeric text.
         if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        if isinstance(value, float):  # inf and nan pass any range check, and train NaN
+            if not math.isfinite(value):
+                raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
+            return value
     elif kind is str and isinstance(value, str):
         return value
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__})")

@@ -15,6 +15,7 @@ from accelerate.tracking import GeneralTracker
 
 from .checkpoint import LoopState
 from .config import TrainConfig
+from .run_dir import write_error
 
 
 class JsonlTracker(GeneralTracker):
@@ -36,9 +37,12 @@ class JsonlTracker(GeneralTracker):
         pass
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as file:
-            file.write(json.dumps({"step": step, **values}) + "\n")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as file:
+                file.write(json.dumps({"step": step, **values}) + "\n")
+        except OSError as error:  # a full disk, named as such, rather than a traceback from inside Accelerate
+            raise write_error(self.path, error) from error
 
 
 def metrics_path(output_dir: str | Path) -> Path:

@@ -1,0 +1,232 @@
+"""The run's output folder: one run at a time, and nothing of an earlier run lost or mixed.
+
+- `OutputLock`: an exclusive lock on `<output_dir>/.lock`, taken by the main process before it writes
+  anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`): it goes away with the
+  process, even after kill -9, and it works across machines on NFS with locking (v4, or v3 with lockd) and
+  on Lustre and GPFS. Where locks are not shared between machines (NFS mounted `nolock`, Google Drive seen
+  from two Colab sessions), the lock file's heartbeat (its modification time, renewed every 30 s) stops
+  a second run while the first is alive.
+- `earlier_outputs`: what an earlier run left in the folder.
+- `set_aside`: moves files into `<output_dir>/set_aside/<time>/`. The code deletes only what it has
+  superseded itself (older checkpoints of this run, its own unfinished writes); everything else it
+  moves there, and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+
+LOCK_FILE = ".lock"
+SET_ASIDE = "set_aside"
+HEARTBEAT_S = 30.0
+# A lock file whose heartbeat is older than this belongs to a run that is gone.
+STALE_AFTER_S = 300.0
+# Less free space than this after a failed write: the disk was full (torch does not say so itself).
+FULL_BELOW_BYTES = 16 * 2**20
+
+
+class RunError(Exception):
+    """A problem with the run's folder, files or progress, in one line that says what to do."""
+
+
+def _holder() -> dict:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # A requeued SLURM job keeps its id and counts its restarts: its earlier incarnation is gone.
+        "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
+        "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    }
+
+
+def _describe(holder: dict) -> str:
+    host, pid, started = (holder.get(key, "?") for key in ("host", "pid", "started"))
+    return f"host {host}, pid {pid}, started {started}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+class OutputLock:
+    """The exclusive right to write to one output folder; `acquire` raises RunError if another run has it."""
+
+    def __init__(self, output_dir: str | Path) -> None:
+        self.output_dir = Path(output_dir)
+        self.path = self.output_dir / LOCK_FILE
+        self._fd: int | None = None
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self.created_dir = False
+
+    def acquire(self) -> list[str]:
+        """Take the lock; return notes to print (a lock taken over from a dead run)."""
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise RunError(f"output_dir {self.output_dir} is a file, not a folder: choose another one")
+        try:
+            self.created_dir = not self.output_dir.exists()
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise RunError(
+                f"cannot write to output_dir {self.output_dir} ({error.strerror}): choose a writable one"
+            ) from None
+        notes, locked = [], True
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EACCES, errno.EAGAIN):
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise RunError(
+                    f"output_dir {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
+                    "it to end, or choose another --output_dir"
+                ) from None
+            if error.errno != errno.ENOLCK:
+                os.close(fd)
+                raise
+            locked = False
+            notes.append(
+                f"WARNING: the filesystem of {self.output_dir} cannot lock files: only the heartbeat of "
+                f"{self.path} keeps a second run out"
+            )
+        previous = _read_holder(fd)
+        if previous:
+            if problem := self._alive_elsewhere(previous, locked):
+                os.close(fd)
+                raise RunError(problem)
+            notes.append(
+                f"note: {self.path} was left by a run that is gone ({_describe(previous)}): taking it over"
+            )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        self._heartbeat = threading.Thread(target=self._beat, name="output-lock-heartbeat", daemon=True)
+        self._heartbeat.start()
+        return notes
+
+    def _alive_elsewhere(self, previous: dict, locked: bool) -> str | None:
+        """Why the holder named in the lock file may still be running, or None if it is gone."""
+        mine = _holder()
+        if previous.get("host") == mine["host"]:
+            # On one machine the kernel lock is exact: had the holder been alive, lockf would have failed.
+            alive = not locked and _pid_alive(int(previous.get("pid", 0) or 0))
+        elif mine["slurm_job"] and previous.get("slurm_job") == mine["slurm_job"]:
+            alive = int(previous.get("slurm_restart", 0)) >= mine["slurm_restart"]  # else: requeued, gone
+        else:  # another machine, whose lock may not reach this one: only its heartbeat tells
+            alive = True
+        age = time.time() - os.stat(self.path).st_mtime
+        if not alive or age >= STALE_AFTER_S:
+            return None
+        return (
+            f"output_dir {self.output_dir} was in use {age:.0f} s ago by a run on {previous.get('host')} "
+            f"({_describe(previous)}); if that run is gone, rerun after {STALE_AFTER_S - age:.0f} s or "
+            f"delete {self.path}; otherwise choose another --output_dir"
+        )
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(OSError):  # a flaky network filesystem must not kill the run
+                os.utime(self.path)
+
+    def release(self) -> None:
+        """Give the lock back (a no-op if not held): the file stays, empty, meaning free. A folder this run
+        created and left with nothing but the lock (a run refused at its checks) is removed."""
+        if self._fd is None:
+            return
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+            os.fsync(self._fd)
+        os.close(self._fd)  # closing drops the kernel lock
+        self._fd = None
+        with contextlib.suppress(OSError):
+            if self.created_dir and [path.name for path in self.output_dir.iterdir()] == [LOCK_FILE]:
+                self.path.unlink()
+                self.output_dir.rmdir()
+
+
+def claim(accelerator: Accelerator, lock: OutputLock) -> None:
+    """Take `lock` on the main process and print its notes; every process raises the main one's refusal."""
+    outcome: list[Any] = [[]]
+    if accelerator.is_main_process:
+        try:
+            outcome = [lock.acquire()]
+        except RunError as error:
+            outcome = [error]
+    outcome = broadcast_object_list(outcome)
+    if isinstance(outcome[0], RunError):
+        raise outcome[0]
+    for note in outcome[0]:
+        accelerator.print(note)
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        text = os.pread(fd, 4096, 0).decode()
+        holder = json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        return {"host": "?", "pid": "?", "started": "? (unreadable lock file)"}
+    return holder if isinstance(holder, dict) else {}
+
+
+def earlier_outputs(output_dir: str | Path) -> list[str]:
+    """Names of what an earlier run left in `output_dir` (the lock and set-aside folder do not count)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(path.name for path in folder.iterdir() if path.name not in (LOCK_FILE, SET_ASIDE))
+
+
+def set_aside(paths: list[Path], output_dir: str | Path, stamp: str | None = None) -> Path:
+    """Move `paths` (inside `output_dir`) to `<output_dir>/set_aside/<time>/`, keeping their relative
+    paths; return that folder."""
+    folder = Path(output_dir)
+    target = folder / SET_ASIDE / (stamp or time.strftime("%Y%m%d-%H%M%S"))
+    for path in paths:
+        destination = target / path.relative_to(folder)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, destination)
+    return target
+
+
+def write_error(path: Path, error: BaseException) -> RunError:
+    """A one-line RunError for a failed write under `path`: a full disk named as such, with its free space."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    code = getattr(error, "errno", None)
+    # torch reports a full disk as a RuntimeError ("file write failed", "unexpected pos ..."): ask the disk.
+    if code in (errno.ENOSPC, errno.EDQUOT) or free < FULL_BELOW_BYTES:
+        what = f"the disk is full ({free / 2**20:.1f} MiB free on the filesystem of {folder})"
+        fix = "free some space (or lower keep_checkpoints) or choose another --output_dir, and rerun"
+    else:
+        what = str(getattr(error, "strerror", None) or error).splitlines()[0]
+        fix = "check that the folder is writable, or choose another --output_dir, and rerun"
+    return RunError(
+        f"could not write {path}: {what}; {fix}: the run continues from its last complete checkpoint"
+    )

@@ -1,0 +1,325 @@
+"""Faults and bad input, tried as a careful user would: nothing of a run is ever lost or mixed.
+
+Each test starts train.py for real (a subprocess, this task's model and data, a few optimizer steps) and
+checks the outcome: a one-line message that names the problem and the fix, a non-zero exit, and files
+that are byte for byte what they were, or set aside (never deleted) where the user asked to start over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from subprocess import DEVNULL, PIPE
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, checkpoint_problem, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+
+from .conftest import (
+    PROJECT,
+    assert_same_run,
+    read_metrics,
+    run_training,
+    training_command,
+    wait_for_training,
+)
+from .task_settings import SIGNAL_RUN
+
+pytestmark = pytest.mark.slow
+
+# A few optimizer steps with a checkpoint every two, for every task: the faults, not the training, matter.
+FAST = ["--max_steps", "6", "--log_every", "2", "--checkpoint_every", "2", "--keep_checkpoints", "2"]
+OTHER_LR = str(2 * task.Config().learning_rate)  # a setting other than the task's
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (the lock file aside) and the SHA-256 of its bytes."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != LOCK_FILE
+    }
+
+
+def refused(result: subprocess.CompletedProcess[str], *parts: str) -> str:
+    """Assert a one-line refusal (exit 1, no traceback) that contains `parts`; return its line."""
+    assert result.returncode == 1, (
+        f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    )
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(("error: ", "config error: ")), line
+    for part in parts:
+        assert part in line, f"{part!r} not in: {line}"
+    return line
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete FAST run: checkpoints, model/, best_model/, metrics.jsonl."""
+    output_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_training(output_dir, *FAST)
+    return output_dir
+
+
+@pytest.fixture
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    output_dir = tmp_path / "run"
+    shutil.copytree(finished, output_dir)
+    return output_dir
+
+
+def test_unreadable_checkpoints_are_refused_then_set_aside_on_request(copy_of: Path) -> None:
+    """Torn loop states and one from an unknown newer version: nothing starts, nothing is deleted."""
+    newest, older = list_checkpoints(copy_of)[::-1]
+    (newest / LOOP_STATE_FILE).write_text('{"loop_state": {"step": ')
+    record = json.loads((older / LOOP_STATE_FILE).read_text())
+    record["loop_state"]["field_of_a_newer_version"] = 1
+    (older / LOOP_STATE_FILE).write_text(json.dumps(record))
+    before = snapshot(copy_of)
+
+    line = refused(run_training(copy_of, *FAST, check=False), "no checkpoint in", "--start_over true")
+    assert f"{newest.name} ({LOOP_STATE_FILE} is damaged" in line
+    assert f"{older.name} ({LOOP_STATE_FILE} was written by another version" in line
+    assert snapshot(copy_of) == before
+
+    result = run_training(copy_of, *FAST, "--start_over", "true")
+    assert "start_over: moved the earlier run" in result.stdout
+    (aside,) = (copy_of / SET_ASIDE).iterdir()
+    assert snapshot(aside) == before  # every file of the earlier run, byte for byte
+    assert all(checkpoint_problem(path) is None for path in list_checkpoints(copy_of))
+
+
+def test_refused_runs_write_nothing(copy_of: Path) -> None:
+    """Other settings, resume never, deleted checkpoints: refused, and no file changes (config.yaml too)."""
+    before = snapshot(copy_of)
+    line = refused(run_training(copy_of, *FAST, "--learning_rate", OTHER_LR, check=False), "learning_rate")
+    assert "holds a run with other settings" in line
+    result = run_training(copy_of, *FAST, "--resume", "never", check=False)
+    refused(result, "holds an earlier run", "resume=never")
+    assert snapshot(copy_of) == before
+
+    shutil.rmtree(copy_of / "checkpoints")
+    before = snapshot(copy_of)
+    result = run_training(copy_of, *FAST, "--learning_rate", OTHER_LR, check=False)
+    line = refused(result, "holds an earlier run")
+    assert "metrics.jsonl" in line and "model" in line
+    assert snapshot(copy_of) == before
+
+    run_training(copy_of, *FAST, "--learning_rate", OTHER_LR, "--start_over", "true")
+    (aside,) = (copy_of / SET_ASIDE).iterdir()
+    assert snapshot(aside) == before  # the earlier run, whole and apart: its metrics are not mixed in
+    assert {row["step"] for row in read_metrics(copy_of)} == {2, 4, 6}
+
+
+def test_explicit_resume_with_other_settings_is_refused(finished: Path, tmp_path: Path) -> None:
+    """--resume <checkpoint> follows the rules of automatic resume, and a refused run leaves no folder."""
+    checkpoint = list_checkpoints(finished)[0]
+    output_dir = tmp_path / "continued"
+    flags = ["--resume", str(checkpoint), "--learning_rate", OTHER_LR]
+    result = run_training(output_dir, *FAST, *flags, check=False)
+    refused(result, f"resume={checkpoint}", "other settings", "learning_rate")
+    assert not output_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "message"),
+    [
+        ("random_states_0.pkl", "flip", "random_states_0.pkl does not match its checksum"),
+        ("model.safetensors", "flip", "model.safetensors does not match its checksum"),
+        ("config.yaml", "garble", "config.yaml does not match its checksum"),
+    ],
+)
+def test_damage_of_the_right_size_is_caught_by_checksums(
+    copy_of: Path, name: str, damage: str, message: str
+) -> None:
+    """A byte flipped in the RNG state, the weights or the config: that checkpoint is skipped, with the file
+    named, the older one continues, and the damaged one is set aside intact."""
+    shutil.rmtree(copy_of / "model")
+    newest, older = list_checkpoints(copy_of)[::-1]
+    target = newest / name
+    data = bytearray(target.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data[:6] = b"{[:]}\n"
+    target.write_bytes(bytes(data))
+    result = run_training(copy_of, *FAST)
+    assert f"WARNING: skipping checkpoint {newest}: {message}" in result.stdout
+    assert f"resuming from {older}" in result.stdout
+    aside = next((copy_of / SET_ASIDE).iterdir()) / "checkpoints" / newest.name
+    assert (aside / name).read_bytes() == bytes(data)
+
+
+def test_divergence_stops_without_checkpoint_or_export(tmp_path: Path) -> None:
+    """learning_rate 1e6: a clear stop within a few steps, no NaN weights saved or exported, valid metrics."""
+    output_dir = tmp_path / "run"
+    result = run_training(output_dir, *FAST, "--learning_rate", "1e6", check=False)
+    line = refused(result, "training diverged", "learning_rate")
+    checkpoints = list_checkpoints(output_dir)  # those saved before it blew up, all finite
+    for path in checkpoints:
+        assert all(t.isfinite().all() for t in load_file(path / "model.safetensors").values()), path
+    kept = f"the last checkpoint, {checkpoints[-1]}," if checkpoints else "no checkpoint was written"
+    assert kept in line
+    assert not (output_dir / "model").exists() and not (output_dir / "best_model").exists()
+    metrics = output_dir / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in metrics.jsonl"))
+
+
+def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
+    """Weights that blow up after a resume (poisoned, checksums made to match): the run stops at the first
+    logging step, and the checkpoint it resumed from, model/ and best_model/ stay as they were."""
+    shutil.rmtree(copy_of / "model")
+    newest, older = list_checkpoints(copy_of)[::-1]
+    shutil.rmtree(newest)
+    weights = older / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({name: t * 1e30 if t.is_floating_point() else t for name, t in tensors.items()}, weights)
+    record = json.loads((older / LOOP_STATE_FILE).read_text())
+    record["files"]["model.safetensors"] = {
+        "bytes": weights.stat().st_size,
+        "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+    }
+    (older / LOOP_STATE_FILE).write_text(json.dumps(record))
+    before = snapshot(copy_of)
+    result = run_training(copy_of, *FAST, check=False)
+    refused(result, "training diverged", f"the last checkpoint, {older}")
+    assert list_checkpoints(copy_of) == [older]
+    # What the session writes at its start (config.yaml, with this copy's output_dir; logs) aside:
+    session = ("config.yaml", "metrics.jsonl", "logs/")
+    assert {k: v for k, v in snapshot(copy_of).items() if not k.startswith(session)} == {
+        k: v for k, v in before.items() if not k.startswith(session)
+    }
+
+
+def test_bad_value_stops_before_anything_is_written(tmp_path: Path) -> None:
+    """An out-of-range value (here --seed -5) is a one-line error before the folder exists; test_config.py
+    checks the others (non-finite floats included) without starting train.py."""
+    output_dir = tmp_path / "run"
+    result = run_training(output_dir, *FAST, "--seed", "-5", check=False)
+    refused(result, "--seed: seed=-5 is invalid: it must be between 0 and 2**32 - 1")
+    assert not output_dir.exists()
+
+
+def test_output_dir_that_is_a_file_is_named(tmp_path: Path) -> None:
+    output_dir = tmp_path / "run"
+    output_dir.write_text("not a folder")
+    refused(run_training(output_dir, *FAST, check=False), f"output_dir {output_dir} is a file")
+    assert output_dir.read_text() == "not a folder"
+
+
+def test_relative_output_dir_is_relative_to_the_project(tmp_path: Path) -> None:
+    """Started from another working directory, the same command writes to the same folder."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    relative = os.path.relpath(tmp_path / "run", PROJECT)
+    command, env = training_command(Path(relative), *FAST)
+    command[1:4] = [str(PROJECT / "train.py"), "--config", str(PROJECT / "configs" / "local.yaml")]
+    result = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"output {tmp_path / 'run'}" in result.stdout
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+    assert not any(elsewhere.iterdir())
+
+
+def test_concurrent_starts_one_runs_the_other_is_refused_at_once(tmp_path: Path) -> None:
+    """Two runs started together on one folder: one trains, the other stops at the lock with the holder's
+    host and pid and writes nothing; the winner, stopped by SIGTERM, then continues alone."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *SIGNAL_RUN)
+    start = {"cwd": PROJECT, "env": env, "stdout": PIPE, "stderr": PIPE, "text": True}
+    runs = [subprocess.Popen(command, **start) for _ in range(2)]
+    deadline = time.monotonic() + 300
+    while all(run.poll() is None for run in runs):
+        assert time.monotonic() < deadline, "neither run was refused"
+        time.sleep(0.05)
+    (loser,) = [run for run in runs if run.poll() is not None]
+    (winner,) = [run for run in runs if run is not loser]
+    winner.send_signal(signal.SIGTERM)
+    _, loser_err = loser.communicate(timeout=60)
+    _, winner_err = winner.communicate(timeout=300)
+    assert loser.returncode == 1, loser_err[-3000:]
+    line = loser_err.strip().splitlines()[-1]
+    assert line.startswith(f"error: output_dir {output_dir} is in use by another run (host "), line
+    assert f"pid {winner.pid}," in line
+    assert winner.returncode in (0, EXIT_STOPPED), winner_err[-3000:]
+    run_training(output_dir, *SIGNAL_RUN)  # the same command continues the winner's run
+    train_steps = [row["step"] for row in read_metrics(output_dir) if "train/loss" in row]
+    assert train_steps == sorted(set(train_steps)), "two runs' metrics interleaved"
+
+
+def test_lock_of_a_killed_run_is_taken_over(tmp_path: Path) -> None:
+    """kill -9 leaves the lock file naming a dead process: the next run says so, takes it over, finishes
+    and leaves the lock free."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *SIGNAL_RUN)
+    since = time.time()
+    process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=DEVNULL, stderr=DEVNULL)
+    wait_for_training(output_dir, process, since)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert json.loads((output_dir / LOCK_FILE).read_text())["pid"] == process.pid
+    result = run_training(output_dir, *SIGNAL_RUN)
+    assert f"was left by a run that is gone (host {socket.gethostname()}, pid {process.pid}," in result.stdout
+    assert (output_dir / LOCK_FILE).read_text() == ""  # released at the end: free
+
+
+def in_small_filesystem(
+    tmp_path: Path, script: str, size: str | int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `script` (bash) with a fresh tmpfs of `size` mounted at $DISK, in a private mount namespace."""
+    disk = tmp_path / "disk"
+    disk.mkdir(exist_ok=True)
+    wrapped = f'mount -t tmpfs -o size={size} tmpfs "$DISK" && {script}'
+    command = ["unshare", "--mount", "bash", "-c", wrapped]
+    if os.geteuid() != 0:  # an unprivileged user may mount in a user namespace of its own, where allowed
+        command[1:1] = ["--user", "--map-root-user"]
+    env = {**os.environ, **(env or {}), "DISK": str(disk), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_disk_full_names_the_disk_and_keeps_the_last_checkpoint(finished: Path, tmp_path: Path) -> None:
+    """A tmpfs too small for the run: the write that fails is named with the free space, the last complete
+    checkpoint stays valid, and with space again the same command finishes the run exactly."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux's unshare to mount a small tmpfs")
+    probe = in_small_filesystem(tmp_path, 'touch "$DISK/probe"', "1m")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()[-300:]}")
+    used = sum(path.stat().st_size for path in finished.rglob("*") if path.is_file())
+    flags = " ".join(FAST)
+    train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" {flags}'
+    listing = f'"{sys.executable}" -m {{ cookiecutter.package_name }}.utils.checkpoint "$DISK/run"'
+    script = (
+        f'{train} > "$OUT/first.out" 2> "$OUT/first.err"; echo $? > "$OUT/first.rc"; '
+        f'{listing} > "$OUT/listing.txt"; '
+        'mount -o remount,size=1g "$DISK" && '
+        f'{train} > "$OUT/second.out" 2> "$OUT/second.err"; echo $? > "$OUT/second.rc"; '
+        'cp -r "$DISK/run" "$OUT/run"'
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    result = in_small_filesystem(tmp_path, script, used * 6 // 10, {"OUT": str(out)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    first_err = (out / "first.err").read_text()
+    assert (out / "first.rc").read_text().strip() == "1", first_err[-3000:]
+    assert "Traceback" not in first_err, first_err[-3000:]
+    line = first_err.strip().splitlines()[-1]
+    assert line.startswith("error: could not write ") and "the disk is full" in line, line
+    assert "MiB free on the filesystem of" in line
+    assert "INVALID" not in (out / "listing.txt").read_text()
+    assert (out / "second.rc").read_text().strip() == "0", (out / "second.err").read_text()[-3000:]
+    assert_same_run(out / "run", finished)
