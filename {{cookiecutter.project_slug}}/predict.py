@@ -34,7 +34,12 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, detect_platform, hide_gpus_from_cpu_run
+from {{ cookiecutter.package_name }}.utils.hardware import (
+    cpu_forced,
+    detect_platform,
+    hide_gpus_from_cpu_run,
+    launch_problems,
+)
 
 PROJECT = Path(__file__).resolve().parent
 CONFIGS = PROJECT / "configs"
@@ -78,12 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     # Accelerator, ignores ACCELERATE_USE_CPU: without it, CPU processes would not form a group.
     state = PartialState(cpu=cpu_forced())
     try:
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
-        if launched != state.num_processes:  # each would predict everything and overwrite the file
-            raise ConfigError(
-                f"{launched} processes were started but they do not communicate (world size "
-                f"{state.num_processes}); on a CPU-only machine set ACCELERATE_USE_CPU=1"
-            )
+        unconnected, _ = launch_problems(state.num_processes, state.distributed_type.value)
+        if unconnected:  # each would predict everything and overwrite the file
+            raise ConfigError(unconnected)
         # Every check below runs on every process, before any prediction: all stop alike, none waits.
         check_overrides(overrides)
         model_dir = args.model_dir if args.model_dir is not None else default_model_dir()

@@ -45,12 +45,13 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     check_output_dir,
     detect_platform,
     hide_gpus_from_cpu_run,
+    launch_problems,
     resolve_mixed_precision,
 )
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, ignore_stop_signals
 from {{ cookiecutter.package_name }}.utils.tracking import (
     metrics_size,
     setup_tracker,
@@ -98,10 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     lock = OutputLock(config.output_dir)  # taken in train() on the main process
     try:
+        unconnected, launch_warnings = launch_problems(
+            accelerator.num_processes, accelerator.distributed_type.value
+        )
+        if unconnected:
+            raise ConfigError(unconnected)
         accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
             config, accelerator.num_processes
         )
-        for warning in output_warnings:
+        for warning in [*launch_warnings, *output_warnings]:
             accelerator.print(f"WARNING: {warning}")
         finished = train(accelerator, config, config_path, stop, lock)
         stop.ignore_from_now_on()
@@ -123,7 +129,7 @@ def train(
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.print(
         f"platform {detect_platform()} | config {config_path} | world size {accelerator.num_processes} | "
-        f"device {accelerator.device} | "
+        f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
         f"mixed precision {accelerator.mixed_precision} | per-device batch {config.per_device_batch_size} x "
         f"{accelerator.num_processes} processes x {accumulation} accumulation = global batch "
         f"{config.global_batch_size} | deterministic kernels {'on' if config.deterministic else 'off'} | "
@@ -153,6 +159,7 @@ def train(
         drop_last=True,
         collate_fn=task.collate,
         num_workers=config.num_workers,
+        worker_init_fn=ignore_stop_signals,  # a signal to the whole process group is the main process's
         pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(config.seed),
     )
@@ -161,6 +168,7 @@ def train(
         batch_size=config.per_device_batch_size,
         collate_fn=task.collate,
         num_workers=config.num_workers,
+        worker_init_fn=ignore_stop_signals,
         pin_memory=pin_memory,
     )
     steps_per_epoch = len(train_set) // config.global_batch_size

@@ -4,6 +4,7 @@ The rest of the suite runs on the CPU everywhere (conftest.py). Here train.py an
 as a user's run does, with this project's task:
 - in bf16 and in fp16 (with its real GradScaler), a run stopped by SIGTERM and one killed with SIGKILL
   both continue with the same command and end bitwise identical to a run that was never stopped;
+- fp16 steps that the loss scaler keeps skipping stop the run as diverged after `fp16_skip_patience`;
 - `--compile true` trains to the end, to nearly the same eval metrics as the eager run;
 - predict.py writes its predictions from the GPU, the same bytes twice, row for row like the CPU;
 - the launcher, with the machine's real nvidia-smi, picks one process per GPU and the precision the
@@ -88,6 +89,18 @@ def test_sigterm_and_kill_9_on_the_gpu_then_the_same_command_ends_bitwise_identi
         assert checkpoint_problem(path) is None, path
     assert "resuming from" in run_training(killed, *args, gpu=True).stdout
     assert_same_run(killed, reference)
+
+
+def test_fp16_steps_skipped_past_the_patience_stop_the_run_as_diverged(tmp_path: Path) -> None:
+    """learning_rate 1e6 in fp16: the weights grow until the fp16 forward overflows, the loss scaler skips
+    every step from then on, and after fp16_skip_patience of them in a row the run stops, with no export."""
+    output_dir = tmp_path / "run"
+    args = [*QUICK, "--mixed_precision", "fp16", "--learning_rate", "1e6", "--fp16_skip_patience", "5"]
+    result = run_training(output_dir, *args, "--log_every", "1000", gpu=True, check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: training diverged: fp16's loss scaler skipped 5 optimizer steps in a row")
+    assert not (output_dir / "model").exists()
 
 
 def test_compiled_model_trains_to_the_eager_metrics(tmp_path: Path) -> None:

@@ -277,6 +277,28 @@ def test_lock_of_a_killed_run_is_taken_over(tmp_path: Path) -> None:
     assert (output_dir / LOCK_FILE).read_text() == ""  # released at the end: free
 
 
+def test_stop_signal_to_the_whole_process_group_with_workers_still_checkpoints(tmp_path: Path) -> None:
+    """SLURM signals every process of a job step, DataLoader workers included (as `kill -- -PGID` does):
+    the workers leave the signal to the main process, which stops at a checkpoint (exit 75); the rerun
+    ends bitwise equal to an uninterrupted run."""
+    workers = ["--num_workers", "2"]
+    reference = tmp_path / "reference"
+    run_training(reference, *SIGNAL_RUN, *workers)
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *SIGNAL_RUN, *workers)
+    since = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=PIPE, stderr=PIPE, text=True, start_new_session=True
+    )
+    wait_for_training(output_dir, process, since)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == EXIT_STOPPED, err[-3000:]
+    assert "killed by signal" not in err
+    run_training(output_dir, *SIGNAL_RUN, *workers)
+    assert_same_run(output_dir, reference)
+
+
 def in_small_filesystem(
     tmp_path: Path, script: str, size: str | int, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from {{ cookiecutter.package_name }}.utils import hardware
 from {{ cookiecutter.package_name }}.utils.hardware import (
@@ -18,7 +19,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     gpu_facts,
 )
 
-from .conftest import PROJECT, run_training
+from .conftest import PROJECT, free_port, run_training
 
 PLATFORM_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "SLURM_JOB_ID")
 T4 = "Tesla T4, 7.5, 15360 MiB"
@@ -172,3 +173,40 @@ def test_environment_report(tmp_path: Path) -> None:
         "accelerate:",
     ]:
         assert expected in report, report
+
+
+SHORT = ["--max_steps", "4", "--log_every", "2", "--checkpoint_every", "4"]
+
+
+def launch_with(config_file: str, output_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`accelerate launch --config_file configs/accelerate/<config_file> train.py`, as a user types it."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    command += [f"configs/accelerate/{config_file}", "--main_process_port", str(free_port())]
+    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir), *SHORT]
+    return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with GPUs this launch is a real DDP run")
+def test_processes_that_do_not_communicate_are_refused(tmp_path: Path) -> None:
+    """multi_gpu.yaml on a machine without GPUs (and without ACCELERATE_USE_CPU) starts 2 processes that
+    each form a group of one: both would train alone into one folder. train.py refuses, as predict.py does."""
+    env = {name: value for name, value in os.environ.items() if name != "ACCELERATE_USE_CPU"}
+    result = launch_with("multi_gpu.yaml", tmp_path / "run", env)
+    assert result.returncode != 0
+    assert (
+        "config error: 2 processes were started but they do not communicate (world size 1)" in result.stderr
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_launch_that_asked_for_fsdp_and_got_cpu_processes_says_so(tmp_path: Path) -> None:
+    """ACCELERATE_USE_CPU=1 with fsdp.yaml runs plain multi-CPU DDP: the start line names the distributed
+    type and a warning says FSDP was asked for."""
+    result = launch_with("fsdp.yaml", tmp_path / "run", {**os.environ, "ACCELERATE_USE_CPU": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world size 2 | distributed MULTI_CPU |" in result.stdout
+    assert (
+        "WARNING: the launch asked for FSDP (ACCELERATE_USE_FSDP) but this run is MULTI_CPU" in result.stdout
+    )

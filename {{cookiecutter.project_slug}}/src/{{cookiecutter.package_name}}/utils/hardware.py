@@ -90,6 +90,27 @@ def cuda_usable() -> bool:
     return torch.cuda.is_available() and not cpu_forced()
 
 
+def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | None, list[str]]:
+    """What is wrong with how this process was launched: an error (processes that were started together but
+    do not form one group: each would train alone and all would write one folder) and warnings (a launch
+    config that asked for FSDP or DeepSpeed and got something else)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    error = None
+    if launched != num_processes:
+        error = (
+            f"{launched} processes were started but they do not communicate (world size {num_processes}): "
+            "on a machine without GPUs set ACCELERATE_USE_CPU=1 for `accelerate launch --multi_gpu` (gloo), "
+            "or launch one process"
+        )
+    warnings = [
+        f"the launch asked for {kind} ({flag}) but this run is {distributed_type}: {kind} needs GPUs "
+        "(ACCELERATE_USE_CPU=1 turns it off); configs/accelerate/multi_gpu.yaml is the one for CPU processes"
+        for flag, kind in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED"))
+        if parse_flag_from_env(flag) and distributed_type != kind
+    ]
+    return error, warnings
+
+
 def auto_precision(gpus: list[Gpu]) -> str:
     """bf16 where every GPU computes it natively (compute capability 8.0+: A100, L4, RTX 30xx and newer),
     fp16 on older GPUs (T4, V100), no mixed precision without a GPU."""

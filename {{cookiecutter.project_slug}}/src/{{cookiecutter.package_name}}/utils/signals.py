@@ -44,3 +44,14 @@ class StopRequest:
             print(f"{name} received: finishing the current step, then saving a checkpoint", file=sys.stderr)
         else:
             print(f"{name} received again: already stopping (kill -9 is safe too)", file=sys.stderr)
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: leave stop signals to the main process.
+
+    SLURM signals every process of a job step, and `kill -- -PGID` every process of a group, DataLoader
+    workers included. A worker that died of it would crash the main process at its next fetch, before
+    the checkpoint the signal asked for; a worker that ignores it is stopped by its loader as usual.
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
