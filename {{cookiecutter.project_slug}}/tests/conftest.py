@@ -106,16 +106,26 @@ def assert_same_run(resumed: Path, reference: Path) -> None:
 
 
 def wait_for_training(
-    output_dir: Path, process: subprocess.Popen, since: float, timeout: float = 120
+    output_dir: Path, process: subprocess.Popen, since: float, step: int = 0, timeout: float = 120
 ) -> None:
-    """Block until this run has written metrics.jsonl (it cuts it on resume, then logs): it is training."""
+    """Block until this run has written metrics.jsonl (it cuts it on resume, then logs): it is training;
+    with `step`, until it has logged that optimizer step or a later one. Polling the log, not sleeping,
+    keeps a signal mid-run however fast the machine is."""
     deadline = time.monotonic() + timeout
     metrics = output_dir / "metrics.jsonl"
-    while not (metrics.exists() and metrics.stat().st_mtime > since and metrics.stat().st_size):
+    while not (metrics.exists() and metrics.stat().st_mtime > since and _logged_step(metrics) >= step):
         if process.poll() is not None:
             return
-        assert time.monotonic() < deadline, "train.py did not start training"
-        time.sleep(0.05)
+        assert time.monotonic() < deadline, f"train.py did not reach step {step}"
+        time.sleep(0.01)
+
+
+def _logged_step(metrics: Path) -> int:
+    lines = metrics.read_text().splitlines()
+    try:
+        return json.loads(lines[-1])["step"] if lines else -1
+    except (ValueError, KeyError):  # a line being written
+        return -1
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

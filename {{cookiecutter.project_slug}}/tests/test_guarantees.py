@@ -48,7 +48,7 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
     )
     wait_for_training(output_dir, process, since=started)
     assert process.poll() is None, "train.py ended before it was signalled"
-    time.sleep(random.uniform(0.0, 0.5))  # an arbitrary moment, not aligned with any step
+    time.sleep(random.uniform(0.0, 0.05))  # an arbitrary moment, not aligned with any step
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == EXIT_STOPPED, output[-2000:]

@@ -77,9 +77,10 @@ def test_signal_stops_saves_and_resumes_exactly(
     process = subprocess.Popen(
         command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    wait_for_training(output_dir, process, since=started)
+    # An arbitrary moment, not aligned with any step: a random logged step, then a fraction of a step.
+    wait_for_training(output_dir, process, since=started, step=random.randrange(5, 60, 5))
     assert process.poll() is None, "train.py ended before it was signalled"
-    time.sleep(random.uniform(0.0, 0.8))  # an arbitrary moment, not aligned with any step
+    time.sleep(random.uniform(0.0, 0.02))
     process.send_signal(stop_signal)
     if processes == 1:
         time.sleep(0.2)  # a second signal, likely while the checkpoint is written: must change nothing
