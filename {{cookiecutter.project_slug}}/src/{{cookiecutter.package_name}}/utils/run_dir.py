@@ -2,10 +2,10 @@
 
 - `OutputLock`: an exclusive lock on `<output_dir>/.lock`, taken by the main process before it writes
   anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`): it goes away with the
-  process, even after kill -9, and it works across machines on NFS with locking (v4, or v3 with lockd) and
-  on Lustre and GPFS. Where locks are not shared between machines (NFS mounted `nolock`, Google Drive seen
-  from two Colab sessions), the lock file's heartbeat (its modification time, renewed every 30 s) stops
-  a second run while the first is alive.
+  process, even after kill -9. It is tested on a local disk; filesystems that share POSIX locks between
+  machines (NFS v4, or v3 with lockd) should hold it across them, untested. Where locks are not shared
+  between machines (NFS mounted `nolock`, Google Drive seen from two Colab sessions), the lock file's
+  heartbeat (its modification time, renewed every 30 s) stops a second run while the first is alive.
 - `earlier_outputs`: what an earlier run left in the folder.
 - `set_aside`: moves files into `<output_dir>/set_aside/<time>/`. The code deletes only what it has
   superseded itself (older checkpoints of this run, its own unfinished writes); everything else it
