@@ -97,6 +97,12 @@ class OutputLock:
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EAGAIN):
                 holder = _read_holder(fd)
+                # The holder writes its name just after locking: a run started together with it may look
+                # between the two, so give it a moment.
+                deadline = time.monotonic() + 2.0
+                while not isinstance(holder.get("pid"), int) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    holder = _read_holder(fd)
                 os.close(fd)
                 raise RunError(
                     f"output_dir {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
@@ -118,8 +124,9 @@ class OutputLock:
             notes.append(
                 f"note: {self.path} was left by a run that is gone ({_describe(previous)}): taking it over"
             )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        text = json.dumps(_holder()).encode()
+        os.pwrite(fd, text, 0)
+        os.ftruncate(fd, len(text))
         os.fsync(fd)
         self._fd = fd
         self._heartbeat = threading.Thread(target=self._beat, name="output-lock-heartbeat", daemon=True)
