@@ -34,12 +34,8 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.hardware import (
-    cpu_forced,
-    detect_platform,
-    hide_gpus_from_cpu_run,
-    launch_problems,
-)
+from {{ cookiecutter.package_name }}.utils.devices import detect_platform
+from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, hide_gpus_from_cpu_run, launch_problems
 
 PROJECT = Path(__file__).resolve().parent
 CONFIGS = PROJECT / "configs"

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.launch import report_outcome
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import cache_lomo_check
 from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.config import (
@@ -41,9 +42,9 @@ from {{ cookiecutter.package_name }}.utils.config import (
     load_config,
     save_config,
 )
+from {{ cookiecutter.package_name }}.utils.devices import detect_platform
 from {{ cookiecutter.package_name }}.utils.hardware import (
     check_output_dir,
-    detect_platform,
     hide_gpus_from_cpu_run,
     launch_problems,
     resolve_mixed_precision,
@@ -224,6 +225,7 @@ def train(
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     # Or refuse: a folder of another run, or whose checkpoints cannot be read.
     state, resumed_from = resume(accelerator, config)
+    start_step = state.step
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
         truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
@@ -341,6 +343,8 @@ def train(
             f"stopped by {stop.signal_name or 'another process'} at step {state.step}: checkpoint saved, "
             "run the same command to continue"
         )
+        if accelerator.is_main_process:
+            report_outcome("stopped", start_step, state.step)  # a SLURM launcher requeues on progress
         return False
 
     if state.stopped_early:
@@ -375,6 +379,7 @@ def train(
     )
     if accelerator.is_main_process:
         print(f"curves: {plot_metrics(output_dir)}")
+        report_outcome("finished", start_step, state.step)
     return True
 
 

@@ -7,11 +7,10 @@
 # Colab's torch is kept: only missing packages are installed, with the installed torch pinned.
 # The session can die at any time: run the same cell again in a new session and training continues
 # from the last checkpoint on Drive (interrupting the cell saves one first; train.py then exits 75).
-# notebooks/colab.ipynb has the cells. What it decides and how: scripts/_common.sh.
+# It refuses to run outside Colab (ANY_PLATFORM=1 overrides). notebooks/colab.ipynb has the cells.
+# What it decides, why, and the variables that change it: src/{{ cookiecutter.package_name }}/launch.py.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# shellcheck source=_common.sh
-. scripts/_common.sh
-
-UNSUPPORTED_GPU_HINT="Pick another GPU: Runtime > Change runtime type > T4 GPU (or better)."
-run_platform colab "$@"
+PYTHON=${PYTHON:-$(command -v python || command -v python3)}
+export PYTHON PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+exec "$PYTHON" -m {{ cookiecutter.package_name }}.launch colab "$@"

@@ -7,20 +7,10 @@
 # current PyTorch CUDA wheels have no kernels for it. Kaggle's internet is often off: nothing is
 # installed when every dependency is already there (true for the default example), and SKIP_INSTALL=1
 # never tries. A stop (interrupt) saves a checkpoint (train.py exits 75); running again continues.
-# notebooks/kaggle.ipynb has the cells. What it decides and how: scripts/_common.sh.
+# It refuses to run outside Kaggle (ANY_PLATFORM=1 overrides). notebooks/kaggle.ipynb has the cells.
+# What it decides, why, and the variables that change it: src/{{ cookiecutter.package_name }}/launch.py.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# shellcheck source=_common.sh
-. scripts/_common.sh
-
-UNSUPPORTED_GPU_HINT="In the notebook: Settings > Accelerator > GPU T4 x2."
-
-# Called by run_platform for multi-GPU runs: NCCL's peer-to-peer transport hangs between Kaggle's two
-# T4s, so it is turned off (traffic goes through host memory; slower, never stuck). Your own
-# NCCL_P2P_DISABLE wins.
-configure_nccl() {
-  export NCCL_P2P_DISABLE=${NCCL_P2P_DISABLE:-1}
-  say "NCCL: NCCL_P2P_DISABLE=$NCCL_P2P_DISABLE (P2P between Kaggle's T4s can hang)"
-}
-
-run_platform kaggle "$@"
+PYTHON=${PYTHON:-$(command -v python || command -v python3)}
+export PYTHON PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+exec "$PYTHON" -m {{ cookiecutter.package_name }}.launch kaggle "$@"

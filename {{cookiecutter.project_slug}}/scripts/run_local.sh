@@ -6,11 +6,9 @@
 #   SKIP_INSTALL=1 scripts/run_local.sh            # never run pip
 #
 # Stop with Ctrl-C: a checkpoint is saved (exit 75); the same command continues from it.
-# What it decides and how: scripts/_common.sh.
+# What it decides, why, and the variables that change it: src/{{ cookiecutter.package_name }}/launch.py.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# shellcheck source=_common.sh
-. scripts/_common.sh
-
-UNSUPPORTED_GPU_HINT="Run on the CPU instead: CUDA_VISIBLE_DEVICES= scripts/run_local.sh"
-run_platform local "$@"
+PYTHON=${PYTHON:-$(command -v python || command -v python3)}
+export PYTHON PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+exec "$PYTHON" -m {{ cookiecutter.package_name }}.launch local "$@"

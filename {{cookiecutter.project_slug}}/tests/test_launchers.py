@@ -1,9 +1,12 @@
-"""The launchers in scripts/: what each one starts, on every platform, with faked hardware.
+"""The launchers (scripts/run_*.sh and the Python launcher behind them) on every platform, with faked GPUs.
 
-Each launcher runs for real (bash, the real scripts) with stand-ins first on PATH: `nvidia-smi` prints
-the CSV lines of the faked GPUs, and `python`, `accelerate`, `srun` and `scontrol` record their
-arguments and the relevant environment instead of training. The tests assert the exact command and
-environment. One real run at the end starts 2 CPU processes through run_local.sh without any fake.
+Each launcher runs for real (bash, the real scripts, the real `python -m {{ cookiecutter.package_name }}.launch`)
+with stand-ins first on PATH: `nvidia-smi` prints the CSV lines of the faked GPUs, and `accelerate`,
+`srun`, `scontrol` and `sinfo` record their arguments and the relevant environment instead of training.
+$PYTHON is a stand-in too: it runs the launcher with the real interpreter and records what the launcher
+starts with it (train.py, pip). The tests assert the exact command and environment. One real run at the
+end starts 2 CPU processes through run_local.sh without any fake; tests/test_slurm.py of the template
+runs the SLURM launcher on a real SLURM.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,28 +39,43 @@ RECORDED_ENV = (
     "ACCELERATE_USE_CPU",
     "NCCL_P2P_DISABLE",
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-    "HEAD",
-    "MAIN_PROCESS_PORT",
-    "TOTAL_PROCESSES",
-    "PRECISION",
     "SLURM_NODEID",
 )
-# The directories of the system tools the scripts use (bash, dirname, head, mktemp); after the fakes.
+# The directories of the system tools the scripts use (bash, dirname); after the fakes.
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# A recording stand-in: appends tool, argv, cwd, env to $LAUNCH_RECORD and exits with $FAKE_EXIT (0).
-# (No str.format here: this file is rendered by Jinja, which would read doubled braces.)
+# A recording stand-in: appends tool, argv, cwd, env to $LAUNCH_RECORD (with the constraint file's text
+# for pip, which is deleted after). (No str.format here: this file is rendered by Jinja.)
 RECORDER = """\
 import json, os, sys
 env = dict((name, os.environ[name]) for name in RECORDED_NAMES if name in os.environ)
 record = dict(tool=os.path.basename(sys.argv[0]), argv=sys.argv[1:], cwd=os.getcwd(), env=env)
+if "--constraint" in sys.argv:
+    record["constraints"] = open(sys.argv[sys.argv.index("--constraint") + 1]).read()
 with open(os.environ["LAUNCH_RECORD"], "a") as file:
     file.write(json.dumps(record) + "\\n")
 """
 RECORD_AND_EXIT = RECORDER + 'sys.exit(int(os.environ.get("FAKE_EXIT", "0")))\n'
 
+# $PYTHON: the launcher runs for real; what it starts with this interpreter is recorded. As train.py's
+# main process would, it reports $FAKE_OUTCOME (JSON) to the SLURM launcher, then exits with $FAKE_EXIT.
+FAKE_PYTHON = (
+    """\
+import os, sys
+if sys.argv[1:3] == ["-m", "{{ cookiecutter.package_name }}.launch"]:
+    os.execv(REAL_PYTHON, [REAL_PYTHON, *sys.argv[1:]])
+"""
+    + RECORDER
+    + """\
+if os.environ.get("FAKE_OUTCOME") and os.environ.get("TRAIN_OUTCOME_FILE"):
+    with open(os.environ["TRAIN_OUTCOME_FILE"], "w") as file:
+        file.write(os.environ["FAKE_OUTCOME"])
+sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+"""
+)
+
 # srun: records itself, then runs its command once per node with that node's SLURM_NODEID, as a
-# task would (sequentially here). With FAKE_SRUN_WAIT set it instead waits for SIGUSR1, records it,
+# task would (sequentially here). With FAKE_SRUN_WAIT set it instead waits for a signal, records it,
 # and exits 1, as a multi-process launcher does after forwarding a signal.
 FAKE_SRUN = (
     RECORDER
@@ -68,6 +87,7 @@ if os.environ.get("FAKE_SRUN_WAIT"):
             file.write(json.dumps({"tool": "srun", "signal": signal.Signals(signum).name}) + "\\n")
         sys.exit(1)
     signal.signal(signal.SIGUSR1, stop)
+    signal.signal(signal.SIGTERM, stop)
     open(os.environ["FAKE_SRUN_WAIT"], "w").close()
     while True:
         time.sleep(0.05)
@@ -76,7 +96,7 @@ start = next(i for i, arg in enumerate(args) if not arg.startswith("--"))
 nodes = int(next((m.group(1) for a in args[:start] if (m := re.fullmatch(r"--nodes=(\\d+)", a))), "1"))
 status = 0
 for node in range(nodes):
-    env = {**os.environ, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node)}
+    env = dict(os.environ, SLURM_NODEID=str(node), SLURM_PROCID=str(node))
     status = max(status, subprocess.run(args[start:], env=env).returncode)
 sys.exit(status)
 """
@@ -90,6 +110,9 @@ if sys.argv[1:3] == ["show", "hostnames"]:
     print("\\n".join(os.environ["FAKE_HOSTNAMES"].split()))
 """
 )
+
+# sinfo: prints $FAKE_SINFO ("CPUs GRES" of the partition's nodes).
+FAKE_SINFO = RECORDER + 'print(os.environ["FAKE_SINFO"])\n'
 
 
 def recorder(code: str) -> str:
@@ -132,20 +155,35 @@ def fake_environment(tmp_path: Path, gpus: list[str] | None, env: dict[str, str]
     """PATH with the stand-ins first (nvidia-smi only when `gpus` is not None), then the interpreter's dir."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir(exist_ok=True)
-    for name in ("python", "accelerate"):
-        write_tool(fake_bin, name, recorder(RECORD_AND_EXIT))
+    write_tool(fake_bin, "python", recorder(FAKE_PYTHON).replace("REAL_PYTHON", repr(sys.executable)))
+    write_tool(fake_bin, "accelerate", recorder(RECORD_AND_EXIT))
     write_tool(fake_bin, "srun", recorder(FAKE_SRUN))
     write_tool(fake_bin, "scontrol", recorder(FAKE_SCONTROL))
+    write_tool(fake_bin, "sinfo", recorder(FAKE_SINFO))
+    write_tool(fake_bin, "sbatch", recorder(RECORD_AND_EXIT))
     if gpus is not None:
         fake_nvidia_smi(fake_bin, gpus)
     elif shutil.which("nvidia-smi", path=SYSTEM_PATH):
         pytest.skip("a real nvidia-smi is installed: the CPU-only case cannot be faked here")
     return {
         "PATH": f"{fake_bin}:{Path(sys.executable).parent}:{SYSTEM_PATH}",
+        "PYTHON": str(fake_bin / "python"),
         "HOME": str(tmp_path),
         "LAUNCH_RECORD": str(tmp_path / "record.jsonl"),
         **env,
     }
+
+
+def read_records(path: Path, normalize_port: bool = True) -> list[dict]:
+    """What the stand-ins recorded; a free port, which differs from run to run, reads PORT."""
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    for record in records:
+        argv = record.get("argv", [])
+        if "--main_process_port" in argv and normalize_port:
+            port = argv.index("--main_process_port") + 1
+            assert argv[port].isdigit(), argv
+            argv[port] = "PORT"
+    return records
 
 
 def launch(tmp_path: Path, script: str, gpus: list[str] | None, args: list[str], env: dict[str, str]) -> Run:
@@ -160,9 +198,7 @@ def launch(tmp_path: Path, script: str, gpus: list[str] | None, args: list[str],
         text=True,
         timeout=60,
     )
-    record = Path(environment["LAUNCH_RECORD"])
-    records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
-    return Run(result, records)
+    return Run(result, read_records(Path(environment["LAUNCH_RECORD"]), "MAIN_PROCESS_PORT" not in env))
 
 
 def train(platform: str, precision: str, *user_args: str) -> list[str]:
@@ -170,7 +206,7 @@ def train(platform: str, precision: str, *user_args: str) -> list[str]:
     return ["train.py", "--config", f"configs/{platform}.yaml", "--mixed_precision", precision, *user_args]
 
 
-def multi_gpu(processes: int, precision: str) -> list[str]:
+def multi_gpu(processes: int, precision: str, port: str = "PORT") -> list[str]:
     return [
         "launch",
         "--multi_gpu",
@@ -178,6 +214,8 @@ def multi_gpu(processes: int, precision: str) -> list[str]:
         str(processes),
         "--num_machines",
         "1",
+        "--main_process_port",
+        port,
         "--mixed_precision",
         precision,
         "--dynamo_backend",
@@ -186,13 +224,15 @@ def multi_gpu(processes: int, precision: str) -> list[str]:
 
 
 USER_ARGS = ["--num_epochs", "2", "--output_dir", "/tmp/run dir"]  # a space: quoting must survive
+COLAB = {"COLAB_RELEASE_TAG": "release-colab_20260101"}
+KAGGLE = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}
 
 # (id, script, platform variables, GPUs or None for no nvidia-smi, extra env, expected records)
 SINGLE_MACHINE_CASES = [
     (
         "colab-t4",
         "run_colab.sh",
-        {"COLAB_RELEASE_TAG": "release-colab_20260101"},
+        COLAB,
         [T4],
         {},
         [{"tool": "python", "argv": train("colab", "fp16", *USER_ARGS), "env": {"PYTHONPATH": SRC}}],
@@ -208,7 +248,7 @@ SINGLE_MACHINE_CASES = [
     (
         "kaggle-2xt4",
         "run_kaggle.sh",
-        {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"},
+        KAGGLE,
         [T4, T4],
         {},
         [
@@ -250,7 +290,7 @@ SINGLE_MACHINE_CASES = [
         [{"tool": "python", "argv": train("local", "bf16", *USER_ARGS), "env": {"PYTHONPATH": SRC}}],
     ),
     (
-        "local-4-gpus-mixed",
+        "local-4-gpus-mixed-own-port",
         "run_local.sh",
         {},
         [A100, A100, A100, T4],
@@ -258,14 +298,8 @@ SINGLE_MACHINE_CASES = [
         [
             {
                 "tool": "accelerate",
-                "argv": [
-                    *multi_gpu(4, "fp16")[:6],
-                    "--main_process_port",
-                    "29555",
-                    *multi_gpu(4, "fp16")[6:],
-                    *train("local", "fp16", *USER_ARGS),
-                ],
-                "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS, "MAIN_PROCESS_PORT": "29555"},
+                "argv": multi_gpu(4, "fp16", "29555") + train("local", "fp16", *USER_ARGS),
+                "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS},
             }
         ],
     ),
@@ -289,8 +323,9 @@ def test_single_machine_launch(
 
     Proves: GPUs counted from nvidia-smi (CUDA_VISIBLE_DEVICES respected), one process per GPU or
     NUM_PROCESSES, bf16 only when every GPU is >= 8.0, `python train.py` for one process, a gloo group
-    (ACCELERATE_USE_CPU=1) for CPU processes, SIGUSR1 forwarding and Kaggle's NCCL_P2P_DISABLE for
-    several, the config and precision before the user's arguments (which arrive intact).
+    (ACCELERATE_USE_CPU=1) for CPU processes, a free rendezvous port (or MAIN_PROCESS_PORT), SIGUSR1
+    forwarding and Kaggle's NCCL_P2P_DISABLE for several, the config and precision before the user's
+    arguments (which arrive intact).
     """
     run = launch(
         tmp_path,
@@ -306,6 +341,51 @@ def test_single_machine_launch(
     # One line per decision.
     for decision in ("platform", "GPUs", "processes", "precision", "NCCL", "config", "install", "launch"):
         assert f"{script.removesuffix('.sh')}: {decision}: " in run.result.stdout, run.explain()
+
+
+def test_two_local_runs_get_different_free_ports(tmp_path: Path) -> None:
+    """Multi-process runs do not take a fixed rendezvous port (two jobs on one node collided on 29500):
+    each gets one that nobody listens on, so a port in use (a listener here) is never chosen."""
+    ports = []
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        for attempt in range(2):
+            folder = tmp_path / str(attempt)
+            folder.mkdir()
+            environment = fake_environment(folder, None, {"NUM_PROCESSES": "2", "SKIP_INSTALL": "1"})
+            result = subprocess.run(
+                ["bash", str(PROJECT / "scripts" / "run_local.sh")],
+                env=environment,
+                capture_output=True,
+                text=True,
+            )
+            assert result.returncode == 0, result.stderr
+            (record,) = read_records(Path(environment["LAUNCH_RECORD"]), normalize_port=False)
+            ports.append(int(record["argv"][record["argv"].index("--main_process_port") + 1]))
+            assert f"port {ports[-1]} (free now)" in result.stdout
+        assert busy.getsockname()[1] not in ports
+
+
+@pytest.mark.parametrize(("script", "platform_env"), [("run_colab.sh", KAGGLE), ("run_kaggle.sh", {})])
+def test_platform_launcher_refuses_elsewhere(
+    tmp_path: Path, script: str, platform_env: dict[str, str]
+) -> None:
+    """run_colab.sh on Kaggle, run_kaggle.sh on a laptop: refused in one line before anything starts or is
+    written (no /content/drive or /kaggle/working made here); ANY_PLATFORM=1 runs it anyway."""
+    env = {**platform_env, "SKIP_INSTALL": "1"}
+    run = launch(tmp_path, str(PROJECT / "scripts" / script), None, [], env)
+    assert run.result.returncode == 1, run.explain()
+    platform = script.removesuffix(".sh").removeprefix("run_")
+    (line,) = run.result.stderr.strip().splitlines()
+    assert line.startswith(f"run_{platform}: ERROR: scripts/{script} is for {platform.capitalize()}, but "), (
+        line
+    )
+    assert "ANY_PLATFORM=1" in line
+    assert run.records == [], run.explain()
+    forced = launch(tmp_path, str(PROJECT / "scripts" / script), None, [], {**env, "ANY_PLATFORM": "1"})
+    assert forced.result.returncode == 0, forced.explain()
+    assert [record["argv"] for record in forced.records] == [train(platform, "no")]
 
 
 def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -> None:
@@ -327,18 +407,26 @@ def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -
     assert "config: configs/local.yaml (your --config, instead of configs/kaggle.yaml)" in run.result.stdout
 
 
-@pytest.mark.parametrize("script", ["run_kaggle.sh", "run_colab.sh", "run_local.sh", "run_slurm.sh"])
+PLATFORM_ENV = {
+    "run_kaggle.sh": KAGGLE,
+    "run_colab.sh": COLAB,
+    "run_local.sh": {},
+    "run_slurm.sh": {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "1"},
+}
+
+
+@pytest.mark.parametrize("script", list(PLATFORM_ENV))
 def test_p100_is_refused_before_installing_or_launching(tmp_path: Path, script: str) -> None:
     """A Tesla P100 (compute 6.0) stops the launcher with a clear message and exit 1; nothing ran.
 
-    Installation is NOT skipped here: the recording `python` would show any install check or launch.
+    Installation is NOT skipped here: the recording `python` would show any install or launch.
     """
     run = launch(
         tmp_path,
         str(PROJECT / "scripts" / script),
         [P100, P100] if script == "run_kaggle.sh" else [P100],
         [],
-        {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "SLURM_JOB_ID": "4242", "SLURM_NNODES": "1"},
+        PLATFORM_ENV[script],
     )
     assert run.result.returncode == 1, run.explain()
     assert "Tesla P100-PCIE-16GB has compute capability 6.0" in run.result.stderr, run.explain()
@@ -352,6 +440,7 @@ SLURM_ENV = {
     "SLURM_JOB_ID": "4242",
     "SLURM_NNODES": "2",
     "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_CPUS_ON_NODE": "32",
     "FAKE_HOSTNAMES": "gpu07 gpu08",
     "SKIP_INSTALL": "1",
 }
@@ -364,16 +453,16 @@ def slurm_launch(rank: int) -> dict:
         "argv": [
             "launch",
             "--multi_gpu",
-            "--num_machines",
-            "2",
             "--machine_rank",
             str(rank),
             "--main_process_ip",
             "gpu07",
-            "--main_process_port",
-            "29500",
             "--num_processes",
             "8",
+            "--num_machines",
+            "2",
+            "--main_process_port",
+            "PORT",
             "--mixed_precision",
             "bf16",
             "--dynamo_backend",
@@ -384,24 +473,21 @@ def slurm_launch(rank: int) -> dict:
             "PYTHONPATH": SRC,
             "PET_SIGNALS_TO_HANDLE": SIGNALS,
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
-            "HEAD": "gpu07",
-            "MAIN_PROCESS_PORT": "29500",
-            "TOTAL_PROCESSES": "8",
-            "PRECISION": "bf16",
             "SLURM_NODEID": str(rank),
         },
     }
 
 
-SRUN_OPTIONS = ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+def srun_options(nodes: int, cpus: str = "32") -> list[str]:
+    return [f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}"]
 
 
 @pytest.mark.parametrize("location", ["scripts", "spool"])
 def test_slurm_two_nodes_of_four_gpus(tmp_path: Path, location: str) -> None:
-    """run_slurm.sh on 2 nodes x 4 A100: one srun task per node, whose single-quoted command expands
-    on each node to `accelerate launch` with that node's --machine_rank, the head node from scontrol,
-    8 processes in total and bf16. `spool`: run from a copy elsewhere, as sbatch does, it finds the
-    project through SLURM_SUBMIT_DIR."""
+    """run_slurm.sh on 2 nodes x 4 A100: one srun task per node with the node's CPUs, whose command
+    expands on each node to `accelerate launch` with that node's --machine_rank, the head node from
+    scontrol, 8 processes in total, bf16 and a free port. `spool`: run from a copy elsewhere, as sbatch
+    does, it finds the project through SLURM_SUBMIT_DIR."""
     script = PROJECT / "scripts" / "run_slurm.sh"
     env = dict(SLURM_ENV)
     if location == "spool":
@@ -417,8 +503,8 @@ def test_slurm_two_nodes_of_four_gpus(tmp_path: Path, location: str) -> None:
     assert scontrol["tool"] == "scontrol"
     assert scontrol["argv"] == ["show", "hostnames", "gpu[07-08]"]
     assert srun["tool"] == "srun"
-    options, command = srun["argv"][:4], srun["argv"][4:]
-    assert options == SRUN_OPTIONS
+    options, command = srun["argv"][:5], srun["argv"][5:]
+    assert options == [*srun_options(2), "--kill-on-bad-exit=1"]
     assert command[:2] == ["bash", "-c"]
     assert "$SLURM_NODEID" in command[2], "the per-node command must expand on the node"
     assert command[3:] == ["bash", *train("slurm", "bf16", *USER_ARGS)]
@@ -426,20 +512,52 @@ def test_slurm_two_nodes_of_four_gpus(tmp_path: Path, location: str) -> None:
     assert "run_slurm: nodes: 2 (4 process(es) per node, 8 in total)" in run.result.stdout
 
 
+@pytest.mark.parametrize(
+    ("tasks", "gpus", "expected"),
+    [
+        (
+            {"SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2"},
+            None,
+            "processes: 2 (the job's tasks per node)",
+        ),
+        ({"SLURM_TASKS_PER_NODE": "2(x1)"}, None, "processes: 2 (the job's tasks per node)"),
+        ({"SLURM_TASKS_PER_NODE": "1"}, [A100, A100], "processes: 2 (one per GPU)"),
+        ({"SLURM_TASKS_PER_NODE": "3"}, [A100, A100], "asks for 3 processes but only 2 GPU(s)"),
+    ],
+    ids=["ntasks-per-node", "ntasks", "gpus-per-node", "more-tasks-than-gpus"],
+)
+def test_slurm_processes_follow_the_job_request(
+    tmp_path: Path, tasks: dict[str, str], gpus: list[str] | None, expected: str
+) -> None:
+    """--ntasks-per-node (or --ntasks) gives that many processes per node; without it, one per GPU of
+    the job (--gpus-per-node); more tasks than GPUs is refused."""
+    env = {**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n1", "FAKE_HOSTNAMES": "n1", **tasks}
+    run = launch(tmp_path, str(PROJECT / "scripts" / "run_slurm.sh"), gpus, [], env)
+    assert expected in run.result.stdout + run.result.stderr, run.explain()
+    if "only" in expected:
+        assert run.result.returncode == 1 and run.records == [], run.explain()
+        return
+    assert run.result.returncode == 0, run.explain()
+    accelerate = [record for record in run.records if record["tool"] == "accelerate"]
+    assert accelerate[0]["argv"][accelerate[0]["argv"].index("--num_processes") + 1] == "2"
+
+
 def test_slurm_single_gpu_runs_python_under_srun(tmp_path: Path) -> None:
-    """One node with one T4: `srun --nodes=1 --ntasks=1 python train.py ...`, no launcher, fp16."""
-    env = {**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07", "FAKE_HOSTNAMES": "gpu07"}
+    """One node with one T4: `srun ... --cpus-per-task=<the job's> python train.py ...`, no launcher, fp16."""
+    env = {**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07", "SLURM_CPUS_ON_NODE": "6"}
     run = launch(tmp_path, str(PROJECT / "scripts" / "run_slurm.sh"), [T4], [], env)
     assert run.result.returncode == 0, run.explain()
+    python = str(tmp_path / "bin" / "python")
     assert [(r["tool"], r["argv"]) for r in run.records] == [
-        ("srun", ["--nodes=1", "--ntasks=1", "python", *train("slurm", "fp16")]),
+        ("srun", [*srun_options(1, "6"), python, *train("slurm", "fp16")]),
         ("python", train("slurm", "fp16")),
     ], run.explain()
 
 
-def test_slurm_requeues_itself_after_usr1(tmp_path: Path) -> None:
-    """SIGUSR1 to the batch shell (what --signal=B:USR1@300 sends) reaches the running srun step; once
-    the step has stopped, the job requeues itself with `scontrol requeue $SLURM_JOB_ID`."""
+@pytest.mark.parametrize("signal_name", ["SIGUSR1", "SIGTERM"])
+def test_slurm_passes_a_stop_signal_to_the_step_and_requeues(tmp_path: Path, signal_name: str) -> None:
+    """SIGUSR1 to the batch process (what --signal=B:USR1@300 sends) or SIGTERM (scontrol requeue) reaches
+    the running srun step; once the step has stopped, the job requeues itself."""
     started = tmp_path / "srun-started"
     env = fake_environment(tmp_path, [A100] * 4, {**SLURM_ENV, "FAKE_SRUN_WAIT": str(started)})
     process = subprocess.Popen(
@@ -452,86 +570,109 @@ def test_slurm_requeues_itself_after_usr1(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while not started.exists():
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "srun never started"
             time.sleep(0.05)
-        process.send_signal(signal.SIGUSR1)
-        stdout, stderr = process.communicate(timeout=20)
+        process.send_signal(getattr(signal, signal_name))
+        stdout, stderr = process.communicate(timeout=30)
     finally:
         process.kill()
-    records = [json.loads(line) for line in Path(env["LAUNCH_RECORD"]).read_text().splitlines()]
+    records = read_records(Path(env["LAUNCH_RECORD"]))
     summary = [(r["tool"], r.get("argv", r.get("signal"))) for r in records]
     assert process.returncode == 0, (stdout, stderr, summary)
     assert summary[0] == ("scontrol", ["show", "hostnames", "gpu[07-08]"])
     assert summary[1][0] == "srun"
-    assert summary[2:] == [("srun", "SIGUSR1"), ("scontrol", ["requeue", "4242"])], (stdout, stderr)
-    assert "requeue: training stopped after SIGUSR1 (exit 1)" in stdout
-
-
-def test_slurm_does_not_requeue_a_finished_or_failed_run(tmp_path: Path) -> None:
-    """Without SIGUSR1, a failing step is reported with its exit status and never requeued."""
-    env = {**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07", "FAKE_EXIT": "3"}
-    run = launch(tmp_path, str(PROJECT / "scripts" / "run_slurm.sh"), [T4], [], env)
-    assert run.result.returncode == 3, run.explain()
-    assert [r["tool"] for r in run.records] == ["srun", "python"], run.explain()
-    assert "not requeued" in run.result.stdout
-
-
-# A `python` that records pip installs and training starts; anything else goes to the real interpreter
-# (the launcher's dependency check). The constraint file is copied into the record: it is deleted after.
-PYTHON_WRAPPER = """\
-import json, os, sys
-args = sys.argv[1:]
-if args[:2] == ["-m", "pip"] or args[:1] == ["train.py"]:
-    record = dict(argv=args)
-    if "--constraint" in args:
-        record["constraints"] = open(args[args.index("--constraint") + 1]).read()
-    with open(os.environ["LAUNCH_RECORD"], "a") as file:
-        file.write(json.dumps(record) + "\\n")
-    sys.exit(0)
-os.execv(REAL_PYTHON, [REAL_PYTHON, *args])
-"""
+    assert summary[2:] == [("srun", signal_name), ("scontrol", ["requeue", "4242"])], (stdout, stderr)
+    assert "requeue: training stopped after a checkpoint (no report from train.py, exit 1)" in stdout
 
 
 @pytest.mark.parametrize(
-    ("extra_dependency", "missing"),
+    ("outcome", "restarts", "exit_code", "requeued", "message"),
     [
-        (None, None),
-        ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1"),
-        ("tqdm>=999", "tqdm>=999 (installed: "),
+        ('{"status": "stopped", "start_step": 0, "step": 40}', "0", 75, True, "steps 0 -> 40"),
+        ('{"status": "stopped", "start_step": 40, "step": 80}', "3", 75, True, "steps 40 -> 80"),
+        ('{"status": "stopped", "start_step": 40, "step": 40}', "0", 75, True, "steps 40 -> 40"),
+        ('{"status": "stopped", "start_step": 40, "step": 40}', "1", 75, False, "without progress"),
+        ('{"status": "finished", "start_step": 40, "step": 90}', "1", 0, False, "done: training finished"),
+        ("", "0", 3, False, "training failed (exit 3): not requeued"),
     ],
-    ids=["all-installed", "missing", "too-old"],
+    ids=["stopped", "stopped-after-requeues", "no-progress-first", "no-progress-again", "finished", "failed"],
 )
-def test_install_only_when_needed_and_keep_torch(
-    tmp_path: Path, extra_dependency: str | None, missing: str | None
+def test_slurm_requeue_follows_what_training_reports(
+    tmp_path: Path, outcome: str, restarts: str, exit_code: int, requeued: bool, message: str
 ) -> None:
+    """Whatever stopped training (a signal only the step got, say), a run that checkpointed and exited 75
+    requeues the job; one that made no progress since the last requeue does not (no endless loop); a
+    finished or failed run never does."""
+    env = {
+        **SLURM_ENV,
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_RESTART_COUNT": restarts,
+        "FAKE_OUTCOME": outcome,
+        "FAKE_EXIT": str(exit_code),
+    }
+    run = launch(tmp_path, str(PROJECT / "scripts" / "run_slurm.sh"), None, [], env)
+    assert message in run.result.stdout, run.explain()
+    tools = [(r["tool"], r["argv"]) for r in run.records]
+    assert (("scontrol", ["requeue", "4242"]) in tools) == requeued, run.explain()
+    assert run.result.returncode == (0 if requeued or exit_code == 0 else exit_code), run.explain()
+
+
+@pytest.mark.parametrize(
+    ("sinfo", "expected"),
+    [
+        ("2 (null)", ["--cpus-per-task=2"]),
+        ("64 gpu:a100:4(S:0-1)", ["--gpus-per-node=1", "--cpus-per-task=16"]),
+    ],
+    ids=["cpu-nodes", "gpu-nodes"],
+)
+def test_slurm_submit_derives_requests_from_the_cluster(
+    tmp_path: Path, sinfo: str, expected: list[str]
+) -> None:
+    """`bash scripts/run_slurm.sh` outside a job submits itself, asking for what the nodes have: no GPU
+    request on CPU nodes (a GPU request is refused there), 1 GPU and its share of CPUs on GPU nodes."""
+    run = launch(tmp_path, str(PROJECT / "scripts" / "run_slurm.sh"), None, USER_ARGS, {"FAKE_SINFO": sinfo})
+    assert run.result.returncode == 0, run.explain()
+    sbatch = [record for record in run.records if record["tool"] == "sbatch"]
+    assert [record["argv"] for record in sbatch] == [[*expected, "scripts/run_slurm.sh", *USER_ARGS]]
+    assert sbatch[0]["cwd"] == str(PROJECT)
+
+
+def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
     """Without SKIP_INSTALL: nothing is installed when pyproject.toml's dependencies are satisfied;
     otherwise `pip install -e . --constraint F` where F pins the installed torch, then the launch."""
     project = tmp_path / "project"
     shutil.copytree(PROJECT / "scripts", project / "scripts")
+    shutil.copytree(PROJECT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
     pyproject = (PROJECT / "pyproject.toml").read_text()
-    if extra_dependency:
-        pyproject = pyproject.replace(
-            "dependencies = [\n", f'dependencies = [\n    "{extra_dependency}",\n', 1
+    launched = train("local", "no")
+    for extra, missing in [
+        (None, None),
+        ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1"),
+        ("tqdm>=999", "tqdm>=999 (installed: "),
+    ]:
+        text = (
+            pyproject.replace("dependencies = [\n", f'dependencies = [\n    "{extra}",\n', 1)
+            if extra
+            else pyproject
         )
-    (project / "pyproject.toml").write_text(pyproject)
-    wrapper = tmp_path / "python-wrapper"
-    write_tool(tmp_path, wrapper.name, PYTHON_WRAPPER.replace("REAL_PYTHON", repr(sys.executable)))
-    run = launch(tmp_path, str(project / "scripts" / "run_local.sh"), None, [], {"PYTHON": str(wrapper)})
-    assert run.result.returncode == 0, run.explain()
-    launched = {"argv": train("local", "no")}
-    if missing is None:
-        assert run.records == [launched], run.explain()
-        assert "install: nothing to do" in run.result.stdout
-        return
-    pip, started = run.records
-    assert pip["argv"][:5] == ["-m", "pip", "install", "-e", "."]
-    assert pip["argv"][5] == "--constraint"
-    assert pip["constraints"] == f"torch=={metadata.version('torch')}\n"
-    assert started == launched
-    assert f"install: missing {missing}" in run.result.stdout, run.explain()
+        (project / "pyproject.toml").write_text(text)
+        (tmp_path / "record.jsonl").unlink(missing_ok=True)
+        run = launch(tmp_path, str(project / "scripts" / "run_local.sh"), None, [], {})
+        assert run.result.returncode == 0, run.explain()
+        if missing is None:
+            assert [record["argv"] for record in run.records] == [launched], run.explain()
+            assert "install: nothing to do" in run.result.stdout
+            continue
+        pip, started = run.records
+        assert pip["argv"][:5] == ["-m", "pip", "install", "-e", "."]
+        assert pip["argv"][5] == "--constraint"
+        assert pip["constraints"] == f"torch=={metadata.version('torch')}\n"
+        assert started["argv"] == launched
+        assert f"install: missing {missing}" in run.result.stdout, run.explain()
 
 
 @pytest.mark.slow
@@ -542,6 +683,7 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
     env = {
         **{key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")},
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHON": sys.executable,
         "NUM_PROCESSES": "2",
         "CUDA_VISIBLE_DEVICES": "",  # CPU processes, also on a machine with a GPU
         "SKIP_INSTALL": "1",

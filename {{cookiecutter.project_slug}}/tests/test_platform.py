@@ -11,13 +11,8 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.utils import hardware
-from {{ cookiecutter.package_name }}.utils.hardware import (
-    Gpu,
-    auto_precision,
-    check_output_dir,
-    detect_platform,
-    gpu_facts,
-)
+from {{ cookiecutter.package_name }}.utils.devices import Gpu, auto_precision, detect_platform, gpu_facts
+from {{ cookiecutter.package_name }}.utils.hardware import check_output_dir
 
 from .conftest import PROJECT, free_port, run_training
 

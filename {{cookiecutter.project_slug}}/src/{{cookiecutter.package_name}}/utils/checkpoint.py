@@ -33,7 +33,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from .config import ConfigError, TrainConfig, run_defining_fields, save_config
-from .hardware import detect_platform
+from .devices import detect_platform
 from .run_dir import RunError, earlier_outputs, set_aside, write_error
 
 LOOP_STATE_FILE = "loop_state.json"

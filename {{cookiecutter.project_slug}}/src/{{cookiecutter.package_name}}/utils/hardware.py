@@ -1,7 +1,7 @@
 """Where the run landed: platform, devices, and the decisions that follow from them.
 
-Device facts come from one place, `nvidia-smi --query-gpu=...` (the launchers in scripts/ read the
-same), so tests can fake a T4 or an A100 with a stand-in `nvidia-smi` on PATH.
+Device facts and the precision rule live in `devices.py`, shared with the launcher
+(`python -m {{ cookiecutter.package_name }}.launch`, behind scripts/run_*.sh); this module adds what needs torch.
 
 Print an environment report, the first thing to paste into a bug report:
 
@@ -12,58 +12,17 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
-import subprocess
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import accelerate
 import torch
 from accelerate.utils import parse_flag_from_env
 
+from .devices import auto_precision, detect_platform, gpu_facts
+
 COLAB_DRIVE = Path("/content/drive/MyDrive")
 KAGGLE_WORKING = Path("/kaggle/working")
-
-
-def detect_platform() -> str:
-    """`colab`, `kaggle`, `slurm` or `local`, from the environment each platform sets."""
-    if "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ:
-        return "colab"
-    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
-        return "kaggle"
-    if "SLURM_JOB_ID" in os.environ:
-        return "slurm"
-    return "local"
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    compute_capability: tuple[int, int]
-    memory_mib: int
-
-
-def gpu_facts() -> list[Gpu]:
-    """The GPUs this process may use, as nvidia-smi reports them; [] without nvidia-smi."""
-    executable = shutil.which("nvidia-smi")
-    if executable is None:
-        return []
-    query = [executable, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]
-    try:
-        output = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in output.splitlines():
-        if line.strip():
-            name, capability, memory = (part.strip() for part in line.split(","))
-            major, minor = capability.split(".")
-            gpus.append(Gpu(name, (int(major), int(minor)), int(memory.split()[0])))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and all(part.strip().isdigit() for part in visible.split(",") if part.strip()):
-        gpus = [gpus[int(index)] for index in visible.split(",") if index.strip() and int(index) < len(gpus)]
-    return gpus
 
 
 def cpu_forced() -> bool:
@@ -109,14 +68,6 @@ def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | No
         if parse_flag_from_env(flag) and distributed_type != kind
     ]
     return error, warnings
-
-
-def auto_precision(gpus: list[Gpu]) -> str:
-    """bf16 where every GPU computes it natively (compute capability 8.0+: A100, L4, RTX 30xx and newer),
-    fp16 on older GPUs (T4, V100), no mixed precision without a GPU."""
-    if not gpus:
-        return "no"
-    return "bf16" if all(gpu.compute_capability >= (8, 0) for gpu in gpus) else "fp16"
 
 
 def resolve_mixed_precision(choice: str) -> str:

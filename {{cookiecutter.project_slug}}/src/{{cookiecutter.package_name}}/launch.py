@@ -1,0 +1,497 @@
+"""Start training on this machine or a cluster: each launch decision printed with its reason, then the run.
+
+scripts/run_<platform>.sh run this from the project root with src/ importable:
+
+    python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
+
+Extra arguments go to train.py, after the platform's config and precision (train.py keeps the last
+occurrence of a flag, so yours win). The steps, one printed line each:
+  1. platform: the launcher must run on its platform (Colab's and Kaggle's write to their own paths);
+     ANY_PLATFORM=1 runs it anywhere.
+  2. GPUs: from nvidia-smi, as train.py sees them (devices.py); a GPU below compute capability 7.0
+     (e.g. Kaggle's P100) is refused before anything is installed or started.
+  3. processes: NUM_PROCESSES, else on SLURM the job's tasks per node (--ntasks-per-node, --ntasks),
+     else one per GPU, else 1.
+  4. precision: bf16 when every GPU has compute capability >= 8.0, fp16 below, `no` on the CPU; a
+     --mixed_precision of yours wins.
+  5. NCCL settings (Kaggle's two T4s hang on peer-to-peer), the config, then missing dependencies are
+     installed with the installed torch pinned (Colab's and Kaggle's CUDA builds stay; SKIP_INSTALL=1:
+     never run pip).
+  6. launch: one process is `python train.py ...` (signals reach it directly); several are
+     `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
+     signals to every process. CPU processes form one gloo group (ACCELERATE_USE_CPU=1).
+On SLURM, inside a job (sbatch scripts/run_slurm.sh), training runs as an srun step and the job requeues
+itself when training stopped for a signal after a checkpoint (exit 75) and made progress; outside a job,
+`bash scripts/run_slurm.sh` submits one, asking for the GPUs and CPUs the partition's nodes have.
+
+Standard library only: this runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .utils.devices import DeviceError, Gpu, detect_platform, precision_for, query_gpus, unsupported_gpu
+
+PLATFORMS = ("local", "colab", "kaggle", "slurm")
+# Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning).
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# Where train.py's main process reports how it ended, for the SLURM launcher's requeue decision.
+OUTCOME_FILE = "TRAIN_OUTCOME_FILE"
+GPU_HINTS = {
+    "local": "Run on the CPU instead: CUDA_VISIBLE_DEVICES= scripts/run_local.sh",
+    "colab": "Pick another GPU: Runtime > Change runtime type > T4 GPU (or better).",
+    "kaggle": "In the notebook: Settings > Accelerator > GPU T4 x2.",
+    "slurm": "Ask for another GPU type (e.g. sbatch --gpus-per-node=a100:1 or --constraint).",
+}
+
+
+class LaunchError(Exception):
+    """A launch that cannot go ahead, in one line that says what to do."""
+
+
+def interpreter() -> str:
+    """The Python that trains and installs: $PYTHON (the scripts start this launcher with it), else this."""
+    return os.environ.get("PYTHON") or sys.executable
+
+
+def say(platform: str, text: str) -> None:
+    print(f"run_{platform}: {text}", flush=True)
+
+
+def check_platform(platform: str) -> str:
+    """Refuse a Colab or Kaggle launcher elsewhere: it would write that platform's paths on this disk."""
+    here = detect_platform()
+    if platform in ("colab", "kaggle") and here != platform and os.environ.get("ANY_PLATFORM") != "1":
+        raise LaunchError(
+            f"scripts/run_{platform}.sh is for {platform.capitalize()}, but this machine is {here}: use "
+            f"scripts/run_{'slurm' if here == 'slurm' else 'local'}.sh, or set ANY_PLATFORM=1 to use "
+            f"configs/{platform}.yaml here anyway"
+        )
+    return f"platform: {platform} (project {Path.cwd()})"
+
+
+def gpus_here(platform: str) -> tuple[list[Gpu], str]:
+    gpus, why_none = query_gpus()
+    if problem := unsupported_gpu(gpus):
+        raise LaunchError(f"{problem}. {GPU_HINTS[platform]}")
+    if not gpus:
+        return gpus, f"GPUs: none ({why_none}): CPU only"
+    return gpus, f"GPUs: {len(gpus)} x {', '.join(str(gpu) for gpu in gpus)}"
+
+
+def slurm_tasks_per_node() -> int | None:
+    """Tasks per node the job asked for (--ntasks-per-node, or --ntasks spread evenly), None if 1."""
+    text = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE", "")
+    counts = {int(match) for match in re.findall(r"(\d+)(?:\(x\d+\))?", text)}
+    if len(counts) > 1:
+        raise LaunchError(
+            f"the job has different task counts per node (SLURM_TASKS_PER_NODE={text}): ask for "
+            "--ntasks-per-node instead of --ntasks"
+        )
+    return counts.pop() if counts and max(counts) > 1 else None
+
+
+def choose_processes(gpus: list[Gpu], platform: str) -> tuple[int, str]:
+    """Processes on this machine (per node on SLURM), and why."""
+    requested, source = os.environ.get("NUM_PROCESSES", ""), "NUM_PROCESSES"
+    if not requested and platform == "slurm" and (tasks := slurm_tasks_per_node()):
+        requested, source = str(tasks), "the job's tasks per node"
+    if requested:
+        if not requested.isdigit() or int(requested) < 1:
+            raise LaunchError(f"NUM_PROCESSES must be a positive integer, not '{requested}'")
+        if gpus and int(requested) > len(gpus):
+            raise LaunchError(
+                f"{source} asks for {requested} processes but only {len(gpus)} GPU(s) are visible: one "
+                "process per GPU at most"
+            )
+        return int(requested), f"processes: {requested} ({source})"
+    if gpus:
+        return len(gpus), f"processes: {len(gpus)} (one per GPU)"
+    return 1, "processes: 1 (CPU only; NUM_PROCESSES=2 starts 2 CPU processes that talk over gloo)"
+
+
+def last_flag_value(flag: str, args: list[str]) -> str | None:
+    """The value of the last `FLAG value` or `FLAG=value` in args."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str, str]:
+    """(accelerate's --mixed_precision, the hardware's choice for train.py, the decision line)."""
+    hardware, reason = precision_for(gpus)
+    chosen = last_flag_value("--mixed_precision", args)
+    if chosen:
+        return (
+            chosen,
+            hardware,
+            f"precision: {chosen} (your --mixed_precision; the hardware suggests {hardware}: {reason})",
+        )
+    return hardware, hardware, f"precision: {hardware} ({reason})"
+
+
+def nccl_settings(platform: str, total_processes: int, gpus: list[Gpu]) -> tuple[dict[str, str], str]:
+    if total_processes == 1 or not gpus:
+        return {}, "NCCL: not used (a single process, or CPU processes on gloo)"
+    if platform == "kaggle":
+        # NCCL's peer-to-peer transport hangs between Kaggle's two T4s: traffic goes through host memory
+        # instead (slower, never stuck). Your own NCCL_P2P_DISABLE wins.
+        value = os.environ.get("NCCL_P2P_DISABLE", "1")
+        line = f"NCCL: NCCL_P2P_DISABLE={value} (P2P between Kaggle's T4s can hang)"
+        return {"NCCL_P2P_DISABLE": value}, line
+    if platform == "slurm":
+        return {}, "NCCL: library defaults (set NCCL_SOCKET_IFNAME if the nodes have several networks)"
+    return {}, "NCCL: library defaults"
+
+
+def train_args(platform: str, precision: str, args: list[str]) -> tuple[list[str], str]:
+    config = f"configs/{platform}.yaml"
+    chosen = last_flag_value("--config", args)
+    line = f"config: {chosen} (your --config, instead of {config})" if chosen else f"config: {config}"
+    return ["train.py", "--config", config, "--mixed_precision", precision, *args], line
+
+
+def missing_dependencies(pyproject: Path) -> list[str]:
+    """pyproject.toml's dependencies that are not installed, or installed outside their requirement.
+    Reads package metadata only: nothing is imported, no CUDA is initialised."""
+    from importlib import metadata
+
+    text = pyproject.read_text(encoding="utf-8")
+    try:
+        import tomllib
+
+        requirements = tomllib.loads(text)["project"]["dependencies"]
+    except ModuleNotFoundError:  # Python 3.10: the dependencies array is one plain list of strings
+        block = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL)
+        requirements = re.findall(r'"([^"]+)"', block.group(1)) if block else []
+    missing = []
+    for requirement in requirements:
+        name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(requirement)
+            continue
+        try:
+            from packaging.requirements import Requirement
+        except ImportError:  # without packaging, being installed is enough
+            continue
+        if not Requirement(requirement).specifier.contains(installed, prereleases=True):
+            missing.append(f"{requirement} (installed: {installed})")
+    return missing
+
+
+def install_missing(platform: str) -> None:
+    """`pip install -e .` when a dependency is missing, with the installed torch pinned by a constraint,
+    so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
+    if os.environ.get("SKIP_INSTALL") == "1":
+        say(platform, "install: skipped (SKIP_INSTALL=1)")
+        return
+    missing = missing_dependencies(Path("pyproject.toml"))
+    if not missing:
+        say(platform, "install: nothing to do (every dependency of pyproject.toml is installed)")
+        return
+    say(platform, f"install: missing {'; '.join(missing)}")
+    from importlib import metadata
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="constraints-") as constraints:
+        try:
+            torch_version = metadata.version("torch")
+            constraints.write(f"torch=={torch_version}\n")
+            constraints.flush()
+            say(
+                platform,
+                f"install: pip install -e . --constraint <torch=={torch_version}>: the installed torch stays",
+            )
+        except metadata.PackageNotFoundError:
+            say(
+                platform,
+                "install: torch is not installed, so pip installs its default build (install the torch "
+                "build you want first to choose it)",
+            )
+        command = [interpreter(), "-m", "pip", "install", "-e", ".", "--constraint", constraints.name]
+        if subprocess.run(command).returncode != 0:
+            raise LaunchError(
+                "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
+                "another way and rerun with SKIP_INSTALL=1."
+            )
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now: two runs on one machine must not share a rendezvous port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def rendezvous_port() -> tuple[int, str]:
+    chosen = os.environ.get("MAIN_PROCESS_PORT", "")
+    if chosen:
+        if not chosen.isdigit() or not 0 < int(chosen) < 65536:
+            raise LaunchError(f"MAIN_PROCESS_PORT must be a TCP port number, not '{chosen}'")
+        return int(chosen), "MAIN_PROCESS_PORT"
+    return free_port(), "free now"
+
+
+def accelerate_command(processes: int, precision: str, port: int) -> list[str]:
+    return [
+        "accelerate",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port),
+        "--mixed_precision",
+        precision,
+        "--dynamo_backend",
+        "no",
+    ]
+
+
+def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str, str], str]:
+    env = {"PET_SIGNALS_TO_HANDLE": FORWARDED_SIGNALS}
+    if gpus:
+        return env, f"distributed: {total} GPU processes on NCCL{where}"
+    # Plain --multi_gpu without GPUs starts independent copies that never communicate.
+    env["ACCELERATE_USE_CPU"] = "1"
+    return env, f"distributed: {total} CPU processes on gloo (ACCELERATE_USE_CPU=1){where}"
+
+
+def decide(platform: str, args: list[str]) -> dict:
+    """Every decision for this machine, printed; the numbers the launch needs."""
+    say(platform, check_platform(platform))
+    gpus, line = gpus_here(platform)
+    say(platform, line)
+    processes, line = choose_processes(gpus, platform)
+    say(platform, line)
+    nodes = 1
+    if platform == "slurm":
+        nodes_text = os.environ.get("SLURM_NNODES", "1")
+        if not nodes_text.isdigit() or int(nodes_text) < 1:
+            raise LaunchError(f"SLURM_NNODES='{nodes_text}' is not a node count")
+        nodes = int(nodes_text)
+        say(platform, f"nodes: {nodes} ({processes} process(es) per node, {processes * nodes} in total)")
+    precision, hardware_precision, line = choose_precision(gpus, args)
+    say(platform, line)
+    nccl_env, line = nccl_settings(platform, processes * nodes, gpus)
+    say(platform, line)
+    command, line = train_args(platform, hardware_precision, args)
+    say(platform, line)
+    install_missing(platform)
+    return {
+        "gpus": gpus,
+        "processes": processes,
+        "nodes": nodes,
+        "precision": precision,
+        "env": nccl_env,
+        "train": command,
+    }
+
+
+def launch_here(platform: str, args: list[str]) -> None:
+    """Colab, Kaggle, a laptop or workstation: decide, then become the training command (never returns)."""
+    plan = decide(platform, args)
+    env = {**os.environ, **plan["env"]}
+    if plan["processes"] == 1:
+        command = [interpreter(), *plan["train"]]  # no launcher in between: train.py gets every signal
+    else:
+        port, why = rendezvous_port()
+        extra, line = multi_process_env(plan["gpus"], plan["processes"], f", port {port} ({why})")
+        say(platform, line)
+        env.update(extra)
+        command = accelerate_command(plan["processes"], plan["precision"], port) + plan["train"]
+    say(platform, f"launch: {shlex.join(command)}")
+    os.execvpe(command[0], command, env)
+
+
+# --- SLURM ------------------------------------------------------------------------------------------
+
+
+def slurm_resources() -> tuple[list[str], str]:
+    """sbatch options for the GPUs and CPUs of the partition's nodes: 1 GPU (NUM_GPUS to change) and its
+    share of a node's CPUs where nodes have GPUs, all of a node's CPUs where they have none."""
+    query = ["sinfo", "--noheader", "--format=%c %G"]
+    if partition := os.environ.get("SBATCH_PARTITION"):
+        query.append(f"--partition={partition}")
+    try:
+        lines = subprocess.run(
+            query, capture_output=True, text=True, timeout=60, check=True
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError) as error:
+        raise LaunchError(f"cannot ask SLURM about its nodes ({shlex.join(query)}: {error})") from None
+    nodes = [line.split(None, 1) for line in lines if line.strip()]
+    if not nodes:
+        raise LaunchError(
+            f"{shlex.join(query)} lists no nodes: set SBATCH_PARTITION to a partition you may use"
+        )
+    cpus, gres = nodes[0][0], nodes[0][1] if len(nodes[0]) > 1 else ""
+    node_cpus = int(re.sub(r"\D", "", cpus) or 1)
+    match = re.search(r"gpu(?::[^:,(]+)?:(\d+)", gres)
+    if not match:
+        return [f"--cpus-per-task={node_cpus}"], f"nodes without GPUs ({node_cpus} CPUs each): a CPU job"
+    node_gpus = int(match.group(1))
+    wanted = int(os.environ.get("NUM_GPUS", "1"))
+    share = max(1, node_cpus * wanted // node_gpus)
+    options = [f"--gpus-per-node={wanted}", f"--cpus-per-task={share}"]
+    return (
+        options,
+        f"nodes with {node_gpus} GPUs and {node_cpus} CPUs: {wanted} GPU(s) and their share of CPUs",
+    )
+
+
+def submit(args: list[str]) -> int:
+    """Outside a job: submit scripts/run_slurm.sh with requests derived from the cluster."""
+    options, why = slurm_resources()
+    command = ["sbatch", *options, "scripts/run_slurm.sh", *args]
+    say("slurm", f"submit: {why}; sbatch options in SBATCH_* variables apply too (SBATCH_PARTITION, ...)")
+    say("slurm", f"submit: {shlex.join(command)}")
+    return subprocess.run(command).returncode
+
+
+class StepSignals:
+    """Stop signals to the batch process (SLURM's --signal=B:USR1@N, a requeue's SIGTERM), passed on to
+    the running srun step, which passes them to every training process."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.step: subprocess.Popen | None = None
+        for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = self.received or signal.Signals(signum).name
+        say("slurm", f"{signal.Signals(signum).name}: asking training to save a checkpoint and stop")
+        if self.step is not None and self.step.poll() is None:
+            # srun would answer a single SIGINT with a status report, not a stop.
+            self.step.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+
+
+def report_outcome(status: str, start_step: int, step: int) -> None:
+    """Called by train.py's main process at its end ("finished" or "stopped" after a checkpoint): tells a
+    SLURM launcher how far this run got. Does nothing outside one."""
+    if path := os.environ.get(OUTCOME_FILE):
+        Path(path).write_text(json.dumps({"status": status, "start_step": start_step, "step": step}))
+
+
+def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]:
+    nodes, processes = plan["nodes"], plan["processes"]
+    # srun no longer passes the job's CPUs per task down (Slurm >= 22.05): a step without them gets one.
+    cpus = os.environ.get("SLURM_CPUS_ON_NODE", "1")
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}"]
+    if nodes * processes == 1:
+        return [*srun, interpreter(), *plan["train"]], {}, ""
+    head = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    if not head:
+        raise LaunchError(f"no head node in SLURM_JOB_NODELIST='{os.environ.get('SLURM_JOB_NODELIST', '')}'")
+    env, line = multi_process_env(
+        plan["gpus"], nodes * processes, f" on {nodes} node(s), head {head[0]}:{port}"
+    )
+    # After forwarding a signal the launcher SIGKILLs workers still running 30 s later (torch's default);
+    # 120 s leaves a large model time to write its checkpoint.
+    env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
+    launch = accelerate_command(nodes * processes, plan["precision"], port)
+    launch[launch.index("--num_machines") + 1] = str(nodes)
+    launch[3:3] = ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", head[0]]
+    # One task per node; $SLURM_NODEID expands there, in that task.
+    per_node = " ".join(part if part.startswith("$") else shlex.quote(part) for part in launch)
+    command = [*srun, "--kill-on-bad-exit=1", "bash", "-c", f'exec {per_node} "$@"', "bash", *plan["train"]]
+    return command, env, line
+
+
+def run_slurm_job(args: list[str], signals: StepSignals) -> int:
+    """Inside a job: train as an srun step; requeue the job when training stopped after a checkpoint."""
+    job, restarts = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    say("slurm", f"job {job}, restart {restarts}")
+    plan = decide("slurm", args)
+    port, why = rendezvous_port()
+    command, env, line = step_command(plan, port)
+    if line:
+        say("slurm", f"{line} (port {why})")
+
+    def requeue(reason: str) -> int:
+        say(
+            "slurm",
+            f"requeue: {reason}; scontrol requeue {job} (the requeued job continues from the checkpoint)",
+        )
+        return subprocess.run(["scontrol", "requeue", job]).returncode
+
+    if signals.received:
+        if restarts == 0:
+            return requeue(f"{signals.received} arrived before training started")
+        say(
+            "slurm",
+            f"{signals.received} arrived before training started, again: not requeued (the time limit is "
+            "shorter than the --signal warning?); resubmit with a longer --time",
+        )
+        return 1
+    with tempfile.TemporaryDirectory(prefix="launch-") as folder:
+        outcome_path = Path(folder) / "outcome.json"
+        env[OUTCOME_FILE] = str(outcome_path)
+        say("slurm", f"launch: {shlex.join(command)}")
+        signals.step = subprocess.Popen(command, env={**os.environ, **plan["env"], **env})
+        status = signals.step.wait()
+        outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else {}
+    if outcome.get("status") == "finished" or (status == 0 and not outcome):
+        say("slurm", "done: training finished")
+        return 0
+    stopped = outcome.get("status") == "stopped" or (signals.received is not None and status != 0)
+    if not stopped:
+        say("slurm", f"training failed (exit {status}): not requeued")
+        return status or 1
+    progress = outcome.get("step", 0) > outcome.get("start_step", 0)
+    where = f"steps {outcome['start_step']} -> {outcome['step']}" if outcome else "no report from train.py"
+    if progress or restarts == 0:
+        return requeue(f"training stopped after a checkpoint ({where}, exit {status})")
+    say(
+        "slurm",
+        f"training stopped without progress since the last requeue ({where}): not requeued again, "
+        "so it cannot loop; resubmit, with a longer --time if the signal came at once",
+    )
+    return status or 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # First: a SLURM warning that arrives during start-up must not kill the batch process.
+    signals = StepSignals() if argv[:1] == ["slurm"] and "SLURM_JOB_ID" in os.environ else None
+    if not argv or argv[0] not in PLATFORMS:
+        print(
+            f"usage: python -m {__package__}.launch local|colab|kaggle|slurm [train.py arguments]",
+            file=sys.stderr,
+        )
+        return 2
+    platform, args = argv[0], argv[1:]
+    try:
+        if platform != "slurm":
+            launch_here(platform, args)
+        if signals is None:
+            return submit(args)
+        return run_slurm_job(args, signals)
+    except (LaunchError, DeviceError) as error:
+        print(f"run_{platform}: ERROR: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
