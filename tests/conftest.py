@@ -151,3 +151,9 @@ def tool(name: str) -> str:
     if found is None:
         pytest.fail(f"{name} is not installed for {sys.executable}: pip install -r requirements-dev.txt")
     return found
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slurm", action="store_true", help="run tests/test_slurm.py on a real SLURM started here (root)"
+    )

@@ -11,4 +11,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export PYTHON PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m {{ cookiecutter.package_name }}.launch local "$@"
+exec "$PYTHON" -m "{{ cookiecutter.package_name }}.launch" local "$@"

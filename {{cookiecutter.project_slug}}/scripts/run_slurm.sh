@@ -40,7 +40,7 @@ for candidate in "${PROJECT_DIR:-}" "$(dirname "${BASH_SOURCE[0]}")/.." "${SLURM
     cd "$candidate"
     PYTHON=${PYTHON:-$(command -v python || command -v python3)}
     export PYTHON PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-    exec "$PYTHON" -m {{ cookiecutter.package_name }}.launch slurm "$@"
+    exec "$PYTHON" -m "{{ cookiecutter.package_name }}.launch" slurm "$@"
   fi
 done
 echo "run_slurm: ERROR: project not found: run sbatch from the project root or set PROJECT_DIR" >&2
