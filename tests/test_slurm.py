@@ -33,7 +33,7 @@ from .conftest import Render, run
 pytestmark = pytest.mark.slurm
 
 SETUP = Path(__file__).parent / "slurm" / "setup_slurm.sh"
-# About 250 optimizer steps of the digits example, checkpoints every 20: long enough to signal mid-run.
+# 440 optimizer steps of the digits example, checkpoints every 20: long enough to signal mid-run.
 RUN = ["--num_epochs", "20", "--log_every", "5", "--checkpoint_every", "20", "--keep_checkpoints", "2"]
 # Over 2 minutes of training here (250 steps/s): a 2-minute time limit must stop and requeue it.
 LONG_RUN = ["--num_epochs", "800", "--log_every", "10", "--checkpoint_every", "200"]
