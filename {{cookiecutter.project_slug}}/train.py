@@ -29,7 +29,6 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
 from accelerate.utils.operations import send_to_device, slice_tensors
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.launch import report_outcome
@@ -51,6 +50,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
 )
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
+from {{ cookiecutter.package_name }}.utils.progress import Progress
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, ignore_stop_signals
 from {{ cookiecutter.package_name }}.utils.tracking import (
@@ -244,9 +244,8 @@ def train(
     last_saved = resumed_from  # the newest checkpoint known to hold finite weights
     micro_size = config.per_device_batch_size
     metrics: dict[str, float] | None = None
-    progress = tqdm(
-        total=total_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process
-    )
+    progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
+    parameters = list(model.parameters())  # for clipping: walking the modules at every step costs
     while state.step < total_steps and not stopping and not state.stopped_early and not diverged:
         model.train()
         train_loader.set_epoch(state.epoch)  # the data order of this epoch
@@ -261,14 +260,16 @@ def train(
         for batch in batches:
             step_loss = None
             for micro in range(accumulation):
-                micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
+                micro_batch = batch  # the whole batch is one micro-batch unless accumulating
+                if accumulation > 1:
+                    micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
                 with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
                     loss = task.loss(forward, micro_batch)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                    optimizer.step()  # a no-op until the last micro-batch
-                    optimizer.zero_grad()
+                        accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+                        optimizer.step()
+                        optimizer.zero_grad()
                 step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
 
             # One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients):
@@ -289,7 +290,6 @@ def train(
             if end_of_epoch:
                 state.epoch += 1
                 state.epoch_samples = 0
-            progress.update()
 
             if state.step % config.log_every == 0:
                 # The one host-device sync of training, once per logging interval. The stop vote
@@ -304,6 +304,7 @@ def train(
                     log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
                 running_loss.zero_()
                 running_batches = 0
+            progress.update()  # after the log: a progress line shows the loss just computed
             if diverged:
                 break
             if (config.eval_every and state.step % config.eval_every == 0) or (
@@ -333,6 +334,7 @@ def train(
                 state.loss_batches = running_batches
                 state.metrics_bytes = metrics_size(output_dir)
                 last_saved = save_checkpoint(accelerator, config, state, protect=resumed_from)
+                progress.write(f"checkpoint: step {state.step} saved to {last_saved}")
             if stopping or state.stopped_early or state.step >= total_steps:
                 break
     progress.close()
@@ -416,7 +418,7 @@ def track_best(
 
 def log_train_loss(
     accelerator: Accelerator,
-    progress: tqdm,
+    progress: Progress,
     loss_total: float,
     batches: int,
     state: LoopState,
@@ -424,7 +426,7 @@ def log_train_loss(
 ) -> None:
     """Log the mean train loss per micro-batch since the last log; `loss_total` is summed over processes."""
     mean_loss = loss_total / accelerator.num_processes / batches
-    progress.set_postfix(loss=f"{mean_loss:.4f}")
+    progress.set_loss(mean_loss)
     accelerator.log(
         {
             "train/loss": mean_loss,

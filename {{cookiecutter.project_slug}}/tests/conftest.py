@@ -105,6 +105,19 @@ def assert_same_run(resumed: Path, reference: Path) -> None:
     assert read_metrics(resumed) == read_metrics(reference)
 
 
+def assert_readable_log(output: str, checkpoints: list[Path]) -> None:
+    """What a run printed off a terminal (a pipe here, a file on SLURM or Kaggle): no carriage-return
+    frames of a progress bar, the last step's progress line once, and one line per checkpoint saved, from
+    the main process alone whatever the number of processes (`checkpoints`: those on disk)."""
+    assert "\r" not in output, "a progress bar drew frames into a pipe"
+    lines = output.splitlines()
+    assert sum(1 for line in lines if line.startswith("train: step") and "(100%)" in line) <= 1, output
+    saved = [line for line in lines if line.startswith("checkpoint: step")]
+    assert len(saved) == len(set(saved)), saved
+    for path in checkpoints:  # those rotation kept; it removed older ones
+        assert f"checkpoint: step {int(path.name[5:])} saved to {path}" in saved, (path, saved)
+
+
 def wait_for_training(
     output_dir: Path, process: subprocess.Popen, since: float, step: int = 0, timeout: float = 120
 ) -> None:

@@ -25,6 +25,7 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from .conftest import (
     PROJECT,
     QUICK,
+    assert_readable_log,
     assert_same_run,
     read_metrics,
     run_predict,
@@ -54,6 +55,7 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
     assert process.returncode == EXIT_STOPPED, output[-2000:]
     assert "checkpoint saved, run the same command to continue" in output
     assert not (output_dir / "model").exists()
+    assert_readable_log(output, list_checkpoints(output_dir))
     stopped_at = max(int(path.name[5:]) for path in list_checkpoints(output_dir))
     resumed = run_training(output_dir, *SIGNAL_RUN)
     assert f"step_{stopped_at:08d}" in resumed.stdout and "resuming from" in resumed.stdout
@@ -70,6 +72,9 @@ def test_one_and_two_processes_end_at_the_same_eval_metrics(
     two = run_training(tmp_path / "two", *args, processes=2)
     assert "x 1 processes x 2 accumulation = global batch 64" in one.stdout
     assert "x 2 processes x 1 accumulation = global batch 64" in two.stdout
+    assert "train: step" in one.stdout + two.stdout  # the last step's line, at least
+    for name, result in (("one", one), ("two", two)):  # two processes, one line per event
+        assert_readable_log(result.stdout + result.stderr, list_checkpoints(tmp_path / name))
     evals = [[row for row in read_metrics(tmp_path / name) if "eval/loss" in row] for name in ("one", "two")]
     assert evals[0], "no evaluation was logged"
     assert [row["step"] for row in evals[0]] == [row["step"] for row in evals[1]]
