@@ -241,7 +241,17 @@ def report(
         f"accelerate {accelerate.__version__}, {os.cpu_count()} CPUs "
         f"({torch.get_num_threads()} torch threads), {time.strftime('%Y-%m-%d')}"
     )
-    return "\n".join(rows + notes)
+    return "\n".join(rows + notes + call_breakdown(syncs))
+
+
+def call_breakdown(syncs: dict) -> list[str]:
+    """Python calls per step by the line of each loop that makes them (itself or through what it calls)."""
+    lines = ["", "Where the Python calls of a step come from (the line of each loop, with all it calls):", ""]
+    for title, key in (("generated train.py", "by_line"), ("plain PyTorch loop", "plain_by_line")):
+        lines += [f"| {title} | calls per step |", "|---|---|"]
+        lines += [f"| `{text}` | {count:.1f} |" for text, count in syncs[key]]
+        lines.append("")
+    return lines
 
 
 def plain_ms(result: dict) -> float:
@@ -674,10 +684,21 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
     # Python and builtin function calls per step, on the training thread: unlike time, a count that
     # this machine's drifting speed cannot blur. Both loops pay the same for the counting wrappers.
     function_calls: collections.Counter[int] = collections.Counter()
+    # And where they come from: (step, line of the loop's own code that made them, directly or not).
+    by_line: collections.Counter[tuple[int, int]] = collections.Counter()
+    loop: dict[str, Any] = {"file": "", "code": None}  # the generated loop: all of train.py
 
     def profile(frame, event: str, arg) -> None:
         if event in ("call", "c_call"):
             function_calls[current["step"]] += 1
+            while frame is not None:
+                code = frame.f_code
+                if code is loop["code"] or (loop["code"] is None and code.co_filename == loop["file"]):
+                    by_line[current["step"], frame.f_lineno] += 1
+                    return
+                if code.co_filename == __file__:
+                    return  # the counting wrappers above, which both loops pay for
+                frame = frame.f_back
 
     def tally() -> dict:
         # Step k = from the end of optimizer step k to the end of step k+1. The steps after the last
@@ -689,7 +710,15 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
         internal = sum(1 for k, site in calls if k in window and site == "torch")
         per_log = (len(outside) - ordinary) / len(logging)
         sites = sorted({site for k, site in outside})
+        lines: collections.Counter[int] = collections.Counter()
+        for (k, line), count in by_line.items():
+            if k in window:
+                lines[line] += count
+        source = Path(loop["file"]).read_text().splitlines()
         return {
+            "by_line": [
+                (source[line - 1].strip()[:100], count / len(window)) for line, count in lines.most_common(12)
+            ],
             "ordinary": ordinary,
             "per_log": per_log,
             "sites": sites,
@@ -699,6 +728,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
 
     import train
 
+    loop["file"] = train.__file__
     originals = {}
     for name in SYNC_METHODS:
         originals[name], wrapper = counted(name)
@@ -715,7 +745,9 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
         ours = tally()
         calls.clear()
         function_calls.clear()
+        by_line.clear()
         current["step"] = 0
+        loop.update(file=__file__, code=plain_loop.__code__)
         sys.setprofile(profile)
         plain_loop(package, setup)
         sys.setprofile(None)

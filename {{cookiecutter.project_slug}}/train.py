@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.launch import report_outcome
-from {{ cookiecutter.package_name }}.utils.accelerate_fixes import cache_lomo_check
+from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.config import (
     ConfigError,
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"{config_path}: {error}") from error
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
-    cache_lomo_check()  # Accelerate would look for an optional package at every optimizer step
+    speed_up_accelerate()  # skips Accelerate's per-step work that cannot change a result
     accelerator = Accelerator(
         mixed_precision=resolve_mixed_precision(config.mixed_precision),
         log_with=trackers(config),

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+
 import accelerate.optimizer
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin
 
-from {{ cookiecutter.package_name }}.utils.accelerate_fixes import cache_lomo_check
+from {{ cookiecutter.package_name }}.utils import accelerate_fixes
+from {{ cookiecutter.package_name }}.utils.accelerate_fixes import cache_lomo_check, speed_up_accelerate
 
 
 def test_the_optimizer_asks_for_lomo_once_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,3 +40,58 @@ def test_an_accelerate_without_the_check_is_left_alone(monkeypatch: pytest.Monke
     monkeypatch.delattr(accelerate.optimizer, "is_lomo_available")
     cache_lomo_check()
     assert not hasattr(accelerate.optimizer, "is_lomo_available")
+
+
+def gradients_after(accumulation: int, fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """The gradients of two micro-batches through Accelerator.backward, with or without the fixes."""
+    if not fast:  # Accelerate's own methods, as before speed_up_accelerate() patched them
+        for cls, name in (
+            (Accelerator, "backward"),
+            (accelerate.optimizer.AcceleratedOptimizer, "zero_grad"),
+        ):
+            monkeypatch.setattr(cls, name, inspect.unwrap(getattr(cls, name)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    plugin = GradientAccumulationPlugin(num_steps=accumulation, sync_with_dataloader=False)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=plugin)
+    model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    inputs = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    for micro in inputs:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(micro).square().mean())
+    return [param.grad.clone() for param in model.parameters()]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_the_fast_paths_give_accelerates_gradients_bit_for_bit(
+    accumulation: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    speed_up_accelerate()
+    with monkeypatch.context() as original:
+        expected = gradients_after(accumulation, fast=False, monkeypatch=original)
+    actual = gradients_after(accumulation, fast=True, monkeypatch=monkeypatch)
+    for got, want in zip(actual, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_no_division_by_one_and_zero_grad_inspects_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    speed_up_accelerate()
+    speed_up_accelerate()  # applied twice: still one layer each
+    for method in (Accelerator.backward, accelerate.optimizer.AcceleratedOptimizer.zero_grad):
+        assert method.__wrapped__ is inspect.unwrap(method)
+    divisions, inspected = [], []
+    true_divide = torch.Tensor.__truediv__
+    monkeypatch.setattr(torch.Tensor, "__truediv__", lambda t, o: divisions.append(o) or true_divide(t, o))
+    signature = inspect.signature
+    monkeypatch.setattr(accelerate_fixes.inspect, "signature", lambda f: inspected.append(f) or signature(f))
+    accelerate_fixes.takes_set_to_none.cache_clear()
+    model = torch.nn.Linear(4, 2)
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(3):
+        accelerator.backward(model(torch.ones(1, 4)).sum())
+        assert model.weight.grad is not None
+        optimizer.step()
+        optimizer.zero_grad()
+        assert model.weight.grad is None  # set_to_none=True, as Accelerate does
+    assert divisions == [] and len(inspected) == 1
