@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
     check_output(output, args.format, given=args.output is not None)
     config = model_config(model_dir, overrides)
+    if os.environ.get("RANK", "0") == "0":  # the only process, or the main one of a launch
+        print(f"predicting with {model_dir} into {output}: loading PyTorch and Accelerate", flush=True)
 
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     import torch
