@@ -24,18 +24,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
-from accelerate import PartialState
-from accelerate.utils import gather_object, send_to_device
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.devices import detect_platform
 from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, hide_gpus_from_cpu_run, launch_problems
+
+# torch, Accelerate and safetensors are imported in main() and load_model(), after the checks: --help and a
+# mistake in the command answer before they load (seconds).
+if TYPE_CHECKING:
+    import torch
 
 PROJECT = Path(__file__).resolve().parent
 CONFIGS = PROJECT / "configs"
@@ -74,7 +73,21 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    # Every check runs on every process, before any prediction: all stop alike, none waits. Those of the
+    # command come first, before torch loads.
+    check_overrides(overrides)
+    model_dir = args.model_dir if args.model_dir is not None else default_model_dir()
+    output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
+    check_output(output, args.format, given=args.output is not None)
+    config = model_config(model_dir, overrides)
+    if os.environ.get("RANK", "0") == "0":  # the only process, or the main one of a launch
+        print(f"predicting with {model_dir} into {output}: loading PyTorch and Accelerate", flush=True)
+
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import gather_object, send_to_device
+
     # The process group when started by `accelerate launch`; nothing more. PartialState, unlike the
     # Accelerator, ignores ACCELERATE_USE_CPU: without it, CPU processes would not form a group.
     state = PartialState(cpu=cpu_forced())
@@ -82,12 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         unconnected, _ = launch_problems(state.num_processes, state.distributed_type.value)
         if unconnected:  # each would predict everything and overwrite the file
             raise ConfigError(unconnected)
-        # Every check below runs on every process, before any prediction: all stop alike, none waits.
-        check_overrides(overrides)
-        model_dir = args.model_dir if args.model_dir is not None else default_model_dir()
-        output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
-        check_output(output, args.format, given=args.output is not None)
-        config = model_config(model_dir, overrides)
         model = load_model(config, model_dir, overrides)
         model.to(state.device).eval()
 
@@ -198,6 +205,9 @@ def model_config(model_dir: Path, overrides: list[str]) -> task.Config:
 
 def load_model(config: task.Config, model_dir: Path, overrides: list[str]) -> torch.nn.Module:
     """The model of `config` with the exported weights; a ConfigError says why they do not load."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
         raise ConfigError(f"{weights} does not exist: train first (python train.py), or pass --model_dir")

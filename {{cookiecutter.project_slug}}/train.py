@@ -24,16 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
-from accelerate.utils.operations import send_to_device, slice_tensors
-from torch.utils.data import DataLoader
-
+# First only what reading the config needs (no torch): see `check_config_first`.
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.launch import report_outcome
-from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
-from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.config import (
     ConfigError,
     TrainConfig,
@@ -48,6 +40,48 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     launch_problems,
     resolve_mixed_precision,
 )
+
+PROJECT = Path(__file__).resolve().parent
+CONFIGS = PROJECT / "configs"
+
+
+def read_config(argv: list[str] | None) -> tuple[TrainConfig, Path, list[str]]:
+    """The run's config, its file, and warnings about its output_dir; a ConfigError says what is wrong."""
+    where = detect_platform()
+    config, config_path = load_config(argv, CONFIGS / f"{where}.yaml", task.Config)
+    # Relative to the project, not to the working directory: the same command finds its run from anywhere.
+    # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.
+    config.output_dir = os.path.normpath(PROJECT / config.output_dir)
+    try:
+        output_warnings = check_output_dir(config.output_dir, where)
+    except ValueError as error:
+        raise ConfigError(f"{config_path}: {error}") from error
+    return config, config_path, output_warnings
+
+
+def check_config_first() -> None:
+    """`python train.py`: read the config before torch and Accelerate load (seconds), so that --help and a
+    config error answer at once, and say what comes next. main() reads it again (milliseconds)."""
+    try:
+        _, config_path, _ = read_config(None)
+    except ConfigError as error:
+        sys.exit(f"config error: {error}")
+    if os.environ.get("RANK", "0") == "0":  # the only process, or the main one of a launch
+        print(f"config {config_path} checked: loading PyTorch and Accelerate", flush=True)
+
+
+if __name__ == "__main__":
+    check_config_first()
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
+from accelerate.utils.operations import send_to_device, slice_tensors
+from torch.utils.data import DataLoader
+
+from {{ cookiecutter.package_name }}.launch import report_outcome
+from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
+from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.progress import Progress
@@ -61,22 +95,11 @@ from {{ cookiecutter.package_name }}.utils.tracking import (
     truncate_metrics,
 )
 
-PROJECT = Path(__file__).resolve().parent
-CONFIGS = PROJECT / "configs"
-
 
 def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()  # first, so that a signal during start-up is not lost
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
-    where = detect_platform()
-    config, config_path = load_config(argv, CONFIGS / f"{where}.yaml", task.Config)
-    # Relative to the project, not to the working directory: the same command finds its run from anywhere.
-    # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.
-    config.output_dir = os.path.normpath(PROJECT / config.output_dir)
-    try:
-        output_warnings = check_output_dir(config.output_dir, where)
-    except ValueError as error:
-        raise ConfigError(f"{config_path}: {error}") from error
+    config, config_path, output_warnings = read_config(argv)
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
     speed_up_accelerate()  # skips Accelerate's per-step work that cannot change a result
@@ -137,6 +160,7 @@ def train(
         f"output {output_dir}"
     )
 
+    accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
     # --- seeding: different dropout per process, same data order for all (data_seed above)
     set_seed(config.seed, device_specific=True)
     # Bitwise-equal reruns and resumes on a GPU also need kernels that add in a fixed order (attention's

@@ -117,6 +117,48 @@ def test_bad_config_stops_train_py_before_training(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "config error: global_batch_size=48 is not divisible" in result.stderr
     assert not (output_dir / "metrics.jsonl").exists()
+    # The first line comes as soon as the config is read, before the seconds torch takes to load.
+    assert result.stdout.startswith(f"config {path} checked: loading PyTorch and Accelerate\n")
+
+
+# Runs a script as `python <script> <args>` does, then prints the top-level packages it imported.
+IMPORTS_OF = (
+    "import runpy, sys\n"
+    "sys.argv = sys.argv[1:]\n"
+    "try:\n"
+    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    "finally:\n"
+    "    print('imported:', *sorted({name.split('.')[0] for name in sys.modules}))\n"
+)
+HEAVY = {"torch", "accelerate", "numpy", "matplotlib", "sklearn", "transformers", "tokenizers", "PIL", "tqdm"}
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "expected"),
+    [
+        (["train.py", "--help"], 0, "--learning_rate VALUE"),
+        (["predict.py", "--help"], 0, "--model_dir MODEL_DIR"),
+        (["train.py", "--learning_rate", "-1"], 1, "config error: --learning_rate: learning_rate=-1.0 is"),
+        (["train.py", "--learning_rat", "1"], 1, "config error: unknown argument '--learning_rat'"),
+        (["train.py", "--config", "BAD_YAML"], 1, "config error: BAD_YAML: not valid YAML"),
+        (["predict.py", "--learning_rat", "1"], 1, "error: unknown argument '--learning_rat'"),
+    ],
+)
+def test_help_and_config_errors_answer_before_torch_loads(
+    tmp_path: Path, args: list[str], status: int, expected: str
+) -> None:
+    """No torch, Accelerate or task library is imported to print the help or to refuse a command."""
+    bad_yaml = write(tmp_path, "learning_rate: [0.1\n")
+    args = [str(bad_yaml) if arg == "BAD_YAML" else arg for arg in args]
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTS_OF, *args], cwd=PROJECT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == status, result.stderr[-2000:]
+    assert expected.replace("BAD_YAML", str(bad_yaml)) in result.stdout + result.stderr
+    imported = set(result.stdout.splitlines()[-1].split()[1:])
+    assert not imported & HEAVY, f"{args} imported {sorted(imported & HEAVY)}"
+    if args == ["train.py", "--help"]:  # every field is a flag, listed from the config class
+        assert all(f"--{field.name} VALUE" in result.stdout for field in dataclasses.fields(task.Config))
 
 
 def test_resolved_config_round_trips(single_run: tuple) -> None:

@@ -702,5 +702,8 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert "run_local: distributed: 2 CPU processes on gloo (ACCELERATE_USE_CPU=1)" in output
+    # The seconds before training's first line are announced: accelerate's start, then PyTorch's, once.
+    assert "run_local: launch: accelerate loads PyTorch, then starts 2 processes" in output
+    assert output.count("checked: loading PyTorch and Accelerate") == 1, output[-5000:]
     assert "world size 2" in output, output[-5000:]
     assert (output_dir / "model" / "model.safetensors").is_file()

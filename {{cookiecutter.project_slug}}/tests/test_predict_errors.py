@@ -108,6 +108,9 @@ def test_a_missing_model_names_the_file_and_only_real_flags(tmp_path: Path, cont
     last = assert_one_line_error(result, missing, "--model_dir")
     assert suggested_flags(last) <= PREDICT_FLAGS
     assert not (tmp_path / "p.csv").exists()
+    # Only a run that got past the checks of its command says it loads torch, at once, before doing so.
+    loading = f"predicting with {model_dir} into {tmp_path / 'p.csv'}: loading PyTorch and Accelerate\n"
+    assert result.stdout == (loading if content == "config-only" else "")
 
 
 def copy_of_the_project(folder: Path) -> tuple[Path, Path]:

@@ -265,6 +265,11 @@ def accelerate_command(processes: int, precision: str, port: int) -> list[str]:
     ]
 
 
+def starting_note(processes: int) -> str:
+    """What the seconds after a multi-process launch line go to, so that they are not silent."""
+    return f"launch: accelerate loads PyTorch, then starts {processes} processes (a few seconds)"
+
+
 def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str, str], str]:
     env = {"PET_SIGNALS_TO_HANDLE": FORWARDED_SIGNALS}
     if gpus:
@@ -318,6 +323,8 @@ def launch_here(platform: str, args: list[str]) -> None:
         env.update(extra)
         command = accelerate_command(plan["processes"], plan["precision"], port) + plan["train"]
     say(platform, f"launch: {shlex.join(command)}")
+    if plan["processes"] > 1:
+        say(platform, starting_note(plan["processes"]))
     os.execvpe(command[0], command, env)
 
 
@@ -449,6 +456,8 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
         outcome_path = Path(folder) / "outcome.json"
         env[OUTCOME_FILE] = str(outcome_path)
         say("slurm", f"launch: {shlex.join(command)}")
+        if plan["nodes"] * plan["processes"] > 1:
+            say("slurm", starting_note(plan["nodes"] * plan["processes"]))
         signals.step = subprocess.Popen(command, env={**os.environ, **plan["env"], **env})
         status = signals.step.wait()
         outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else {}

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.data.texts import SPECIAL_TOKENS
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 
 from .conftest import PROJECT, last_eval, run_predict, run_training
@@ -61,6 +62,13 @@ def test_the_tokenizer_is_rebuilt_identically() -> None:
     assert first.convert_ids_to_tokens(ids)[:4] == ["[CLS]", "but", ",", "soft"]
     assert ids[-1] == first.sep_token_id
     assert first.unk_token_id in first(TEXTS[-1])["input_ids"]  # words never seen in training
+
+
+def test_vocab_size_must_leave_room_for_a_word_after_the_special_tokens() -> None:
+    # task.py states their number without importing data/texts.py (which loads torch and transformers).
+    with pytest.raises(ConfigError, match=rf"vocab_size={len(SPECIAL_TOKENS)} is invalid"):
+        config_in_project("--vocab_size", str(len(SPECIAL_TOKENS)))
+    config_in_project("--vocab_size", str(len(SPECIAL_TOKENS) + 1))
 
 
 def test_the_split_depends_only_on_the_seed() -> None:

@@ -6,6 +6,9 @@ Device facts and the precision rule live in `devices.py`, shared with the launch
 Print an environment report, the first thing to paste into a bug report:
 
     python -m {{ cookiecutter.package_name }}.utils.hardware
+
+torch and Accelerate are imported inside the functions that use them: train.py checks its output_dir
+(`check_output_dir`) with the config, before they load.
 """
 
 from __future__ import annotations
@@ -15,10 +18,6 @@ import platform
 import warnings
 from pathlib import Path
 
-import accelerate
-import torch
-from accelerate.utils import parse_flag_from_env
-
 from .devices import auto_precision, detect_platform, gpu_facts
 
 COLAB_DRIVE = Path("/content/drive/MyDrive")
@@ -27,6 +26,8 @@ KAGGLE_WORKING = Path("/kaggle/working")
 
 def cpu_forced() -> bool:
     """`ACCELERATE_USE_CPU=1` (what `accelerate launch --cpu` sets) asks for a CPU run even where a GPU is."""
+    from accelerate.utils import parse_flag_from_env
+
     return parse_flag_from_env("ACCELERATE_USE_CPU")
 
 
@@ -40,12 +41,16 @@ def hide_gpus_from_cpu_run() -> None:
     """
     if not cpu_forced():
         return
+    import torch
+
     if torch.cuda.is_initialized():
         raise RuntimeError("hide_gpus_from_cpu_run() must run before CUDA is initialized")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def cuda_usable() -> bool:
+    import torch
+
     return torch.cuda.is_available() and not cpu_forced()
 
 
@@ -53,6 +58,8 @@ def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | No
     """What is wrong with how this process was launched: an error (processes that were started together but
     do not form one group: each would train alone and all would write one folder) and warnings (a launch
     config that asked for FSDP or DeepSpeed and got something else)."""
+    from accelerate.utils import parse_flag_from_env
+
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     error = None
     if launched != num_processes:
@@ -114,6 +121,9 @@ def check_output_dir(output_dir: str, where: str) -> list[str]:
 
 def report() -> str:
     """Platform, devices, memory, precision, processes, distributed type and library versions."""
+    import accelerate
+    import torch
+
     gpus = gpu_facts()
     processes = int(os.environ.get("WORLD_SIZE", os.environ.get("NUM_PROCESSES", max(1, len(gpus)))))
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

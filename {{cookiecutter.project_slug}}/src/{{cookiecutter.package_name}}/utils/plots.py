@@ -12,9 +12,6 @@ import json
 import os
 from pathlib import Path
 
-# A Figure without pyplot draws to a file with no GUI backend: nothing to configure on a server.
-from matplotlib.figure import Figure
-
 from .tracking import metrics_path
 
 
@@ -37,6 +34,10 @@ def plot_metrics(output_dir: str | Path) -> Path:
 
     The PNG's "Series" text field lists what was drawn (name: number of points), for scripts and tests.
     """
+    # Here, not at the top: train.py imports this module, and matplotlib takes a while to load. A Figure
+    # without pyplot draws to a file with no GUI backend: nothing to configure on a server.
+    from matplotlib.figure import Figure
+
     path = metrics_path(output_dir)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {output_dir} the output_dir of a run?")

@@ -26,18 +26,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.utils.data import Dataset, TensorDataset, default_collate
-
-from .data.digits import MAX_PIXEL, NUM_CLASSES, NUM_FEATURES, DigitBatch, digit_splits
-from .models.mlp import build_mlp
 from .utils.config import Check, ConfigError, TrainConfig
 
-PIXELS_FORMAT = f"a CSV file of {NUM_FEATURES} comma-separated pixel values 0..16 per line (8x8, row by row)"
+# torch, numpy and the data/ and models/ modules are imported inside the functions that use them, so that
+# `train.py --help` and config errors answer before torch loads (seconds).
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+    from .data.digits import DigitBatch
 
 
 @dataclass
@@ -61,25 +60,38 @@ class Config(TrainConfig):
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    from .data.digits import digit_splits
+
     return digit_splits(config.seed, config.eval_fraction, config.augment_noise)
 
 
 def collate(samples: list[tuple[torch.Tensor, ...]] | DigitBatch) -> list[torch.Tensor] | DigitBatch:
     """(images, labels) pairs (or images alone, to predict) stacked into a batch; the training set's
     `__getitems__` hands over its batches already stacked."""
+    from torch.utils.data import default_collate
+
+    from .data.digits import DigitBatch
+
     return samples if isinstance(samples, DigitBatch) else default_collate(samples)
 
 
 def build_model(config: Config) -> torch.nn.Module:
+    from .data.digits import NUM_CLASSES, NUM_FEATURES
+    from .models.mlp import build_mlp
+
     return build_mlp(NUM_FEATURES, NUM_CLASSES, config.hidden_size, config.dropout)
 
 
 def loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+    import torch.nn.functional as F
+
     inputs, labels = batch
     return F.cross_entropy(model(inputs), labels)
 
 
 def eval_step(model: torch.nn.Module, batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    import torch.nn.functional as F
+
     inputs, labels = batch
     logits = model(inputs).float()
     return {
@@ -99,6 +111,8 @@ def predict_inputs(config: Config, path: Path | None) -> Dataset:
     """The eval split with labels, or the images of a CSV file: one image per line, 64 comma-separated
     pixel values 0..16 (8x8, row by row, like sklearn's load_digits); an optional header line (words, no
     numbers) is skipped."""
+    from torch.utils.data import TensorDataset
+
     if path is None:
         return build_datasets(config)[1]
     return TensorDataset(read_pixels(path))
@@ -125,7 +139,13 @@ def read_pixels(path: Path) -> torch.Tensor:
     a header-less file whose first row is malformed is refused like any other bad row, not silently cut
     short, which would shift every following prediction's index.
     """
-    lines = read_input_lines(path, PIXELS_FORMAT)
+    import numpy as np
+    import torch
+
+    from .data.digits import MAX_PIXEL, NUM_FEATURES
+
+    expected = f"a CSV file of {NUM_FEATURES} comma-separated pixel values 0..16 per line (8x8, row by row)"
+    lines = read_input_lines(path, expected)
     rows, first = [], True
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -149,7 +169,7 @@ def read_pixels(path: Path) -> torch.Tensor:
             raise ConfigError(f"{path}:{number}: pixel values must be between 0 and 16, got {bad[0]}")
         rows.append(values)
     if not rows:
-        raise ConfigError(f"{path}: no rows of pixel values; expected {PIXELS_FORMAT}")
+        raise ConfigError(f"{path}: no rows of pixel values; expected {expected}")
     # The same scaling as the training data, so that a file of eval images gives the eval predictions.
     return torch.tensor(np.array(rows, dtype=np.float64) / MAX_PIXEL, dtype=torch.float32)
 

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-import torch.nn.functional as F
-from torch.utils.data import Dataset, default_collate
-
-from .data.image_folder import class_names, image_files, image_folder_splits, load_image, resolve, to_tensor
-from .models.cnn import build_cnn
 from .utils.config import Check, ConfigError, TrainConfig
+
+# torch, Pillow and the data/ and models/ modules are imported inside the functions that use them, so that
+# `train.py --help` and config errors answer before torch loads (seconds).
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
 
 
 @dataclass
@@ -66,31 +66,44 @@ class Config(TrainConfig):
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    from .data.image_folder import image_folder_splits
+
     _, train_set, eval_set = image_folder_splits(
         config.data_dir, config.image_size, config.crop_padding, config.flip, config.seed
     )
     return train_set, eval_set
 
 
-# (image, label) pairs stack into an (images, labels) batch; predict_inputs' paths stay strings.
-collate = default_collate
+def collate(samples: list[tuple]) -> list:
+    """(image, label) pairs stack into an (images, labels) batch; predict_inputs' paths stay strings."""
+    from torch.utils.data import default_collate
+
+    return default_collate(samples)
 
 
 def classes(config: Config) -> list[str]:
     """The class names: the folder names under <data_dir>/train, sorted."""
+    from .data.image_folder import class_names, resolve
+
     return class_names(resolve(config.data_dir) / "train")
 
 
 def build_model(config: Config) -> torch.nn.Module:
+    from .models.cnn import build_cnn
+
     return build_cnn(len(classes(config)), config.channels, config.dropout)
 
 
 def loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+    import torch.nn.functional as F
+
     images, labels = batch
     return F.cross_entropy(model(images), labels)
 
 
 def eval_step(model: torch.nn.Module, batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    import torch.nn.functional as F
+
     images, labels = batch
     logits = model(images).float()
     return {
@@ -113,6 +126,8 @@ def predict_inputs(config: Config, path: Path | None) -> list[tuple]:
     Every image is read here, before any prediction, so that a bad file stops all processes alike; a
     ConfigError names it.
     """
+    from .data.image_folder import image_files, load_image, to_tensor
+
     if path is None:
         eval_set = build_datasets(config)[1]
         return [(*eval_set[index], str(eval_set.samples[index][0])) for index in range(len(eval_set))]

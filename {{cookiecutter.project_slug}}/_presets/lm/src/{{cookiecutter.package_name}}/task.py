@@ -28,17 +28,17 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import Dataset
-
-from .data.chars import Corpus, EvalWindows, TrainWindows, load_corpus, split_ids
-from .models.gpt import build_gpt, generate
 from .utils.config import Check, ConfigError, TrainConfig
+
+# torch, numpy and the data/ and models/ modules are imported inside the functions that use them, so that
+# `train.py --help` and config errors answer before torch loads (seconds).
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+    from .data.chars import Corpus
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]  # src/<package>/task.py -> the folder with train.py
 NUM_EVAL_PROMPTS = 8  # predict.py without --input: prompts cut from the eval text
@@ -96,6 +96,8 @@ def data_path(config: Config) -> Path:
 
 def corpus(config: Config) -> Corpus:
     """The text of data_file as ids, and its vocabulary (its characters, sorted)."""
+    from .data.chars import load_corpus
+
     path = data_path(config)
     if not path.is_file():
         raise ConfigError(f"data_file {path} does not exist")
@@ -106,6 +108,8 @@ def corpus(config: Config) -> Corpus:
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    from .data.chars import EvalWindows, TrainWindows, split_ids
+
     train_ids, eval_ids = split_ids(corpus(config).ids, config.eval_fraction)
     train_set = TrainWindows(train_ids, config.block_size, config.seed)
     eval_set = EvalWindows(eval_ids, config.block_size, config.eval_windows)
@@ -120,6 +124,9 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
 def collate(samples: list[Any]) -> torch.Tensor | dict[str, torch.Tensor]:
     """Windows stack into [batch, block_size + 1] ids; prompts (predict_inputs) into a dict of padded ids
     with their lengths and their input index, which seeds the sampling."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
     if not isinstance(samples[0], dict):
         return torch.stack(samples)
     batch = {"index": torch.tensor([sample["index"] for sample in samples])}
@@ -136,6 +143,8 @@ def build_model(config: Config) -> torch.nn.Module:
             f"embed_dim={config.embed_dim} must be divisible by num_heads={config.num_heads}: each head "
             "gets an equal share of the embedding"
         )
+    from .models.gpt import build_gpt
+
     vocab_size = len(corpus(config).vocab)
     return build_gpt(
         vocab_size, config.block_size, config.num_layers, config.num_heads, config.embed_dim, config.dropout
@@ -144,6 +153,8 @@ def build_model(config: Config) -> torch.nn.Module:
 
 def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of predicting each character of a window from the ones before it."""
+    import torch.nn.functional as F
+
     logits = model(batch[:, :-1])
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
@@ -151,6 +162,8 @@ def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
 def eval_step(model: torch.nn.Module, batch: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per window: the sum of its token losses and its token count, so that the mean over all tokens is
     exact however the windows were split between processes."""
+    import torch.nn.functional as F
+
     inputs, targets = batch[:, :-1], batch[:, 1:]
     logits = model(inputs).float()
     token_losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [batch, length]
@@ -169,6 +182,8 @@ def predict_inputs(config: Config, path: Path | None) -> list[dict[str, Any]]:
     """Prompts: one per line of the UTF-8 text file `path` (empty lines are skipped), or, with `path`
     None, NUM_EVAL_PROMPTS prompts of block_size characters cut from the eval text at line starts, each
     with the `sample_chars` characters that truly follow it."""
+    from .data.chars import split_ids
+
     text = corpus(config)
     if path is not None:
         return read_prompts(path, text, config.data_file)
@@ -219,6 +234,8 @@ def read_prompts(path: Path, text: Corpus, source: str) -> list[dict[str, Any]]:
 def predict(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Config) -> list[dict[str, Any]]:
     """The prompt, the text the model writes after it and, for prompts from the eval text, the text that
     truly follows. One prompt at a time: its text then depends on neither the batch nor the process."""
+    from .models.gpt import generate
+
     text = corpus(config)
     rows = []
     for row, index in enumerate(batch["index"].tolist()):
@@ -244,4 +261,7 @@ def predict(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Conf
 def sampling_generator(seed: int, index: int) -> torch.Generator:
     """The random stream of prompt `index`: a function of (seed, index) only, so its text is the same
     on any number of processes and in any batch."""
+    import numpy as np
+    import torch
+
     return torch.Generator().manual_seed(int(np.random.default_rng([seed, index]).integers(2**63)))

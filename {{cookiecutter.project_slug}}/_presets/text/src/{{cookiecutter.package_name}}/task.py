@@ -32,26 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-import torch.nn.functional as F
-from torch.utils.data import Dataset
-
-from .data.texts import (
-    SPECIAL_TOKENS,
-    TokenizedTexts,
-    build_word_tokenizer,
-    read_labeled_texts,
-    split_examples,
-)
-from .models.transformer import build_pretrained, build_tiny_bert, load_pretrained_tokenizer
 from .utils.config import Check, ConfigError, TrainConfig
-from .utils.packages import require
 
-transformers = require("transformers", "transformers>=4.46")
-PROJECT_DIR = Path(__file__).resolve().parents[2]  # src/<package>/task.py -> the folder with train.py
-
+# torch, transformers and the data/ and models/ modules are imported inside the functions that use them, so
+# that `train.py --help` and config errors answer before torch loads (seconds).
 if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
     from transformers import PreTrainedTokenizerBase
+
+    from .data.texts import TokenizedTexts
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]  # src/<package>/task.py -> the folder with train.py
 
 
 @dataclass
@@ -81,7 +73,8 @@ class Config(TrainConfig):
         ("data_file", lambda v: v.strip() != "", "a path"),
         ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
         ("max_length", lambda v: v >= 3, ">= 3 ([CLS], a token, [SEP])"),
-        ("vocab_size", lambda v: v > len(SPECIAL_TOKENS), f"> {len(SPECIAL_TOKENS)} (the special tokens)"),
+        # 4: data/texts.py's SPECIAL_TOKENS, the start of every vocabulary
+        ("vocab_size", lambda v: v > 4, "> 4 (the special tokens [PAD], [UNK], [CLS] and [SEP])"),
         ("hidden_size", lambda v: v > 0, "> 0"),
         ("num_layers", lambda v: v > 0, "> 0"),
         ("num_heads", lambda v: v > 0, "> 0"),
@@ -91,6 +84,8 @@ class Config(TrainConfig):
 
 def read_splits(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
     """(train, eval) lists of (text, label), and the label names, sorted: label id i is labels[i]."""
+    from .data.texts import read_labeled_texts, split_examples
+
     path = Path(os.path.expanduser(config.data_file))
     examples = read_labeled_texts(path if path.is_absolute() else PROJECT_DIR / path)
     train, eval_ = split_examples(examples, config.seed, config.eval_fraction)
@@ -102,12 +97,17 @@ def read_splits(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, 
 def build_tokenizer(config: Config, train: list[tuple[str, str]]) -> PreTrainedTokenizerBase:
     """The pretrained model's tokenizer, or a word-level one built from the training texts (deterministic:
     train.py and predict.py rebuild the same one from the config and the data file)."""
+    from .data.texts import build_word_tokenizer
+    from .models.transformer import load_pretrained_tokenizer
+
     if config.pretrained_model:
         return load_pretrained_tokenizer(config.pretrained_model)
     return build_word_tokenizer([text for text, _ in train], config.vocab_size, config.max_length)
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    from .data.texts import TokenizedTexts
+
     train, eval_, labels = read_splits(config)
     tokenizer = build_tokenizer(config, train)
     collate.use(tokenizer)
@@ -130,7 +130,9 @@ class PadCollate:
         self.collator = None
 
     def use(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.collator = transformers.DataCollatorWithPadding(tokenizer, return_tensors="pt")
+        from transformers import DataCollatorWithPadding
+
+        self.collator = DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
     def __call__(self, samples: list[dict[str, Any]]) -> Mapping[str, torch.Tensor]:
         if self.collator is None:
@@ -142,6 +144,8 @@ collate = PadCollate()
 
 
 def build_model(config: Config) -> torch.nn.Module:
+    from .models.transformer import build_pretrained, build_tiny_bert
+
     train, _, labels = read_splits(config)
     if config.pretrained_model:
         return build_pretrained(config.pretrained_model, labels, config.dropout)
@@ -178,6 +182,8 @@ def loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Ten
 
 
 def eval_step(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    import torch.nn.functional as F
+
     batch = without_padding_columns(batch)
     labels = batch["labels"]
     logits = model(**batch).logits.float()
@@ -196,6 +202,8 @@ def metrics(values: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
     """The eval split with labels, or the texts of a UTF-8 text file, one text per line."""
+    from .data.texts import TokenizedTexts
+
     if path is None:
         return build_datasets(config)[1]
     texts = read_texts(path)
