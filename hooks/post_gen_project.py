@@ -1,15 +1,25 @@
-"""Put the chosen task preset in place and remove what the chosen options do not need.
+"""Put the chosen task preset in place, remove what the chosen options do not need, say what to run next.
 
 Each preset lives in `_presets/<task>/` of the template, laid out like the project: its task.py, data and
 model modules, tests and README section. Its files move into the project; the other presets go.
 Tracker code is cut by the templates themselves.
 """
 
+import shlex
 import shutil
 from pathlib import Path
 
 LICENSE = "{{ cookiecutter.license }}"
 TASK = "{{ cookiecutter.task }}"
+
+# Printed after a successful render: the project README's quick start, for this folder.
+NEXT_STEPS = """\
+Created {project}. Next, in a virtual environment:
+  cd {cd}
+  pip install torch --index-url https://download.pytorch.org/whl/cpu   # no torch yet, no GPU: CPU-only build
+  pip install -e .   # on Colab/Kaggle, skip the line above: the torch they ship is kept
+  python train.py
+More in {readme}: the {task} example, other platforms, your own task."""
 
 if __name__ == "__main__":
     if LICENSE == "none":
@@ -21,3 +31,6 @@ if __name__ == "__main__":
             target.parent.mkdir(parents=True, exist_ok=True)
             source.replace(target)
     shutil.rmtree("_presets")
+    project = Path.cwd()  # cookiecutter runs this hook in the new project folder
+    readme = project / "README.md"
+    print(NEXT_STEPS.format(project=project, cd=shlex.quote(str(project)), readme=readme, task=TASK))

@@ -1,15 +1,20 @@
-"""Bad answers stop generation in the pre-gen hook with a message naming the problem; nothing is written."""
+"""Bad answers stop generation right after the prompts, with a message naming the problem; nothing is written.
+
+The check is hooks/answers.py (a Jinja filter of cookiecutter.json); a successful render ends with the
+post-generation hook's next steps.
+"""
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import pytest
 from cookiecutter.exceptions import FailedHookException
 
-from .conftest import HOOKS_DIR, TASKS, TEMPLATE, explain, render_template, run
+from hooks.answers import TASKS as CHECKED_TASKS
+
+from .conftest import DEFAULT_SLUG, TASKS, TEMPLATE, explain, render_template, run
 
 # (answers, text the hook's message must contain)
 BAD_ANSWERS: list[tuple[dict[str, str], str]] = [
@@ -17,6 +22,25 @@ BAD_ANSWERS: list[tuple[dict[str, str], str]] = [
     ({"project_slug": "../x"}, "project_slug '../x' is not a usable directory name"),
     ({"project_slug": "-x"}, "project_slug '-x' is not a usable directory name"),
     ({"project_slug": "x."}, "project_slug 'x.' is not a usable directory name"),
+    # cookiecutter would make the missing parents of the project folder ('a/') before any hook runs.
+    ({"project_slug": "a/b"}, "project_slug 'a/b' is not a usable directory name"),
+    ({"project_slug": "a/b/c"}, "project_slug 'a/b/c' is not a usable directory name"),
+    # Derived values name the answer they came from, and what to change.
+    (
+        {"project_name": "123 Go"},
+        "package_name '123_go' (derived from project_name '123 Go') is not a Python identifier: use "
+        "lowercase ASCII letters, digits and '_', not starting with a digit (e.g. 'digits_classifier'); "
+        "set package_name=... or change project_name.",
+    ),
+    (
+        {"project_name": "AC/DC"},
+        "project_slug 'ac/dc' (derived from project_name 'AC/DC') is not a usable directory name",
+    ),
+    (
+        {"project_slug": "class"},
+        "package_name 'class' (derived from project_slug 'class') is a Python keyword: pick another name; "
+        "set package_name=... or change project_slug.",
+    ),
     ({"package_name": "my-pkg"}, "package_name 'my-pkg' is not a Python identifier"),
     ({"package_name": "1abc"}, "package_name '1abc' is not a Python identifier"),
     ({"package_name": "café"}, "package_name 'café' is not a Python identifier"),
@@ -43,10 +67,10 @@ def assert_nothing_written(tmp_path: Path, output_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("case", BAD_ANSWERS, ids=[ids(case) for case in BAD_ANSWERS])
-def test_bad_answer_is_rejected_by_the_hook(
+def test_bad_answer_is_refused_and_nothing_is_written(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], case: tuple[dict[str, str], str]
 ) -> None:
-    """The pre-gen hook fails (FailedHookException), prints what is wrong, and no project folder remains."""
+    """Generation stops (FailedHookException), prints what is wrong, and writes no folder at all."""
     answers, message = case
     output_dir = tmp_path / "out"
     output_dir.mkdir()
@@ -57,7 +81,7 @@ def test_bad_answer_is_rejected_by_the_hook(
 
 
 # A few of them through the command line, as a user would meet them.
-CLI_IDS = ("project_slug=../x", "package_name=match", "author_email=nope", "task=vision")
+CLI_IDS = ("project_slug=../x", "project_slug=a/b", "package_name=match", "author_email=nope", "task=vision")
 CLI_CASES = [case for case in BAD_ANSWERS if ids(case) in CLI_IDS]
 
 
@@ -99,10 +123,53 @@ def test_unusual_but_valid_answers_pass(tmp_path: Path, answers: dict[str, str])
     assert (project / "train.py").is_file()
 
 
-def test_the_hook_knows_exactly_the_presets_of_the_template() -> None:
-    """The pre-gen hook's list of tasks is the list of _presets/ folders (and the default comes first)."""
-    source = (HOOKS_DIR / "pre_gen_project.py").read_text(encoding="utf-8")
-    listed = re.search(r"^TASKS = \((.*)\)$", source, re.MULTILINE)
-    assert listed, "pre_gen_project.py has no TASKS tuple"
-    names = [name.strip().strip('"') for name in listed.group(1).split(",")]
-    assert names[0] == TASKS[0] and sorted(names) == sorted(TASKS)
+def test_a_parent_folder_that_exists_is_left_as_it_was(tmp_path: Path) -> None:
+    """project_slug 'a/b', refused where out/a/ already holds a file: out/a/ and its file stay as they are."""
+    output_dir = tmp_path / "out"
+    (output_dir / "a").mkdir(parents=True)
+    (output_dir / "a" / "keep.txt").write_text("mine")
+    with pytest.raises(FailedHookException):
+        render_template(output_dir, {"project_slug": "a/b"})
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "out",
+        "out/a",
+        "out/a/keep.txt",
+    ]
+    assert (output_dir / "a" / "keep.txt").read_text() == "mine"
+
+
+def test_typed_values_are_not_called_derived(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A value the user typed is named alone, even where its default would have been derived."""
+    with pytest.raises(FailedHookException):
+        render_template(tmp_path, {"project_name": "123 Go", "project_slug": "go-123", "package_name": "9go"})
+    err = capfd.readouterr().err
+    assert "ERROR: package_name '9go' is not a Python identifier: use lowercase" in err
+    assert "derived" not in err
+
+
+def test_the_check_knows_exactly_the_presets_of_the_template() -> None:
+    """The check's list of tasks is the list of _presets/ folders (and the default comes first)."""
+    assert CHECKED_TASKS[0] == TASKS[0] and sorted(CHECKED_TASKS) == sorted(TASKS)
+
+
+@pytest.mark.parametrize("answers", [{}, {"project_name": "My Lab", "task": "lm"}], ids=["default", "lm"])
+def test_command_line_prints_the_next_commands(tmp_path: Path, answers: dict[str, str]) -> None:
+    """After a render, the command line prints what to run next, for the folder it made: cd into it, the
+    CPU-only torch, the install, train.py, and where to read more."""
+    output_dir = tmp_path / "out dir"  # a space: the cd line must quote it
+    arguments = [f"{key}={value}" for key, value in answers.items()]
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", "--default-config", "-o", str(output_dir)]
+    result = run([*command, str(TEMPLATE), *arguments], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, explain(result)
+    project = output_dir / ("my-lab" if answers else DEFAULT_SLUG)
+    assert (project / "train.py").is_file() and (project / "pyproject.toml").is_file()
+    lines = [line.split("#")[0].strip() for line in result.stdout.splitlines()]
+    commands = [
+        f"cd '{project}'",
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+        "pip install -e .",
+        "python train.py",
+    ]
+    start = lines.index(commands[0])
+    assert lines[start : start + len(commands)] == commands, explain(result)
+    assert f"More in {project / 'README.md'}: the {answers.get('task', TASKS[0])} example" in result.stdout

@@ -16,6 +16,7 @@ import yaml
 from .conftest import (
     CHOICES,
     CUSTOM_NAMES,
+    DEFAULT_ANSWERS,
     DEFAULT_PACKAGE,
     DEFAULT_SLUG,
     DERIVED_NAMES,
@@ -232,12 +233,14 @@ def test_scripts_are_executable(render: Callable[..., Render]) -> None:
 
 # What each task needs beyond the shared dependencies, and the modules that hold its data and model.
 TASK_PACKAGES = {
-    "digits": {"scikit-learn"},
+    "digits": set(),  # its data ships as data/digits.csv
     "images": {"pillow"},
     "text": {"transformers", "tokenizers"},
     "lm": set(),
 }
 OPTIONAL_PACKAGES = set().union(*TASK_PACKAGES.values())
+# What every render depends on, whatever its options.
+SHARED_PACKAGES = {"torch", "accelerate", "safetensors", "pyyaml", "tqdm"}
 
 
 def test_every_preset_is_described_here() -> None:
@@ -275,6 +278,14 @@ def test_task_renders_only_its_own_files_and_dependencies(render: Callable[..., 
     assert all((count > 0) == (task == "images") for count in workers.values()), workers
     readme = (project.path / "README.md").read_text(encoding="utf-8")
     assert readme.count("\n## The task: ") == 1, "the task's README section is missing or repeated"
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_dependencies_are_the_shared_ones_and_the_options(render: Callable[..., Render], task: str) -> None:
+    """The shared packages, the task's and the default tracker's, nothing else: a package only one option
+    needs is installed with that option only (`pip install -e .` is most of the quick start's time)."""
+    names = dependency_names(render(task=task))
+    assert names == SHARED_PACKAGES | TASK_PACKAGES[task] | {TRACKER_PACKAGES[DEFAULT_ANSWERS["tracker"]]}
 
 
 def test_train_and_predict_are_the_same_for_every_task(render: Callable[..., Render]) -> None:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from sklearn.datasets import load_digits
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.data.digits import DATA_FILE, NUM_FEATURES
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 
 from .conftest import last_eval, run_predict
@@ -21,6 +21,11 @@ from .conftest import last_eval, run_predict
 pytestmark = pytest.mark.slow
 
 EVAL_SIZE = 359  # 20% of 1,797 digits: odd, so 2 processes get unequal shares
+
+
+def first_images(count: int) -> np.ndarray:
+    """The pixels (0..16) of the first `count` images of the shipped data."""
+    return np.loadtxt(DATA_FILE, delimiter=",", max_rows=count)[:, :NUM_FEATURES]
 
 
 def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -76,7 +81,7 @@ def test_jsonl_has_the_csv_values(single_run: tuple, eval_predictions: dict[int,
 
 def test_input_file_matches_the_model_in_process(single_run: tuple, tmp_path: Path) -> None:
     model_dir = single_run[0] / "model"
-    pixels = load_digits().data[:7]  # 7 rows: 2 processes get unequal shares
+    pixels = first_images(7)  # 7 rows: 2 processes get unequal shares
     source = tmp_path / "pixels.csv"
     header = ",".join(f"pixel_{i}" for i in range(64))  # the optional header line
     np.savetxt(source, pixels, fmt="%d", delimiter=",", header=header, comments="")
@@ -127,7 +132,7 @@ def test_a_binary_input_names_the_file_and_the_expected_format(single_run: tuple
 def test_a_malformed_first_row_is_an_error_not_a_header(single_run: tuple, tmp_path: Path) -> None:
     """A header-less file of 5 rows whose first row has a bad cell: refused, naming line 1, rather than
     4 predictions whose indices are all one row off."""
-    rows = [",".join(str(int(v)) for v in pixels) for pixels in load_digits().data[:5]]
+    rows = [",".join(str(int(v)) for v in pixels) for pixels in first_images(5)]
     rows[0] = rows[0].replace("0", "O", 1)  # a letter O typed for a zero
     source = tmp_path / "pixels.csv"
     source.write_text("\n".join(rows) + "\n")

@@ -1,24 +1,19 @@
-"""The digits task: the quality its README states, and a clear message when its package is missing."""
+"""The digits task: the quality its README states, and the data it ships."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.data import digits
 from {{ cookiecutter.package_name }}.data.digits import NoisyDigits
+from {{ cookiecutter.package_name }}.utils.config import ConfigError
 
-from .conftest import PROJECT, last_eval, run_training
-
-# Runs train.py as `python train.py` does, with scikit-learn hidden (None in sys.modules fails its import).
-WITHOUT_SKLEARN = (
-    "import runpy, sys; sys.modules['sklearn'] = None; sys.argv = ['train.py', *sys.argv[1:]]; "
-    "runpy.run_path('train.py', run_name='__main__')"
-)
+from .conftest import last_eval, run_training
 
 
 @pytest.mark.slow
@@ -31,14 +26,20 @@ def test_the_default_config_reaches_the_stated_accuracy(tmp_path: Path) -> None:
     assert last_eval(output_dir)["eval/accuracy"] >= 0.97
 
 
-def test_missing_scikit_learn_names_the_package_and_the_pip_command(tmp_path: Path) -> None:
-    command = [sys.executable, "-c", WITHOUT_SKLEARN, "--output_dir", str(tmp_path / "run")]
-    result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1
-    last_line = result.stderr.strip().splitlines()[-1]
-    expected = "this task needs scikit-learn>=1.3, which is not installed: pip install -e ."
-    assert last_line.startswith(expected), result.stderr[-2000:]
-    assert not (tmp_path / "run").exists()  # stopped before anything was written
+def test_the_shipped_data_is_the_digits_set() -> None:
+    """data/digits.csv: 1,797 images of 64 integer pixels 0..16, then the digit; every digit ~180 times."""
+    table = np.loadtxt(digits.DATA_FILE, delimiter=",", dtype=np.int64)
+    assert table.shape == (1797, 65)
+    assert table[:, :64].min() == 0 and table[:, :64].max() == 16
+    assert np.bincount(table[:, 64]).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    train_set, eval_set = task.build_datasets(task.Config())
+    assert (len(train_set), len(eval_set)) == (1438, 359)
+
+
+def test_a_missing_data_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(digits, "DATA_FILE", tmp_path / "digits.csv")
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'digits.csv'} does not exist: the data ships in"):
+        task.build_datasets(task.Config())
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index() -> None:

@@ -1,4 +1,4 @@
-"""Optional packages of a task (scikit-learn, Pillow, transformers): a missing one stops the run."""
+"""Optional packages of a task (Pillow, transformers): a missing one stops the run."""
 
 from __future__ import annotations
 

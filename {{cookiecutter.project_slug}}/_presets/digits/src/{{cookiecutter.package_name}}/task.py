@@ -1,6 +1,6 @@
 """The task: all that train.py and predict.py know about the data, the model and the metrics.
 
-Digits: classify scikit-learn's 8x8 handwritten digits with a small MLP. To train your own task, change
+Digits: classify 8x8 handwritten digits (data/digits.csv) with a small MLP. To train your own task, change
 this file and the data/ and models/ modules it calls; train.py and predict.py stay as they are, and so
 do exact resume, the same optimization on any number of processes and exact distributed evaluation.
 
@@ -109,8 +109,8 @@ def metrics(values: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
     """The eval split with labels, or the images of a CSV file: one image per line, 64 comma-separated
-    pixel values 0..16 (8x8, row by row, like sklearn's load_digits); an optional header line (words, no
-    numbers) is skipped."""
+    pixel values 0..16 (8x8, row by row: data/digits.csv without its last column, the digit); an optional
+    header line (words, no numbers) is skipped."""
     from torch.utils.data import TensorDataset
 
     if path is None:
