@@ -63,7 +63,7 @@ def test_sessions_of_a_run_form_one_tensorboard_run(tmp_path: Path) -> None:
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
     output_dir = tmp_path / "run"
-    args = ["--max_steps", "33", "--log_every", "5", "--checkpoint_every", "10"]
+    args = ["--max_steps", "23", "--log_every", "5", "--checkpoint_every", "10"]
     command, env = training_command(output_dir, *args)
     started = time.time()
     process = subprocess.Popen(
@@ -73,8 +73,8 @@ def test_sessions_of_a_run_form_one_tensorboard_run(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == EXIT_STOPPED, output[-2000:]
-    run_training(output_dir, *args)  # continues to the end: the last train loss and eval are logged at 33
-    run_training(output_dir, *args)  # finished: evaluates and exports again, logging step 33 again
+    run_training(output_dir, *args)  # continues to the end: the last train loss and eval are logged at 23
+    run_training(output_dir, *args)  # finished: evaluates and exports again, logging step 23 again
     assert_tensorboard_shows_metrics_once(output_dir)
     run_training(output_dir, *args, "--resume", str(output_dir / "checkpoints" / "step_00000020"))
     assert_tensorboard_shows_metrics_once(output_dir)
@@ -86,7 +86,7 @@ def test_sessions_of_a_run_form_one_tensorboard_run(tmp_path: Path) -> None:
         for value in event.summary.value
         if value.tag == "_hparams_/session_start_info"
     ]
-    assert len(settings) == 1 and settings[0]["max_steps"].number_value == 33
+    assert len(settings) == 1 and settings[0]["max_steps"].number_value == 23
 
 
 def assert_tensorboard_shows_metrics_once(output_dir: Path) -> None:
@@ -103,7 +103,7 @@ def assert_tensorboard_shows_metrics_once(output_dir: Path) -> None:
         shown = [(event.step, event.value) for event in accumulator.Scalars(tag)]
         assert [step for step, _ in shown] == [step for step, _ in expected], tag
         assert [value for _, value in shown] == pytest.approx([value for _, value in expected], rel=1e-6)
-    assert [event.step for event in accumulator.Scalars("train/loss")] == [5, 10, 15, 20, 25, 30, 33]
+    assert [event.step for event in accumulator.Scalars("train/loss")] == [5, 10, 15, 20, 23]
 {%- elif cookiecutter.tracker == "wandb" %}
 
 
