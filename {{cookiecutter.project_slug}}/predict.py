@@ -1,8 +1,8 @@
 """Batch predictions from the exported model, on one process or many.
 
     python predict.py [--model_dir outputs/<run>/model] [--input FILE] [--output p.csv] [--format jsonl]
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 predict.py ...  # 2 CPU processes
-    accelerate launch --multi_gpu --num_processes 2 predict.py ...                       # 2 GPUs
+    accelerate launch --multi_gpu --num_machines 1 --num_processes 2 --mixed_precision no \\
+        --dynamo_backend no predict.py ...    # 2 GPUs; ACCELERATE_USE_CPU=1 in front: 2 CPU processes
 
 The model is rebuilt from `<model_dir>/config.yaml` and `<model_dir>/model.safetensors` with plain PyTorch;
 no checkpoint or Accelerate state is needed. What is read from --input, and what each row holds, is the

@@ -17,7 +17,6 @@ Exit status: 0 when training is done, 75 when a signal stopped it after a checkp
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import math
 import os
@@ -89,8 +88,7 @@ from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, 
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, ignore_stop_signals
 from {{ cookiecutter.package_name }}.utils.tracking import (
     metrics_size,
-    setup_tracker,
-    tracker_run_id,
+    start_trackers,
     trackers,
     truncate_metrics,
 )
@@ -253,12 +251,7 @@ def train(
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
         truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
-    tracker_kwargs = setup_tracker(accelerator, config, state)
-    # A continued tracker run keeps the settings it started with: MLflow refuses to change a logged
-    # parameter, and max_steps, say, may differ between sessions. Each checkpoint holds its config.yaml.
-    hparams = None if state.tracker_run_id else dataclasses.asdict(config)
-    accelerator.init_trackers(output_dir.name, config=hparams, init_kwargs=tracker_kwargs)
-    state.tracker_run_id = tracker_run_id(accelerator, config)
+    start_trackers(accelerator, config, state)
 
     # --- the loop
     # Train loss summed on the device since the last log: no host-device sync per step.

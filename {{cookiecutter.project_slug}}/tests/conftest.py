@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -93,6 +94,18 @@ def run_predict(
             f"predict.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
     return result
+
+
+def framework_warnings(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The lines of a run's output that are warnings of a library (Accelerate, torch, tqdm, ...): a
+    Python warning, a logged one, or torch's glog-style `W1124 12:00:00...` lines. The run's own begin
+    with `WARNING: `. A command of this project, as its README gives it, should trigger none."""
+    lines = re.split(r"[\r\n]+", f"{result.stdout}\n{result.stderr}")
+    return [
+        line
+        for line in lines
+        if ("warn" in line.lower() and not line.startswith("WARNING: ")) or re.match(r"[WE]\d{4} ", line)
+    ]
 
 
 def assert_same_run(resumed: Path, reference: Path) -> None:

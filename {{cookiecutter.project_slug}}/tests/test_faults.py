@@ -292,9 +292,10 @@ def test_stop_signal_to_the_whole_process_group_with_workers_still_checkpoints(t
     )
     wait_for_training(output_dir, process, since)
     os.killpg(process.pid, signal.SIGTERM)
-    _, err = process.communicate(timeout=300)
+    out, err = process.communicate(timeout=300)
     assert process.returncode == EXIT_STOPPED, err[-3000:]
     assert "killed by signal" not in err
+    assert (out + err).count("received") == 1, err[-3000:]  # the main process's line, none from a worker
     run_training(output_dir, *SIGNAL_RUN, *workers)
     assert_same_run(output_dir, reference)
 

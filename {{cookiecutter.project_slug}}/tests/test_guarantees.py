@@ -27,6 +27,7 @@ from .conftest import (
     QUICK,
     assert_readable_log,
     assert_same_run,
+    framework_warnings,
     read_metrics,
     run_predict,
     run_training,
@@ -75,6 +76,7 @@ def test_one_and_two_processes_end_at_the_same_eval_metrics(
     assert "train: step" in one.stdout + two.stdout  # the last step's line, at least
     for name, result in (("one", one), ("two", two)):  # two processes, one line per event
         assert_readable_log(result.stdout + result.stderr, list_checkpoints(tmp_path / name))
+    assert framework_warnings(one) == [] and framework_warnings(two) == []
     evals = [[row for row in read_metrics(tmp_path / name) if "eval/loss" in row] for name in ("one", "two")]
     assert evals[0], "no evaluation was logged"
     assert [row["step"] for row in evals[0]] == [row["step"] for row in evals[1]]
@@ -93,6 +95,7 @@ def test_predict_writes_the_same_bytes_on_one_and_two_processes(
         args = ["--model_dir", str(model_dir), "--output", str(output), "--batch_size", "5"]
         result = run_predict(*args, processes=processes)
         assert f"world size {processes}" in result.stdout  # 2 processes really formed one group
+        assert framework_warnings(result) == []
     assert files[1].read_bytes() == files[2].read_bytes()
     config, _ = load_config([], model_dir / "config.yaml", task.Config)
     with files[1].open(newline="") as file:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROJECT, free_port
+from .conftest import PROJECT, framework_warnings, free_port
 
 T4 = "Tesla T4, 7.5, 15360 MiB"
 A100 = "NVIDIA A100-SXM4-80GB, 8.0, 81920 MiB"
@@ -675,6 +676,18 @@ def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
         assert f"install: missing {missing}" in run.result.stdout, run.explain()
 
 
+def test_documented_accelerate_launch_commands_give_every_setting() -> None:
+    """`accelerate launch` warns (5 lines) about each of these it fills in with a default: the commands
+    in the README and in predict.py give them all, as the launchers do."""
+    text = "\n".join((PROJECT / name).read_text() for name in ("README.md", "predict.py"))
+    # A command line: optional VAR=value assignments, then accelerate launch, with its continuation lines.
+    commands = re.findall(r"^ *(?:\w+=\S+ )*accelerate launch (?:.*\\\n)*.*", text, re.MULTILINE)
+    assert len(commands) >= 3, commands
+    for command in commands:
+        for flag in ("--num_processes", "--num_machines", "--mixed_precision", "--dynamo_backend"):
+            assert flag in command, command
+
+
 @pytest.mark.slow
 def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) -> None:
     """No fakes: NUM_PROCESSES=2 scripts/run_local.sh trains in one 2-process gloo group (world size 2)
@@ -707,3 +720,4 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
     assert output.count("checked: loading PyTorch and Accelerate") == 1, output[-5000:]
     assert "world size 2" in output, output[-5000:]
     assert (output_dir / "model" / "model.safetensors").is_file()
+    assert framework_warnings(result) == []

@@ -4,11 +4,21 @@ continues the same tracker run."""
 from __future__ import annotations
 
 {% if cookiecutter.tracker in ["wandb", "mlflow"] %}import os
+{% endif %}{% if cookiecutter.tracker == "tensorboard" %}import signal
+import subprocess
+import time
 {% endif %}from pathlib import Path
 
 import pytest
+{%- if cookiecutter.tracker == "tensorboard" %}
+
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+
+from .conftest import PROJECT, read_metrics, run_training, training_command, wait_for_training
+{%- else %}
 
 from .conftest import read_metrics, run_training
+{%- endif %}
 
 pytestmark = pytest.mark.slow
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
@@ -29,7 +39,6 @@ def test_tracker_writes_offline_logs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 {%- if cookiecutter.tracker == "tensorboard" %}
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    # The scalars; accelerate writes the hyperparameters to a sub-folder of their own.
     (events,) = (output_dir / "logs").glob("*/events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
@@ -47,17 +56,54 @@ def test_tracker_writes_offline_logs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 {%- if cookiecutter.tracker == "tensorboard" %}
 
 
-def test_resumed_run_replaces_what_was_logged_after_its_checkpoint(tmp_path: Path) -> None:
-    """Resuming from step 10 of a run that reached step 20: TensorBoard shows steps 15 and 20 once."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def test_sessions_of_a_run_form_one_tensorboard_run(tmp_path: Path) -> None:
+    """Stopped by SIGTERM, finished, rerun once finished (it only re-exports), then resumed from an older
+    checkpoint: one folder, the settings recorded once, every step of metrics.jsonl once, no gap."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
     output_dir = tmp_path / "run"
-    args = ["--max_steps", "20", "--log_every", "5", "--checkpoint_every", "10"]
-    run_training(output_dir, *args)
-    run_training(output_dir, *args, "--resume", str(output_dir / "checkpoints" / "step_00000010"))
-    accumulator = EventAccumulator(str(output_dir / "logs" / "run"))
+    args = ["--max_steps", "23", "--log_every", "5", "--checkpoint_every", "10"]
+    command, env = training_command(output_dir, *args)
+    started = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_for_training(output_dir, process, since=started, step=5)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == EXIT_STOPPED, output[-2000:]
+    run_training(output_dir, *args)  # continues to the end: the last train loss and eval are logged at 23
+    run_training(output_dir, *args)  # finished: evaluates and exports again, logging step 23 again
+    assert_tensorboard_shows_metrics_once(output_dir)
+    run_training(output_dir, *args, "--resume", str(output_dir / "checkpoints" / "step_00000020"))
+    assert_tensorboard_shows_metrics_once(output_dir)
+
+    settings = [
+        HParamsPluginData.FromString(value.metadata.plugin_data.content).session_start_info.hparams
+        for path in sorted((output_dir / "logs" / "run").glob("events.out.tfevents.*"))
+        for event in EventFileLoader(str(path)).Load()
+        for value in event.summary.value
+        if value.tag == "_hparams_/session_start_info"
+    ]
+    assert len(settings) == 1 and settings[0]["max_steps"].number_value == 23
+
+
+def assert_tensorboard_shows_metrics_once(output_dir: Path) -> None:
+    """One run folder, whose scalars are those of metrics.jsonl: every train step once, no gap."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = output_dir / "logs" / "run"
+    assert [path for path in (output_dir / "logs").rglob("*") if path.is_dir()] == [folder]
+    accumulator = EventAccumulator(str(folder))  # what TensorBoard shows: it drops what restarts purge
     accumulator.Reload()
-    assert [event.step for event in accumulator.Scalars("train/loss")] == [5, 10, 15, 20]
+    rows = read_metrics(output_dir)
+    for tag in ("train/loss", "eval/loss"):
+        expected = [(row["step"], row[tag]) for row in rows if tag in row]
+        shown = [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        assert [step for step, _ in shown] == [step for step, _ in expected], tag
+        assert [value for _, value in shown] == pytest.approx([value for _, value in expected], rel=1e-6)
+    assert [event.step for event in accumulator.Scalars("train/loss")] == [5, 10, 15, 20, 23]
 {%- elif cookiecutter.tracker == "wandb" %}
 
 

@@ -9,6 +9,7 @@ process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from types import FrameType
@@ -25,6 +26,12 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        # DataLoader workers are forked with this handler and ignore stop signals only once started
+        # (ignore_stop_signals); until then it must do nothing in them.
+        self._pid = os.getpid()
+        # SLURM and the launchers signal every rank: each records the request (the stop vote needs it
+        # from one at least), rank 0 alone says so. RANK is set by the launchers, unset for one process.
+        self._announce = os.environ.get("RANK", "0") == "0"
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
 
@@ -38,12 +45,16 @@ class StopRequest:
         return self.signal_name is not None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            return
         name = signal.Signals(signum).name
         if self.signal_name is None:
             self.signal_name = name
-            print(f"{name} received: finishing the current step, then saving a checkpoint", file=sys.stderr)
+            message = f"{name} received: finishing the current step, then saving a checkpoint"
         else:
-            print(f"{name} received again: already stopping (kill -9 is safe too)", file=sys.stderr)
+            message = f"{name} received again: already stopping (kill -9 is safe too)"
+        if self._announce:
+            print(message, file=sys.stderr)
 
 
 def ignore_stop_signals(worker_id: int) -> None:

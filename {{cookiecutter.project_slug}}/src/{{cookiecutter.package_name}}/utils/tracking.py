@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+{% if cookiecutter.tracker != "none" %}import dataclasses
+{% endif %}import importlib.util
 import json
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 import os
@@ -71,13 +72,72 @@ def trackers(config: TrainConfig) -> list[Any]:
     return chosen
 
 
+def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> None:
+    """Start the trackers: a resumed run continues its tracker run, which records the settings once."""
+{%- if cookiecutter.tracker == "tensorboard" %}
+    if config.tracker == "tensorboard":
+        start_tensorboard(accelerator, config, state)
+        return
+{%- endif %}
+    run_name = Path(config.output_dir).name
+{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
+    if config.tracker != "none":
+        kwargs = setup_tracker(accelerator, config, state)
+{%- if cookiecutter.tracker == "mlflow" %}
+        # A continued tracker run keeps the settings it started with: MLflow refuses to change a logged
+        # parameter, and max_steps, say, may differ between sessions. Each checkpoint holds its config.yaml.
+{%- else %}
+        # A continued tracker run keeps the settings it started with: max_steps, say, may differ between
+        # sessions. Each checkpoint holds its config.yaml.
+{%- endif %}
+        hparams = None if state.tracker_run_id else dataclasses.asdict(config)
+        accelerator.init_trackers(run_name, config=hparams, init_kwargs=kwargs)
+        state.tracker_run_id = tracker_run_id(accelerator, config)
+        return
+{%- endif %}
+    accelerator.init_trackers(run_name)  # metrics.jsonl alone: it records no settings (config.yaml does)
+{%- if cookiecutter.tracker == "tensorboard" %}
+
+
+def start_tensorboard(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> None:
+    """One TensorBoard run, the folder `logs/<run name>`, per training run however many sessions it takes.
+
+    TensorBoard has no run ids: each session adds an event file to the folder, and a resumed one first
+    drops what was logged after its checkpoint, which it logs again, so that every step shows once.
+    TensorBoard drops whole steps, and a run logs at its checkpoint's step after saving it too (the
+    last train loss): the checkpoint's step is dropped and written again from metrics.jsonl, cut back
+    to the checkpoint already. Accelerate would write the settings to two new timestamped folders at
+    every start: they go to the run's folder instead, once.
+    """
+    run_name = Path(config.output_dir).name
+    continued = any((Path(accelerator.logging_dir) / run_name).glob("events.out.tfevents.*"))
+    accelerator.init_trackers(
+        run_name, init_kwargs={"tensorboard": {"purge_step": state.step}} if continued else {}
+    )
+    if not accelerator.is_main_process:
+        return
+    metrics = metrics_path(config.output_dir)
+    if continued and metrics.exists():
+        tracker = accelerator.get_tracker("tensorboard")
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            if row.pop("step") == state.step:
+                tracker.log(row, step=state.step)
+    if not continued:
+        from torch.utils.tensorboard.summary import hparams
+
+        writer = accelerator.get_tracker("tensorboard", unwrap=True)
+        for summary in hparams(dataclasses.asdict(config), {}):
+            writer.file_writer.add_summary(summary)
+        writer.flush()  # before training: a run stopped early has them, and does not record them again
+{%- endif %}
+
+{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
+
+
 def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> dict[str, Any]:
     """Make the chosen tracker work offline and continue the run of `state`; return `init_trackers` kwargs."""
-{%- if cookiecutter.tracker == "tensorboard" %}
-    if config.tracker == "tensorboard" and state.step:
-        # The same logging folder, minus what was logged after the checkpoint (it is logged again).
-        return {"tensorboard": {"purge_step": state.step + 1}}
-{%- elif cookiecutter.tracker == "wandb" %}
+{%- if cookiecutter.tracker == "wandb" %}
     if config.tracker == "wandb":
         source = load_secret("WANDB_API_KEY")
         if source:
@@ -115,11 +175,8 @@ def tracker_run_id(accelerator: Accelerator, config: TrainConfig) -> str:
 {%- elif cookiecutter.tracker == "mlflow" %}
     if config.tracker == "mlflow" and accelerator.is_main_process:
         return accelerator.get_tracker("mlflow", unwrap=True).info.run_id
-{%- elif cookiecutter.tracker == "tensorboard" %}
-    # TensorBoard has no run ids: a resumed run continues by writing to the same logging folder.
 {%- endif %}
     return ""
-{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 {%- if cookiecutter.tracker == "mlflow" %}
 
 

@@ -1,0 +1,40 @@
+"""Stop signals: every rank records the request, one line per signal says so (rank 0's), and a forked
+DataLoader worker, which inherits the handler until its worker_init_fn ignores stop signals, does nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import PROJECT
+
+# A process with the handler installed forks (as a DataLoader starts a worker) and the child gets SIGUSR1
+# before anything else; then the process itself gets it. Prints the child's exit code and the request.
+SCRIPT = """
+import os, signal
+from {{ cookiecutter.package_name }}.utils.signals import StopRequest
+
+stop = StopRequest()
+child = os.fork()
+if child == 0:
+    signal.raise_signal(signal.SIGUSR1)
+    os._exit(1 if stop else 0)
+_, status = os.waitpid(child, 0)
+signal.raise_signal(signal.SIGUSR1)
+print(os.waitstatus_to_exitcode(status), bool(stop))
+"""
+
+
+@pytest.mark.parametrize("rank", [None, "0", "1"])
+def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RANK"} | ({"RANK": rank} if rank else {})
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "True"]  # the worker ignored it; the process recorded it
+    line = "SIGUSR1 received: finishing the current step, then saving a checkpoint"
+    assert result.stderr.splitlines() == ([] if rank == "1" else [line])
