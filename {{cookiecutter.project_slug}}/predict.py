@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.devices import detect_platform
+from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
 from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, hide_gpus_from_cpu_run, launch_problems
 
 # torch, Accelerate and safetensors are imported in main() and load_model(), after the checks: --help and a
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
     check_output(output, args.format, given=args.output is not None)
     config = model_config(model_dir, overrides)
-    if os.environ.get("RANK", "0") == "0":  # the only process, or the main one of a launch
+    if main_process_of_launch():
         print(f"predicting with {model_dir} into {output}: loading PyTorch and Accelerate", flush=True)
 
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA

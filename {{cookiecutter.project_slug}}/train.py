@@ -32,7 +32,7 @@ from {{ cookiecutter.package_name }}.utils.config import (
     load_config,
     save_config,
 )
-from {{ cookiecutter.package_name }}.utils.devices import detect_platform
+from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
 from {{ cookiecutter.package_name }}.utils.hardware import (
     check_output_dir,
     hide_gpus_from_cpu_run,
@@ -65,7 +65,7 @@ def check_config_first() -> None:
         _, config_path, _ = read_config(None)
     except ConfigError as error:
         sys.exit(f"config error: {error}")
-    if os.environ.get("RANK", "0") == "0":  # the only process, or the main one of a launch
+    if main_process_of_launch():
         print(f"config {config_path} checked: loading PyTorch and Accelerate", flush=True)
 
 

@@ -22,6 +22,12 @@ class DeviceError(Exception):
     """Device facts that cannot be read or used, in one line."""
 
 
+def main_process_of_launch() -> bool:
+    """Whether this is the process that speaks for the run: the only one, or rank 0 of a launch. Readable
+    before torch loads (launchers set RANK in every process they start)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def detect_platform() -> str:
     """`colab`, `kaggle`, `slurm` or `local`, from the environment each platform sets."""
     if "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ:

@@ -14,6 +14,8 @@ import signal
 import sys
 from types import FrameType
 
+from .devices import main_process_of_launch
+
 # Exit status of a run that stopped on a signal after saving a checkpoint: rerun the same command
 # to continue. 75 is EX_TEMPFAIL ("try again later").
 EXIT_STOPPED = 75
@@ -30,8 +32,8 @@ class StopRequest:
         # (ignore_stop_signals); until then it must do nothing in them.
         self._pid = os.getpid()
         # SLURM and the launchers signal every rank: each records the request (the stop vote needs it
-        # from one at least), rank 0 alone says so. RANK is set by the launchers, unset for one process.
-        self._announce = os.environ.get("RANK", "0") == "0"
+        # from one at least), rank 0 alone says so.
+        self._announce = main_process_of_launch()
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
 
