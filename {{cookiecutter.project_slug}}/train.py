@@ -51,8 +51,10 @@ def read_config(argv: list[str] | None) -> tuple[TrainConfig, Path, list[str]]:
     # Relative to the project, not to the working directory: the same command finds its run from anywhere.
     # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.
     config.output_dir = os.path.normpath(PROJECT / config.output_dir)
+    if config.mirror_dir:
+        config.mirror_dir = os.path.normpath(PROJECT / config.mirror_dir)
     try:
-        output_warnings = check_output_dir(config.output_dir, where)
+        output_warnings = check_output_dir(config.output_dir, where, config.mirror_dir)
     except ValueError as error:
         raise ConfigError(f"{config_path}: {error}") from error
     return config, config_path, output_warnings
@@ -82,6 +84,7 @@ from {{ cookiecutter.package_name }}.launch import report_outcome
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
+from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.progress import Progress
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
@@ -120,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         step_scheduler_with_optimizer=False,
     )
     lock = OutputLock(config.output_dir)  # taken in train() on the main process
+    # The persistent copy, written in the background by the main process; started in train().
+    mirror = Mirror(
+        config.output_dir, config.mirror_dir, config.keep_checkpoints, enabled=accelerator.is_main_process
+    )
     try:
         unconnected, launch_warnings = launch_problems(
             accelerator.num_processes, accelerator.distributed_type.value
@@ -131,10 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         for warning in [*launch_warnings, *output_warnings]:
             accelerator.print(f"WARNING: {warning}")
-        finished = train(accelerator, config, config_path, stop, lock)
+        finished = train(accelerator, config, config_path, stop, lock, mirror)
         stop.ignore_from_now_on()
     finally:
         try:
+            mirror.finish()  # the last checkpoint and exports reach the persistent copy, also after a crash
             accelerator.end_training()  # closes trackers and the process group, also after a crash
         finally:
             lock.release()  # after the trackers' last writes; a no-op where it was not taken
@@ -142,11 +150,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(
-    accelerator: Accelerator, config: TrainConfig, config_path: Path, stop: StopRequest, lock: OutputLock
+    accelerator: Accelerator,
+    config: TrainConfig,
+    config_path: Path,
+    stop: StopRequest,
+    lock: OutputLock,
+    mirror: Mirror,
 ) -> bool:
     """Train until done (True) or until a stop signal was agreed on and checkpointed (False).
 
-    `lock` is taken once the config and data have passed their checks, before anything is written."""
+    `lock` is taken once the config and data have passed their checks, before anything is written;
+    `mirror` once the run to continue is known."""
     output_dir = Path(config.output_dir)
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.print(
@@ -245,9 +259,11 @@ def train(
     forward = torch.compile(model) if config.compile else model
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
-    # Or refuse: a folder of another run, or whose checkpoints cannot be read.
+    # Or refuse: a folder of another run, or whose checkpoints cannot be read. The newest checkpoint of
+    # this run in mirror_dir or under import_from is brought in first, if newer than output_dir's.
     state, resumed_from = resume(accelerator, config)
     start_step = state.step
+    mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
         truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
@@ -352,6 +368,7 @@ def train(
                 state.metrics_bytes = metrics_size(output_dir)
                 last_saved = save_checkpoint(accelerator, config, state, protect=resumed_from)
                 progress.write(f"checkpoint: step {state.step} saved to {last_saved}")
+                mirror.request()
             if stopping or state.stopped_early or state.step >= total_steps:
                 break
     progress.close()

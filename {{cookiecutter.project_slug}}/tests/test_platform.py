@@ -108,13 +108,20 @@ def test_output_dir_checks_per_platform(clean_env: pytest.MonkeyPatch, tmp_path:
     clean_env.setattr(hardware, "COLAB_DRIVE", tmp_path / "MyDrive")  # not mounted
     with pytest.raises(ValueError, match="on Google Drive, which is not mounted"):
         check_output_dir("/content/drive/MyDrive/run", "colab")
+    with pytest.raises(ValueError, match="on Google Drive, which is not mounted"):
+        check_output_dir("/content/outputs/run", "colab", "/content/drive/MyDrive/run")
     (tmp_path / "MyDrive").mkdir()
     assert check_output_dir("/content/drive/MyDrive/run", "colab") == []
-    assert "NOT on Google Drive" in check_output_dir("/content/outputs", "colab")[0]
+    # The session's disk mirrored to Drive: what configs/colab.yaml does.
+    assert check_output_dir("/content/outputs/run", "colab", "/content/drive/MyDrive/run") == []
+    assert "nor mirror_dir is on Google Drive" in check_output_dir("/content/outputs", "colab")[0]
+    with pytest.raises(ValueError, match="overlap"):
+        check_output_dir("/content/outputs", "colab", "/content/outputs/copy")
     assert check_output_dir("/kaggle/working/outputs", "kaggle") == []
     assert "Kaggle keeps only" in check_output_dir("/tmp/outputs", "kaggle")[0]
     clean_env.setenv("SLURM_TMPDIR", str(tmp_path / "node"))
     assert "wiped when the job ends" in check_output_dir(str(tmp_path / "node" / "run"), "slurm")[0]
+    assert check_output_dir(str(tmp_path / "node" / "run"), "slurm", str(tmp_path / "home" / "run")) == []
     assert check_output_dir("outputs/run", "local") == []
 
 
@@ -140,7 +147,7 @@ def test_colab_without_drive_stops_before_training(monkeypatch: pytest.MonkeyPat
         [sys.executable, "train.py"], cwd=PROJECT, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 1
-    assert "colab.yaml: output_dir /content/drive/MyDrive/" in result.stderr
+    assert "colab.yaml: mirror_dir /content/drive/MyDrive/" in result.stderr
     assert "which is not mounted" in result.stderr
 
 

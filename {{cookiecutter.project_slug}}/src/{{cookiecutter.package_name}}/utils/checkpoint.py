@@ -22,6 +22,7 @@ import os
 import platform
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ class LoopState:
     stopped_early: bool = False  # a rerun of an early-stopped run only exports
     # The experiment tracker's run, which a resumed run continues ("" before the first one).
     tracker_run_id: str = ""
+    # This training run's name for itself, drawn at its fresh start and kept by every checkpoint: copies of
+    # one run found elsewhere (a mirror, a Kaggle input) are told apart from other runs by it.
+    run_id: str = ""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -221,18 +225,18 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
     decision: list[Any] = [None]
     if accelerator.is_main_process:
         try:
-            decision = [decide_start(config)]
+            decision = [(*decide_start(config), uuid.uuid4().hex[:12])]
         except (ConfigError, RunError) as error:
             decision = [error]
     decision = broadcast_object_list(decision)
     if isinstance(decision[0], Exception):
         raise decision[0]
-    path, notes = decision[0]
+    path, notes, new_run_id = decision[0]
     for note in notes:
         accelerator.print(note)
     if path is None:
-        accelerator.print(f"starting fresh in {config.output_dir}")
-        return LoopState(), None
+        accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
+        return LoopState(run_id=new_run_id), None
     problem = None
     try:
         state = load_checkpoint(accelerator, path)
@@ -247,7 +251,8 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
         )
     saved_world = read_meta(path).get("world_size", accelerator.num_processes)
     accelerator.print(
-        f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples)"
+        f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
+        f"run {state.run_id or '(unnamed)'})"
     )
     if saved_world != accelerator.num_processes:
         accelerator.print(
@@ -265,9 +270,11 @@ def decide_start(config: TrainConfig) -> tuple[Path | None, list[str]]:
     to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
     Checkpoints newer than the one continued are set aside, never overwritten.
     """
+    from .runs import bring_in_newest_copy  # runs.py builds on this module
+
     output_dir = Path(config.output_dir)
+    notes = bring_in_newest_copy(config) if config.resume == "auto" else []
     checkpoints = list_checkpoints(output_dir)
-    notes: list[str] = []
     if config.resume not in ("auto", "never"):
         path = Path(config.resume)
         if problem := checkpoint_problem(path):
@@ -341,8 +348,17 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 def _changed_fields(folder: Path, config: TrainConfig) -> str:
     """The run-defining fields whose value in `folder`/config.yaml differs from `config` ("" if none)."""
     try:
-        saved = yaml.safe_load((folder / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError) as error:
+        text = (folder / "config.yaml").read_text()
+    except OSError as error:
+        return f"its config.yaml cannot be read: {error}"
+    return changed_settings(text, config)
+
+
+def changed_settings(config_yaml: str, config: TrainConfig) -> str:
+    """The run-defining fields whose value in a saved config.yaml differs from `config` ("" if none)."""
+    try:
+        saved = yaml.safe_load(config_yaml)
+    except yaml.YAMLError as error:
         return f"its config.yaml cannot be read: {error}"
     if not isinstance(saved, dict):
         return "its config.yaml is not a mapping"

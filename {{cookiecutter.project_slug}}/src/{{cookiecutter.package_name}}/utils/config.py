@@ -68,6 +68,14 @@ class TrainConfig:
     keep_checkpoints: int = 3
     # auto: continue from the newest valid checkpoint in output_dir, if any; never; or a checkpoint path.
     resume: str = "auto"
+    # A second, persistent copy of the run ("" = none), e.g. Google Drive while output_dir is the session's
+    # fast local disk: every checkpoint, the metrics and the exports are copied there in the background and
+    # verified; a failing copy is reported and retried, never stops training.
+    mirror_dir: str = ""
+    # Where to look for copies of this run newer than output_dir's ("" = nowhere): searched a few levels
+    # deep for run folders (an earlier session's output, a mirror) and packed runs (utils/runs.py: pack).
+    # Kaggle: its inputs; Colab: the project's folder on Drive.
+    import_from: str = ""
     # When output_dir holds a run this one cannot continue (other settings, no readable checkpoint,
     # resume: never): false refuses to start; true moves that run's files to output_dir/set_aside/<time>/
     # and starts over. Nothing is deleted either way.
@@ -96,6 +104,8 @@ class TrainConfig:
         "checkpoint_every",
         "keep_checkpoints",
         "resume",
+        "mirror_dir",
+        "import_from",
         "start_over",
         "fp16_skip_patience",
         "tracker",
@@ -234,10 +244,12 @@ def load_config(
             sources[name] = f"--{name}"
     config = config_class(**values)
     # "$SCRATCH/runs/digits" or "~/runs": cluster paths differ per user.
-    config.output_dir = os.path.expanduser(os.path.expandvars(config.output_dir))
-    if "$" in config.output_dir:
-        where = sources.get("output_dir", "default")
-        raise ConfigError(f"{where}: output_dir={config.output_dir!r} names an unset environment variable")
+    for name in ("output_dir", "mirror_dir", "import_from"):
+        path = os.path.expanduser(os.path.expandvars(getattr(config, name)))
+        if "$" in path:
+            where = sources.get(name, "default")
+            raise ConfigError(f"{where}: {name}={path!r} names an unset environment variable")
+        setattr(config, name, path)
     check_values(config, sources)
     return config, args.config
 

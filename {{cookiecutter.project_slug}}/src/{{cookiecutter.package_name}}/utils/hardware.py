@@ -91,31 +91,43 @@ def resolve_mixed_precision(choice: str) -> str:
     return choice
 
 
-def check_output_dir(output_dir: str, where: str) -> list[str]:
+def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[str]:
     """Warnings for an output_dir that will not survive the platform's session; raise if it cannot work.
 
-    `where` is the detected platform. Raises ValueError for a Google Drive path on a Colab session
-    where Drive is not mounted: writing there would fill the mount point and lose everything.
+    `where` is the detected platform; `mirror_dir` the run's persistent copy, if any. Raises ValueError
+    for a Google Drive path on a Colab session where Drive is not mounted (writing there would fill the
+    mount point and lose everything), and for a mirror that is output_dir itself or inside it.
     """
     path = Path(output_dir).absolute()
+    kept = {"output_dir": path}
+    if mirror_dir:
+        mirror = Path(mirror_dir).absolute()
+        if mirror.is_relative_to(path) or path.is_relative_to(mirror):
+            raise ValueError(f"mirror_dir {mirror_dir} and output_dir {output_dir} overlap: use two folders")
+        kept["mirror_dir"] = mirror
     if where == "colab":
-        if path.is_relative_to("/content/drive"):
-            if not COLAB_DRIVE.is_dir():
-                raise ValueError(
-                    f"output_dir {output_dir} is on Google Drive, which is not mounted: run "
-                    "`from google.colab import drive; drive.mount('/content/drive')` first, or pass "
-                    "--output_dir /content/outputs to write to the session disk (lost when it ends)"
-                )
+        drive = Path("/content/drive")
+        on_drive = [f"{name} {folder}" for name, folder in kept.items() if folder.is_relative_to(drive)]
+        if on_drive and not COLAB_DRIVE.is_dir():
+            raise ValueError(
+                f"{on_drive[0]} is on Google Drive, which is not mounted: run "
+                "`from google.colab import drive; drive.mount('/content/drive')` first, or pass "
+                "--mirror_dir '' to keep the run on the session disk only (lost when it ends)"
+            )
+        if on_drive:
             return []
         return [
-            f"output_dir {output_dir} is NOT on Google Drive: checkpoints are lost when the Colab session "
-            f"ends. Mount Drive and use an output_dir under {COLAB_DRIVE}."
+            f"neither output_dir {output_dir} nor mirror_dir is on Google Drive: checkpoints are lost when "
+            f"the Colab session ends. Mount Drive and set mirror_dir to a folder under {COLAB_DRIVE}."
         ]
     if where == "kaggle" and not path.is_relative_to(KAGGLE_WORKING):
         return [f"output_dir {output_dir} is outside {KAGGLE_WORKING}: Kaggle keeps only that folder."]
     node_local = os.environ.get("SLURM_TMPDIR")
-    if where == "slurm" and node_local and path.is_relative_to(node_local):
-        return [f"output_dir {output_dir} is in $SLURM_TMPDIR, which is wiped when the job ends."]
+    if where == "slurm" and node_local and path.is_relative_to(node_local) and not mirror_dir:
+        return [
+            f"output_dir {output_dir} is in $SLURM_TMPDIR, which is wiped when the job ends: set mirror_dir "
+            "to persistent storage, or choose another output_dir."
+        ]
     return []
 
 

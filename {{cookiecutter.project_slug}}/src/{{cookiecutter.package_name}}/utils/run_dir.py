@@ -42,6 +42,10 @@ class RunError(Exception):
     """A problem with the run's folder, files or progress, in one line that says what to do."""
 
 
+class FolderInUse(RunError):
+    """Another run holds the folder's lock."""
+
+
 def _holder() -> dict:
     return {
         "host": socket.gethostname(),
@@ -71,8 +75,9 @@ def _pid_alive(pid: int) -> bool:
 class OutputLock:
     """The exclusive right to write to one output folder; `acquire` raises RunError if another run has it."""
 
-    def __init__(self, output_dir: str | Path) -> None:
+    def __init__(self, output_dir: str | Path, name: str = "output_dir") -> None:
         self.output_dir = Path(output_dir)
+        self.name = name  # the config field, for messages
         self.path = self.output_dir / LOCK_FILE
         self._fd: int | None = None
         self._stop = threading.Event()
@@ -82,14 +87,14 @@ class OutputLock:
     def acquire(self) -> list[str]:
         """Take the lock; return notes to print (a lock taken over from a dead run)."""
         if self.output_dir.exists() and not self.output_dir.is_dir():
-            raise RunError(f"output_dir {self.output_dir} is a file, not a folder: choose another one")
+            raise RunError(f"{self.name} {self.output_dir} is a file, not a folder: choose another one")
         try:
             self.created_dir = not self.output_dir.exists()
             self.output_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             raise RunError(
-                f"cannot write to output_dir {self.output_dir} ({error.strerror}): choose a writable one"
+                f"cannot write to {self.name} {self.output_dir} ({error.strerror}): choose a writable one"
             ) from None
         notes, locked = [], True
         try:
@@ -104,8 +109,8 @@ class OutputLock:
                     time.sleep(0.05)
                     holder = _read_holder(fd)
                 os.close(fd)
-                raise RunError(
-                    f"output_dir {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
+                raise FolderInUse(
+                    f"{self.name} {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
                     "it to end, or choose another --output_dir"
                 ) from None
             if error.errno != errno.ENOLCK:
@@ -120,7 +125,7 @@ class OutputLock:
         if previous:
             if problem := self._alive_elsewhere(previous, locked):
                 os.close(fd)
-                raise RunError(problem)
+                raise FolderInUse(problem)
             notes.append(
                 f"note: {self.path} was left by a run that is gone ({_describe(previous)}): taking it over"
             )
@@ -147,7 +152,7 @@ class OutputLock:
         if not alive or age >= STALE_AFTER_S:
             return None
         return (
-            f"output_dir {self.output_dir} was in use {age:.0f} s ago by a run on {previous.get('host')} "
+            f"{self.name} {self.output_dir} was in use {age:.0f} s ago by a run on {previous.get('host')} "
             f"({_describe(previous)}); if that run is gone, rerun after {STALE_AFTER_S - age:.0f} s or "
             f"delete {self.path}; otherwise choose another --output_dir"
         )

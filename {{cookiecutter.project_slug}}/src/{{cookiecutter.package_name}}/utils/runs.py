@@ -1,0 +1,331 @@
+"""Copies of a run in other places: find the newest one to continue, bring it into output_dir, pack one.
+
+A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
+Kaggle input, the Drive mirror of a Colab run) or as one packed file. Before resuming, the main process
+looks in `mirror_dir` and under `import_from` for copies of this run. When one holds a newer checkpoint
+than output_dir, that checkpoint is copied in and verified against its checksums, with the run's other
+files (metrics, exported models, tracker logs); a copy that does not verify is skipped, and named.
+
+The run id in each checkpoint's loop state tells copies of one run from other runs: copies of one run are
+never merged (only the newest checkpoint that verifies is taken), and when two different runs could both
+be continued by this config, none is chosen: the error names them.
+
+Pack a run to move it (its newest valid checkpoint, config, metrics, exported models, tracker logs, in
+one .tar file to upload as a Kaggle dataset or to Drive):
+
+    python -m {{ cookiecutter.package_name }}.utils.runs pack <output_dir> [--to FOLDER]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from .checkpoint import (
+    LOOP_STATE_FILE,
+    STAGING_PREFIX,
+    changed_settings,
+    checkpoint_problem,
+    checkpoint_root,
+    checkpoint_step,
+    list_checkpoints,
+    read_loop_state,
+)
+from .config import ConfigError, TrainConfig
+from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RunError, set_aside
+
+PACK_SUFFIX = ".tar"
+# Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
+# a run folder inside an uploaded project folder on Drive is 3 or 4.
+SEARCH_DEPTH = 5
+# Never copied with a run: its lock, the runs set aside in it, its checkpoints (copied one at a time).
+NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
+
+
+@dataclass
+class Copy:
+    """One checkpoint of a run found outside output_dir: in a run folder, or in a packed run."""
+
+    source: Path  # the run folder, or the .tar file
+    step: int
+    run_id: str
+    config_yaml: str
+    member: str = ""  # in a .tar: the run folder's path inside it
+
+    @property
+    def checkpoint(self) -> str:
+        return f"checkpoints/step_{self.step:08d}"
+
+    def __str__(self) -> str:
+        return f"{self.source} (step {self.step}, run {self.run_id or '(unnamed)'})"
+
+
+def bring_in_newest_copy(config: TrainConfig) -> list[str]:
+    """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
+    output_dir, when it is newer than output_dir's own; return what to print. Main process only."""
+    places = [Path(place) for place in (config.mirror_dir, config.import_from) if place]
+    if not places:
+        return []
+    output_dir = Path(config.output_dir)
+    own = newest_readable(output_dir)
+    notes: list[str] = []
+    candidates: list[Copy] = []
+    seen: set[Path] = {output_dir.resolve()}
+    for place in places:
+        if not place.exists():
+            if str(place) == config.import_from:
+                notes.append(f"import_from {place} does not exist: no copies of this run looked for there")
+            continue
+        for copy in find_copies(place, seen):
+            if changed := changed_settings(copy.config_yaml, config):
+                notes.append(f"not continuing {copy}: other settings ({changed})")
+            elif own is not None and copy.run_id != own[1]:
+                notes.append(f"not continuing {copy}: another run; output_dir holds run {own[1] or '?'}")
+            elif own is None or copy.step > own[0]:
+                candidates.append(copy)
+    if own is None and len(runs := {copy.run_id for copy in candidates}) > 1:
+        found = "; ".join(str(copy) for copy in sorted(candidates, key=lambda copy: -copy.step))
+        raise ConfigError(
+            f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
+            "--import_from <its folder or .tar>, or --import_from '' to start fresh"
+        )
+    candidates.sort(key=lambda copy: copy.step, reverse=True)
+    for copy in candidates:
+        if problem := import_copy(copy, output_dir):
+            notes.append(f"WARNING: skipping {copy}: {problem}")
+            continue
+        local = f"output_dir's newest is step {own[0]}" if own else "output_dir holds no checkpoint"
+        notes.append(
+            f"continuing from {copy}: the newest copy of this run that verifies ({local}); its checkpoint, "
+            f"metrics and exports were copied to {output_dir}"
+        )
+        return notes
+    if own is not None and places:
+        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
+    return notes
+
+
+def newest_readable(run_folder: Path) -> tuple[int, str] | None:
+    """(step, run id) of the newest checkpoint in `run_folder` whose files have their recorded sizes."""
+    for path in reversed(list_checkpoints(run_folder)):
+        if checkpoint_problem(path, contents=False) is None:
+            return checkpoint_step(path), read_loop_state(path).run_id
+    return None
+
+
+def find_copies(place: Path, seen: set[Path]) -> Iterator[Copy]:
+    """Checkpoints of run folders and packed runs at `place` or below it, each place once (`seen`)."""
+    if place.resolve() in seen:
+        return
+    seen.add(place.resolve())
+    if place.is_file():
+        if place.name.endswith(PACK_SUFFIX):
+            yield from _packed_copies(place)
+        return
+    if (place / "checkpoints").is_dir():
+        yield from _folder_copies(place)
+        return
+    yield from _search(place, SEARCH_DEPTH, seen)
+
+
+def _search(folder: Path, depth: int, seen: set[Path]) -> Iterator[Copy]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:  # unreadable, or gone (a mount that dropped): nothing to find there
+        return
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name == SET_ASIDE:
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False) and depth > 0:
+            if (path / "checkpoints").is_dir():
+                if path.resolve() not in seen:
+                    seen.add(path.resolve())
+                    yield from _folder_copies(path)
+            else:
+                yield from _search(path, depth - 1, seen)
+        elif entry.is_file() and entry.name.endswith(PACK_SUFFIX) and path.resolve() not in seen:
+            seen.add(path.resolve())
+            yield from _packed_copies(path)
+
+
+def _folder_copies(run_folder: Path) -> Iterator[Copy]:
+    for path in list_checkpoints(run_folder):
+        try:
+            record = json.loads((path / LOOP_STATE_FILE).read_text())
+            config_yaml = (path / "config.yaml").read_text()
+        except (OSError, ValueError):
+            continue  # unfinished or damaged: not a copy anyone could continue
+        run_id = record.get("loop_state", {}).get("run_id", "")
+        yield Copy(run_folder, checkpoint_step(path), run_id, config_yaml)
+
+
+def _packed_copies(path: Path) -> Iterator[Copy]:
+    try:
+        with tarfile.open(path) as tar:
+            names = tar.getnames()
+            for name in names:
+                parts = PurePosixPath(name).parts
+                if len(parts) < 3 or parts[-1] != LOOP_STATE_FILE or parts[-3] != "checkpoints":
+                    continue
+                if not (parts[-2].startswith("step_") and parts[-2][5:].isdigit()):
+                    continue
+                member = str(PurePosixPath(*parts[:-3])) if len(parts) > 3 else ""
+                folder = str(PurePosixPath(*parts[:-1]))
+                record = json.loads(_read_member(tar, name))
+                config_yaml = _read_member(tar, f"{folder}/config.yaml").decode()
+                run_id = record.get("loop_state", {}).get("run_id", "")
+                yield Copy(path, int(parts[-2][5:]), run_id, config_yaml, member)
+    except (OSError, ValueError, KeyError, tarfile.TarError):
+        return  # not a packed run, or a damaged one
+
+
+def _read_member(tar: tarfile.TarFile, name: str) -> bytes:
+    file = tar.extractfile(name)
+    if file is None:
+        raise KeyError(name)
+    return file.read()
+
+
+def import_copy(copy: Copy, output_dir: Path) -> str | None:
+    """Copy `copy`'s checkpoint into output_dir, verify it, then bring the run's other files; return why
+    it could not be used (nothing of it is kept then), or None."""
+    final = checkpoint_root(output_dir) / f"step_{copy.step:08d}"
+    staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
+    try:
+        if staging.exists():
+            shutil.rmtree(staging)  # an import of this run cut off earlier
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        if copy.source.is_dir():
+            shutil.copytree(copy.source / copy.checkpoint, staging)
+        else:
+            _extract(copy, copy.checkpoint, staging)
+        if problem := checkpoint_problem(staging):
+            shutil.rmtree(staging)
+            return problem
+        # The run's other files (metrics up to at least this checkpoint, exports, tracker logs) replace
+        # output_dir's older ones, which are set aside, not deleted.
+        if copy.source.is_dir():
+            names = [entry.name for entry in copy.source.iterdir() if is_run_file(entry.name)]
+        else:
+            names = _packed_names(copy)
+        if replaced := [output_dir / name for name in names if (output_dir / name).exists()]:
+            set_aside(replaced, output_dir)
+        for name in names:
+            if copy.source.is_dir():
+                source = copy.source / name
+                if source.is_dir():
+                    shutil.copytree(source, output_dir / name)
+                else:
+                    shutil.copy2(source, output_dir / name)
+            else:
+                _extract(copy, name, output_dir / name)
+        if final.exists():
+            set_aside([final], output_dir)
+        os.replace(staging, final)
+    except (OSError, tarfile.TarError) as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        return f"copying it failed ({error})"
+    return None
+
+
+def is_run_file(name: str) -> bool:
+    return name not in NOT_COPIED and not name.startswith(STAGING_PREFIX)
+
+
+def _packed_names(copy: Copy) -> list[str]:
+    """The top-level names of the packed run folder, checkpoints and the like excluded."""
+    prefix = f"{copy.member}/" if copy.member else ""
+    with tarfile.open(copy.source) as tar:
+        names = [name[len(prefix) :] for name in tar.getnames() if name.startswith(prefix)]
+    tops = {PurePosixPath(name).parts[0] for name in names if name}
+    return sorted(name for name in tops if name and is_run_file(name))
+
+
+def _extract(copy: Copy, name: str, destination: Path) -> None:
+    """Extract the packed run's file or folder `name` to `destination`. Only plain files and folders are
+    written, and only below `destination`: a crafted archive cannot write elsewhere."""
+    wanted = f"{copy.member}/{name}" if copy.member else name
+    with tarfile.open(copy.source) as tar:
+        for member in tar.getmembers():
+            if member.name != wanted and not member.name.startswith(f"{wanted}/"):
+                continue
+            relative = PurePosixPath(member.name[len(wanted) :].lstrip("/"))
+            if ".." in relative.parts:
+                raise tarfile.TarError(f"{member.name} points outside the run folder")
+            target = destination.joinpath(*relative.parts)
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif member.isfile():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                assert source is not None  # a regular member always has contents
+                with source, target.open("wb") as out:
+                    shutil.copyfileobj(source, out, 1 << 20)
+                os.utime(target, (member.mtime, member.mtime))
+
+
+def pack(output_dir: Path, to: Path) -> Path:
+    """Write `<to>/<run folder name>-step_<N>.tar`: the newest checkpoint that verifies, and the run's other
+    files. Refuses while a run writes to output_dir. Returns the file."""
+    output_dir = output_dir.resolve()
+    if not output_dir.is_dir():
+        raise RunError(f"{output_dir} is not a folder: pass a run's output_dir")
+    lock: OutputLock | None = OutputLock(output_dir)
+    try:
+        lock.acquire()  # the run's files must not change while they are packed
+    except FolderInUse:
+        raise
+    except RunError:
+        lock = None  # a read-only folder (a Kaggle input): nobody writes to it either
+    try:
+        for path in reversed(list_checkpoints(output_dir)):
+            if checkpoint_problem(path) is None:
+                break
+        else:
+            raise RunError(f"no checkpoint in {checkpoint_root(output_dir)} verifies: nothing to pack")
+        target = to / f"{output_dir.name}-{path.name}{PACK_SUFFIX}"
+        partial = target.with_name(f"{STAGING_PREFIX}{target.name}")
+        to.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(partial, "w") as tar:
+            for entry in sorted(output_dir.iterdir()):
+                if is_run_file(entry.name):
+                    tar.add(entry, arcname=f"{output_dir.name}/{entry.name}")
+            tar.add(path, arcname=f"{output_dir.name}/checkpoints/{path.name}")
+        os.replace(partial, target)
+        return target
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Move a run between platforms.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    packing = commands.add_parser(
+        "pack", help="pack a run's newest valid checkpoint, config, metrics and exports into one .tar file"
+    )
+    packing.add_argument("output_dir", type=Path, help="the run's output_dir")
+    packing.add_argument("--to", type=Path, help="the folder to write it to (default: the run's parent)")
+    args = parser.parse_args(argv)
+    try:
+        path = pack(args.output_dir, args.to or args.output_dir.resolve().parent)
+    except (RunError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"packed {path} ({path.stat().st_size / 2**20:.1f} MiB). Upload it as a Kaggle dataset or into the "
+        "project's folder on Drive: a run whose import_from holds it continues from it."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
