@@ -158,12 +158,17 @@ def check_overrides(overrides: list[str]) -> None:
 
 def default_model_dir() -> Path:
     """<output_dir>/model of the platform's config; a relative output_dir is taken from the project folder,
-    as train.py takes it, so predict.py finds the model from any working directory."""
+    as train.py takes it, so predict.py finds the model from any working directory. In a new Colab session
+    the session disk is empty: the model is then read from the run's copy on Drive (mirror_dir)."""
     path = CONFIGS / f"{detect_platform()}.yaml"
     if not path.is_file():
         raise ConfigError(f"{path} (whose output_dir holds the model) does not exist: pass --model_dir")
     platform_config, _ = load_config([], path, task.Config)
-    return PROJECT / platform_config.output_dir / "model"
+    model_dir = PROJECT / platform_config.output_dir / "model"
+    mirrored = PROJECT / platform_config.mirror_dir / "model"
+    if not model_dir.exists() and platform_config.mirror_dir and mirrored.is_dir():
+        return mirrored
+    return model_dir
 
 
 def check_output(output: Path, fmt: str, given: bool) -> None:

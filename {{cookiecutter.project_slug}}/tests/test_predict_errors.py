@@ -163,3 +163,16 @@ def test_the_default_model_dir_is_found_from_any_working_directory(single_run: t
     # A relative --model_dir is the working directory's too: here it names no model, and the error says so.
     result = predict_elsewhere(project, elsewhere, "--model_dir", "model", "--output", "q.csv")
     assert_one_line_error(result, "model folder model does not exist")
+
+
+@pytest.mark.slow
+def test_a_new_session_predicts_with_the_model_of_the_mirror(single_run: tuple, tmp_path: Path) -> None:
+    """A new Colab session's disk holds no output_dir yet: the default model is the run's copy on Drive."""
+    project, model_dir = copy_of_the_project(tmp_path / "project")
+    config = project / "configs" / f"{detect_platform()}.yaml"
+    config.write_text(f"{config.read_text()}mirror_dir: drive/run\n")
+    shutil.copytree(single_run[0] / "model", project / "drive" / "run" / "model")
+    result = predict_elsewhere(project, tmp_path, "--output", "p.csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"predicting with {project / 'drive' / 'run' / 'model'} into" in result.stdout
+    assert not model_dir.exists()
