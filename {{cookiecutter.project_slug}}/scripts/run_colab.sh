@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Train on Google Colab with configs/colab.yaml (checkpoints on Google Drive). From a notebook cell:
+# Train on Google Colab with configs/colab.yaml (the session's disk, copied to Google Drive in the
+# background). From a notebook cell:
 #
-#   from google.colab import drive; drive.mount("/content/drive")   # first: output_dir is on Drive
+#   from google.colab import drive; drive.mount("/content/drive")   # first: mirror_dir is on Drive
 #   !bash scripts/run_colab.sh [--field value ...]                 # extra arguments go to train.py
 #
 # Colab's torch is kept: only missing packages are installed, with the installed torch pinned.
 # The session can die at any time: run the same cell again in a new session and training continues
-# from the last checkpoint on Drive (interrupting the cell saves one first; train.py then exits 75).
+# from the newest checkpoint on Drive that verifies (interrupting the cell saves one first, and
+# completes the copy to Drive; train.py then exits 75).
 # It refuses to run outside Colab (ANY_PLATFORM=1 overrides). notebooks/colab.ipynb has the cells.
 # What it decides, why, and the variables that change it: src/{{ cookiecutter.package_name }}/launch.py.
 set -euo pipefail
