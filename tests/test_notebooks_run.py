@@ -35,7 +35,7 @@ import yaml
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from .conftest import DEFAULT_SLUG, Render
+from .conftest import DEFAULT_SLUG, Render, explain, run
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +48,7 @@ TRAIN_ARGS = ["--max_steps", "200", "--log_every", "100", "--checkpoint_every", 
 INTERRUPT_AFTER = "checkpoint: step 30 saved"
 STOP_STEP, LAST_STEP = 100, 200
 CELL_TIMEOUT_S = 300
+KAGGLE_NOTEBOOK = "train-digits"  # the notebook's slug on Kaggle: its output is attached under this name
 # Held while /content and /kaggle are ours: two runs of these tests on one machine take turns.
 LOCK = Path(tempfile.gettempdir()) / "notebook-tests-platform-roots.lock"
 # In each folder the links point to: a link to a folder holding it was made by these tests.
@@ -254,7 +255,8 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     interrupted: Interrupted, render: Callable[..., Render]
 ) -> None:
     """In a fresh session, "Run all" starts training fresh; the stop button in the training cell makes
-    training save a checkpoint at its next logging step and exit, and "Run all" stops there."""
+    training save a checkpoint at its next logging step and exit, and "Run all" stops there. Stood in for:
+    as in the module's docstring (the stop button: nbclient's kernel interrupt, SIGINT to the kernel)."""
     session, platform = interrupted.session, interrupted.platform
     output = session.output("train")
     assert f"starting fresh in {output_dir(render(), platform)}" in output, output
@@ -266,15 +268,9 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     assert not session.ran("results"), "Run all went on after the interrupted training cell"
 
 
-def test_running_all_cells_again_continues(
-    interrupted: Interrupted, render: Callable[..., Render], roots: dict[str, Path]
-) -> None:
-    """After the interrupt, "Run all" again (Colab: in a new session, Drive kept; Kaggle: the kernel
-    restarted in the same session, /kaggle/working kept) continues from the stop's checkpoint to the end,
-    and the results cell shows the metrics and the exported model."""
-    project, platform = render(), interrupted.platform
-    new_session(project, platform, roots, kept=interrupted.kept)
-    session = run_session(project, platform, roots)
+def assert_continued_to_the_end(session: Session, project: Render, platform: str) -> str:
+    """The training cell continued the interrupted run from the stop's checkpoint to the last step, and the
+    results cell showed the last metrics and the exported model. Returns the training cell's output."""
     output = session.output("train")
     assert session.error("train") is None, output
     assert re.search(rf"resuming from \S+ \(step {STOP_STEP},", output), output
@@ -283,3 +279,68 @@ def test_running_all_cells_again_continues(
     results = session.output("results")
     assert session.error("results") is None, results
     assert f'"step": {LAST_STEP}' in results and ".safetensors" in results, results
+    return output
+
+
+def test_running_all_cells_again_continues(
+    interrupted: Interrupted, render: Callable[..., Render], roots: dict[str, Path]
+) -> None:
+    """After the interrupt, "Run all" again (Colab: in a new session, Drive kept; Kaggle: the kernel
+    restarted in the same session, /kaggle/working kept) continues from the stop's checkpoint to the end,
+    and the results cell shows the metrics and the exported model. Stood in for: as in the module's
+    docstring."""
+    project, platform = render(), interrupted.platform
+    new_session(project, platform, roots, kept=interrupted.kept)
+    output = assert_continued_to_the_end(run_session(project, platform, roots), project, platform)
+    if platform == "colab":  # the new session's disk is empty: the run comes from its copy on Drive
+        mirror = yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"]
+        assert f"continuing from {mirror} (step {STOP_STEP}," in output, output
+
+
+# The hops below use what configs/<platform>.yaml set for them: import_from (Kaggle: /kaggle/input) and,
+# on Colab, mirror_dir (the run's copy on Drive).
+
+
+@pytest.mark.parametrize("interrupted", ["kaggle"], indirect=True)
+def test_new_kaggle_session_continues_the_previous_versions_output(
+    interrupted: Interrupted, render: Callable[..., Render], roots: dict[str, Path]
+) -> None:
+    """A new Kaggle session, with the interrupted session's output attached as an input, continues that
+    run in /kaggle/working by itself. Stood in for: Kaggle's "Add Input > Your Work", which mounts what
+    /kaggle/working held, read-only, at /kaggle/input/<notebook>/; the rest as in the module's docstring."""
+    project = render()
+    new_session(project, "kaggle", roots, kept=None)
+    shutil.copytree(interrupted.kept, roots["kaggle"] / "input" / KAGGLE_NOTEBOOK)
+    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
+    run = output_dir(project, "kaggle").relative_to("/kaggle/working")
+    assert f"continuing from /kaggle/input/{KAGGLE_NOTEBOOK}/{run} (step {STOP_STEP}," in output, output
+
+
+@pytest.mark.parametrize("interrupted", ["colab"], indirect=True)
+def test_colab_run_packed_continues_in_a_new_kaggle_session(
+    interrupted: Interrupted,
+    render: Callable[..., Render],
+    roots: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """The interrupted Colab run, packed from its copy on Drive with `python -m <package>.utils.runs pack`
+    and uploaded as a Kaggle dataset, is continued by a new Kaggle session (another per-device batch size:
+    configs/kaggle.yaml's). Stood in for: the upload (the .tar copied to /kaggle/input/<dataset>/); the
+    rest as in the module's docstring."""
+    project = render()
+    mirror = Path(yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"])
+    on_drive = interrupted.kept / mirror.relative_to("/content/drive")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    packing = run(
+        [sys.executable, "-m", f"{project.package}.utils.runs", "pack", str(on_drive), "--to", str(tmp_path)],
+        cwd=project.path,
+        env=env | {"PYTHONPATH": str(project.path / "src")},
+    )
+    assert packing.returncode == 0, explain(packing)
+    (packed,) = tmp_path.glob("*.tar")
+    new_session(project, "kaggle", roots, kept=None)
+    dataset = roots["kaggle"] / "input" / "colab-run"
+    dataset.mkdir()
+    shutil.copy2(packed, dataset)
+    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
+    assert f"continuing from /kaggle/input/colab-run/{packed.name} (step {STOP_STEP}," in output, output
