@@ -1,0 +1,346 @@
+"""notebooks/colab.ipynb and notebooks/kaggle.ipynb run cell by cell in a real Jupyter kernel (nbclient and
+ipykernel), as a user runs them, on the default render.
+
+Stood in for, and only these, since the platforms themselves provide them:
+- the /content and /kaggle roots: links to temporary folders, made for these tests where no such path
+  exists (root is needed to make them: CI runs as root) and removed afterwards;
+- the platform's variable in the kernel's environment: COLAB_RELEASE_TAG, or KAGGLE_KERNEL_RUN_TYPE;
+- Colab: `google.colab` (tests/platform_standins/: `drive.mount` makes /content/drive/MyDrive a plain folder,
+  which a new session keeps as Drive does; `userdata` has no secrets). The project is uploaded to
+  /content/drive/MyDrive/<slug>; a new session starts with nothing else in /content;
+- Kaggle: the project uploaded as a dataset in /kaggle/input/<slug>/ (Kaggle mounts inputs read-only: every
+  session must leave /kaggle/input as it found it) and an empty, writable /kaggle/working.
+Not the platform's, but kept out: a GPU (there is none here: training runs on the CPU) and pip
+(SKIP_INSTALL=1: the launcher must not change this venv). The notebooks run as they are, with one cell
+inserted after their `parameters` cell (papermill's convention) that sets a short run's TRAIN_ARGS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from .conftest import DEFAULT_SLUG, Render, explain, run
+
+pytestmark = pytest.mark.slow
+
+PLATFORMS = ("colab", "kaggle")
+STANDINS = Path(__file__).parent / "platform_standins"
+# Few steps. The stop that an interrupt asks for happens at the next logging step (step 100, no checkpoint
+# step of its own), about 70 steps after the interrupt: a second or more, far longer than the 0.2 s
+# Jupyter leaves a `!` command before killing it.
+TRAIN_ARGS = ["--max_steps", "200", "--log_every", "100", "--checkpoint_every", "30"]
+INTERRUPT_AFTER = "checkpoint: step 30 saved"
+STOP_STEP, LAST_STEP = 100, 200
+CELL_TIMEOUT_S = 300
+KAGGLE_NOTEBOOK = "train-digits"  # the notebook's slug on Kaggle: its output is attached under this name
+# Held while /content and /kaggle are ours: two runs of these tests on one machine take turns.
+LOCK = Path(tempfile.gettempdir()) / "notebook-tests-platform-roots.lock"
+# In each folder the links point to: a link to a folder holding it was made by these tests.
+MARK = ".made-by-notebook-tests"
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """/content and /kaggle, links to empty temporary folders for this module; the folders, by name."""
+    base = tmp_path_factory.mktemp("platform-roots")
+    with LOCK.open("a") as lock:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.skip(f"another run of these tests has held {LOCK} for 10 minutes")
+                time.sleep(1)
+        made: list[Path] = []
+        try:
+            for name in ("content", "kaggle"):
+                link, folder = Path("/") / name, base / name
+                folder.mkdir()
+                (folder / MARK).touch()
+                # A link of ours that is still here was left by a run that was killed (no run holds the
+                # lock): replace it. Anything else is not ours to touch.
+                if link.is_symlink() and (not link.exists() or (link / MARK).exists()):
+                    link.unlink()
+                if link.exists() or link.is_symlink():
+                    pytest.skip(f"{link} exists and was not made by these tests: left as it is")
+                try:
+                    link.symlink_to(folder)
+                except OSError as error:
+                    pytest.skip(f"cannot make {link} a link to a temporary folder ({error}): root is needed")
+                made.append(link)
+            yield {"content": base / "content", "kaggle": base / "kaggle"}
+        finally:
+            for link in made:
+                link.unlink()
+
+
+def clear(root: Path) -> None:
+    """Empty a platform root, as a new session finds it."""
+    for child in root.iterdir():
+        if child.name != MARK:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+
+
+def upload(project: Path, destination: Path) -> None:
+    """The project folder as a user uploads it: without caches that tests may have left in the render."""
+    shutil.copytree(project, destination, ignore=shutil.ignore_patterns("__pycache__", ".*_cache"))
+
+
+def tree(folder: Path) -> list[tuple[str, int, int]]:
+    """Every path under `folder` with its size and modification time: any write changes it."""
+    return sorted(
+        (str(path.relative_to(folder)), path.lstat().st_size, path.lstat().st_mtime_ns)
+        for path in folder.rglob("*")
+    )
+
+
+def kernel_env(platform: str, ipython_dir: Path) -> dict[str, str]:
+    """This environment as the platform's kernel would have it: its variable set, no other platform's."""
+    outer = ("PYTEST_", "COLAB_", "KAGGLE_", "SLURM_")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(outer)}
+    env.pop("ANY_PLATFORM", None)
+    env.pop("PYTHONPATH", None)
+    # `python` in the launcher is this venv's, as the platform's is its own.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["SKIP_INSTALL"] = "1"
+    env["IPYTHONDIR"] = str(ipython_dir)
+    if platform == "colab":
+        env["COLAB_RELEASE_TAG"] = "release-colab-stand-in"
+        env["PYTHONPATH"] = str(STANDINS)
+    else:
+        env["KAGGLE_KERNEL_RUN_TYPE"] = "Interactive"
+    return env
+
+
+def text(cell: nbformat.NotebookNode) -> str:
+    """What a cell showed: its streams, then its error if it raised one."""
+    parts = [output.text for output in cell.outputs if output.output_type == "stream"]
+    parts += [f"{output.ename}: {output.evalue}" for output in cell.outputs if output.output_type == "error"]
+    return "".join(parts)
+
+
+@dataclass
+class Session:
+    """A notebook after "Run all" in one kernel."""
+
+    notebook: nbformat.NotebookNode
+
+    def cell(self, cell_id: str) -> nbformat.NotebookNode:
+        return next(cell for cell in self.notebook.cells if cell.get("id") == cell_id)
+
+    def output(self, cell_id: str) -> str:
+        return text(self.cell(cell_id))
+
+    def error(self, cell_id: str) -> str | None:
+        errors = [output.ename for output in self.cell(cell_id).outputs if output.output_type == "error"]
+        return errors[0] if errors else None
+
+    def ran(self, cell_id: str) -> bool:
+        return self.cell(cell_id).execution_count is not None
+
+
+async def run_cells(
+    notebook: nbformat.NotebookNode, env: dict[str, str], cwd: Path, interrupt_after: str | None
+) -> None:
+    """Run the code cells in order in a new kernel, stopping at the first that fails (as "Run all" does);
+    interrupt the training cell, as its stop button does, once its output shows `interrupt_after`."""
+    client = NotebookClient(
+        notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(cwd)}}
+    )
+    async with client.async_setup_kernel(env=env):
+        for index, cell in enumerate(notebook.cells):
+            if cell.cell_type != "code":
+                continue
+            running = asyncio.ensure_future(client.async_execute_cell(cell, index))
+            if interrupt_after and cell.get("id") == "train":
+                deadline = time.monotonic() + CELL_TIMEOUT_S
+                while interrupt_after not in text(cell):
+                    if running.done() or time.monotonic() > deadline:
+                        running.cancel()
+                        pytest.fail(f"the training cell never showed {interrupt_after!r}:\n{text(cell)}")
+                    await asyncio.sleep(0.05)
+                await client.km.interrupt_kernel()  # what the stop button sends: SIGINT to the kernel
+            try:
+                await running
+            except CellExecutionError:
+                return
+
+
+def run_session(
+    render: Render, platform: str, roots: dict[str, Path], interrupt_after: str | None = None
+) -> Session:
+    """Run all cells of the platform's notebook in a new kernel, on the platform's folders as they are."""
+    notebook = nbformat.read(render.path / "notebooks" / f"{platform}.ipynb", as_version=4)
+    (index,) = [i for i, cell in enumerate(notebook.cells) if "parameters" in cell.metadata.get("tags", [])]
+    injected = nbformat.v4.new_code_cell(f"TRAIN_ARGS = {TRAIN_ARGS!r}")
+    injected.metadata["tags"] = ["injected-parameters"]
+    notebook.cells.insert(index + 1, injected)
+    cwd = roots["content"] if platform == "colab" else roots["kaggle"] / "working"
+    inputs = roots["kaggle"] / "input"
+    before = tree(inputs) if platform == "kaggle" else None
+    with tempfile.TemporaryDirectory(prefix="ipython-") as ipython_dir:
+        asyncio.run(run_cells(notebook, kernel_env(platform, Path(ipython_dir)), cwd, interrupt_after))
+    if before is not None:
+        assert tree(inputs) == before, "the session wrote into /kaggle/input, which Kaggle mounts read-only"
+    return Session(notebook)
+
+
+def new_session(render: Render, platform: str, roots: dict[str, Path], kept: Path | None) -> None:
+    """The folders a new session of the platform starts with: the uploaded project and, from `kept`, what
+    the platform keeps between sessions (Colab: Drive; Kaggle, within one session: /kaggle/working)."""
+    if platform == "colab":
+        clear(roots["content"])
+        drive = roots["content"] / "drive"
+        if kept is None:
+            upload(render.path, drive / "MyDrive" / render.answer("project_slug"))
+        else:
+            shutil.copytree(kept, drive)
+    else:
+        clear(roots["kaggle"])
+        upload(render.path, roots["kaggle"] / "input" / render.answer("project_slug"))
+        if kept is None:
+            (roots["kaggle"] / "working").mkdir()
+        else:
+            shutil.copytree(kept, roots["kaggle"] / "working")
+
+
+def output_dir(render: Render, platform: str) -> Path:
+    """Where configs/<platform>.yaml puts the run (under /content or /kaggle, reached through the links)."""
+    return Path(yaml.safe_load((render.path / "configs" / f"{platform}.yaml").read_text())["output_dir"])
+
+
+@dataclass
+class Interrupted:
+    platform: str
+    session: Session
+    kept: Path  # what the platform keeps of it (Colab: /content/drive; Kaggle: /kaggle/working)
+
+
+@pytest.fixture(scope="module", params=PLATFORMS)
+def interrupted(
+    request: pytest.FixtureRequest,
+    render: Callable[..., Render],
+    roots: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Interrupted:
+    """A fresh session of the platform's notebook, its training cell interrupted after a first checkpoint."""
+    platform, project = request.param, render()
+    assert project.answer("project_slug") == DEFAULT_SLUG
+    new_session(project, platform, roots, kept=None)
+    session = run_session(project, platform, roots, interrupt_after=INTERRUPT_AFTER)
+    kept = tmp_path_factory.mktemp(f"{platform}-kept") / "kept"
+    shutil.copytree(roots["content"] / "drive" if platform == "colab" else roots["kaggle"] / "working", kept)
+    return Interrupted(platform, session, kept)
+
+
+def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
+    interrupted: Interrupted, render: Callable[..., Render]
+) -> None:
+    """In a fresh session, "Run all" starts training fresh; the stop button in the training cell makes
+    training save a checkpoint at its next logging step and exit, and "Run all" stops there. Stood in for:
+    as in the module's docstring (the stop button: nbclient's kernel interrupt, SIGINT to the kernel)."""
+    session, platform = interrupted.session, interrupted.platform
+    output = session.output("train")
+    assert f"starting fresh in {output_dir(render(), platform)}" in output, output
+    assert "SIGINT received: finishing the current step, then saving a checkpoint" in output, output
+    assert f"stopped by SIGINT at step {STOP_STEP}: checkpoint saved" in output, output
+    saved = re.findall(rf"checkpoint: step {STOP_STEP} saved to (\S+)", output)
+    assert saved and Path(saved[0]).is_dir(), output
+    assert session.error("train") == "KeyboardInterrupt", output
+    assert not session.ran("results"), "Run all went on after the interrupted training cell"
+
+
+def assert_continued_to_the_end(session: Session, project: Render, platform: str) -> str:
+    """The training cell continued the interrupted run from the stop's checkpoint to the last step, and the
+    results cell showed the last metrics and the exported model. Returns the training cell's output."""
+    output = session.output("train")
+    assert session.error("train") is None, output
+    assert re.search(rf"resuming from \S+ \(step {STOP_STEP},", output), output
+    assert f"done: {LAST_STEP} optimizer steps" in output, output
+    assert (output_dir(project, platform) / "model").is_dir()
+    results = session.output("results")
+    assert session.error("results") is None, results
+    assert f'"step": {LAST_STEP}' in results and ".safetensors" in results, results
+    return output
+
+
+def test_running_all_cells_again_continues(
+    interrupted: Interrupted, render: Callable[..., Render], roots: dict[str, Path]
+) -> None:
+    """After the interrupt, "Run all" again (Colab: in a new session, Drive kept; Kaggle: the kernel
+    restarted in the same session, /kaggle/working kept) continues from the stop's checkpoint to the end,
+    and the results cell shows the metrics and the exported model. Stood in for: as in the module's
+    docstring."""
+    project, platform = render(), interrupted.platform
+    new_session(project, platform, roots, kept=interrupted.kept)
+    output = assert_continued_to_the_end(run_session(project, platform, roots), project, platform)
+    if platform == "colab":  # the new session's disk is empty: the run comes from its copy on Drive
+        mirror = yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"]
+        assert f"continuing from {mirror} (step {STOP_STEP}," in output, output
+
+
+# The hops below use what configs/<platform>.yaml set for them: import_from (Kaggle: /kaggle/input) and,
+# on Colab, mirror_dir (the run's copy on Drive).
+
+
+@pytest.mark.parametrize("interrupted", ["kaggle"], indirect=True)
+def test_new_kaggle_session_continues_the_previous_versions_output(
+    interrupted: Interrupted, render: Callable[..., Render], roots: dict[str, Path]
+) -> None:
+    """A new Kaggle session, with the interrupted session's output attached as an input, continues that
+    run in /kaggle/working by itself. Stood in for: Kaggle's "Add Input > Your Work", which mounts what
+    /kaggle/working held, read-only, at /kaggle/input/<notebook>/; the rest as in the module's docstring."""
+    project = render()
+    new_session(project, "kaggle", roots, kept=None)
+    shutil.copytree(interrupted.kept, roots["kaggle"] / "input" / KAGGLE_NOTEBOOK)
+    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
+    run = output_dir(project, "kaggle").relative_to("/kaggle/working")
+    assert f"continuing from /kaggle/input/{KAGGLE_NOTEBOOK}/{run} (step {STOP_STEP}," in output, output
+
+
+@pytest.mark.parametrize("interrupted", ["colab"], indirect=True)
+def test_colab_run_packed_continues_in_a_new_kaggle_session(
+    interrupted: Interrupted,
+    render: Callable[..., Render],
+    roots: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """The interrupted Colab run, packed from its copy on Drive with `python -m <package>.utils.runs pack`
+    and uploaded as a Kaggle dataset, is continued by a new Kaggle session (another per-device batch size:
+    configs/kaggle.yaml's). Stood in for: the upload (the .tar copied to /kaggle/input/<dataset>/); the
+    rest as in the module's docstring."""
+    project = render()
+    mirror = Path(yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"])
+    on_drive = interrupted.kept / mirror.relative_to("/content/drive")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    packing = run(
+        [sys.executable, "-m", f"{project.package}.utils.runs", "pack", str(on_drive), "--to", str(tmp_path)],
+        cwd=project.path,
+        env=env | {"PYTHONPATH": str(project.path / "src")},
+    )
+    assert packing.returncode == 0, explain(packing)
+    (packed,) = tmp_path.glob("*.tar")
+    new_session(project, "kaggle", roots, kept=None)
+    dataset = roots["kaggle"] / "input" / "colab-run"
+    dataset.mkdir()
+    shutil.copy2(packed, dataset)
+    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
+    assert f"continuing from /kaggle/input/colab-run/{packed.name} (step {STOP_STEP}," in output, output
