@@ -291,10 +291,16 @@ def test_running_all_cells_again_continues(
     docstring."""
     project, platform = render(), interrupted.platform
     new_session(project, platform, roots, kept=interrupted.kept)
-    output = assert_continued_to_the_end(run_session(project, platform, roots), project, platform)
+    session = run_session(project, platform, roots)
+    output = assert_continued_to_the_end(session, project, platform)
     if platform == "colab":  # the new session's disk is empty: the run comes from its copy on Drive
         mirror = yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"]
         assert f"continuing from {mirror} (step {STOP_STEP}," in output, output
+        # The copy to Drive was complete when training ended; the last cell then flushed Drive.
+        assert f"mirror: {mirror} holds step {LAST_STEP} (verified)" in output, output
+        assert session.error("flush-drive") is None and "done: the run is on Drive" in session.output(
+            "flush-drive"
+        )
 
 
 # The hops below use what configs/<platform>.yaml set for them: import_from (Kaggle: /kaggle/input) and,

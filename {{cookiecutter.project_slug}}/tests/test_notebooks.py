@@ -85,6 +85,8 @@ def test_colab_notebook_mounts_drive_before_training() -> None:
     """configs/colab.yaml writes to Google Drive, so Drive is mounted in a cell before the training cell."""
     source = code(nbformat.read(NOTEBOOKS["colab"], as_version=4))
     assert source.index('drive.mount("/content/drive")') < source.index(training_call("colab"))
+    # Drive uploads in the background: the last cell waits for it before the session is left.
+    assert source.rindex("drive.flush_and_unmount()") > source.index(training_call("colab"))
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 
 
