@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 LICENSE = "{{ cookiecutter.license }}"
+CI = "{{ cookiecutter.ci }}"
 TASK = "{{ cookiecutter.task }}"
 
 # Printed after a successful render: the project README's quick start, for this folder.
@@ -24,6 +25,8 @@ More in {readme}: the {task} example, other platforms, your own task."""
 if __name__ == "__main__":
     if LICENSE == "none":
         Path("LICENSE").unlink()
+    if CI == "none":
+        shutil.rmtree(".github")
     chosen = Path("_presets") / TASK
     for source in sorted(chosen.rglob("*")):
         target = source.relative_to(chosen)

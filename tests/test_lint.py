@@ -81,9 +81,10 @@ def test_repository_tooling_passes_ruff() -> None:
         assert result.returncode == 0, explain(result)
 
 
-def test_ci_script_passes_shellcheck() -> None:
-    """.ci/run, the CI entry point, passes shellcheck and is executable."""
-    script = TEMPLATE / ".ci" / "run"
-    assert script.stat().st_mode & 0o111, ".ci/run is not executable"
+@pytest.mark.parametrize("name", ["run", "lowest"])
+def test_ci_script_passes_shellcheck(name: str) -> None:
+    """.ci/run (the CI entry point) and .ci/lowest pass shellcheck and are executable."""
+    script = TEMPLATE / ".ci" / name
+    assert script.stat().st_mode & 0o111, f".ci/{name} is not executable"
     result = run([tool("shellcheck"), str(script.relative_to(TEMPLATE))], cwd=TEMPLATE)
     assert result.returncode == 0, explain(result)

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import ast
 import re
-import tomllib
+import sys
 import warnings
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10, the oldest the template supports: tomllib's origin (requirements-dev.txt)
+    import tomli as tomllib
 
 from .conftest import (
     CHOICES,
@@ -118,7 +123,7 @@ def test_license_file_and_spdx_field(render: Callable[..., Render], license_id: 
         if other != license_id:
             assert phrases[0] not in text, f"{license_id} LICENSE contains the {other} title"
     if license_id != "Apache-2.0":  # the Apache text itself names no copyright holder
-        year = datetime.now(UTC).year
+        year = datetime.now(timezone.utc).year
         assert re.search(rf"Copyright \(c\) ({year}|{year - 1}),? Your Name", text), text[:300]
     config = pyproject(project)["project"]
     assert config["license"] == license_id

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1, step_signal
+
 from .conftest import PROJECT, framework_warnings, free_port
 
 T4 = "Tesla T4, 7.5, 15360 MiB"
@@ -585,8 +587,35 @@ def test_slurm_passes_a_stop_signal_to_the_step_and_requeues(tmp_path: Path, sig
     assert process.returncode == 0, (stdout, stderr, summary)
     assert summary[0] == ("scontrol", ["show", "hostnames", "gpu[07-08]"])
     assert summary[1][0] == "srun"
-    assert summary[2:] == [("srun", signal_name), ("scontrol", ["requeue", "4242"])], (stdout, stderr)
+    # A launcher that would die of SIGUSR1 (torch < 2.10) gets SIGTERM for it.
+    passed_on = "SIGTERM" if signal_name == "SIGUSR1" and not launcher_forwards_sigusr1() else signal_name
+    assert summary[2:] == [("srun", passed_on), ("scontrol", ["requeue", "4242"])], (stdout, stderr)
     assert "requeue: training stopped after a checkpoint (no report from train.py, exit 1)" in stdout
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "forwards"),
+    [("2.3.1", False), ("2.9.1+cu128", False), ("2.10.0", True), ("2.13.0+cpu", True)],
+)
+def test_sigusr1_reaches_a_multi_process_step_on_older_torch_as_sigterm(
+    torch_version: str, forwards: bool
+) -> None:
+    """torch's launcher passes SIGUSR1 on from torch 2.10 and dies of it before; with such a torch the SLURM
+    batch script gives a multi-process step SIGTERM for SLURM's warning, which stops training the same way."""
+    assert launcher_forwards_sigusr1(torch_version) == forwards
+    as_sigterm = not forwards
+    assert step_signal(signal.SIGUSR1, as_sigterm) == (signal.SIGUSR1 if forwards else signal.SIGTERM)
+    assert step_signal(signal.SIGTERM, as_sigterm) == signal.SIGTERM
+    assert step_signal(signal.SIGINT, as_sigterm) == signal.SIGTERM  # srun reports on a lone SIGINT
+
+
+def test_the_sigusr1_check_matches_the_installed_launcher() -> None:
+    """launcher_forwards_sigusr1() is true exactly where torch's launcher has --signals-to-handle (the option
+    that PET_SIGNALS_TO_HANDLE sets): the version boundary is checked against the torch at hand."""
+    from torch.distributed.run import get_args_parser
+
+    options = {option for action in get_args_parser()._actions for option in action.option_strings}
+    assert launcher_forwards_sigusr1() == ("--signals-to-handle" in options)
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ class LimitedMemory(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and find_batch_size([*args, *kwargs.values()]) > self.limit:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
         return self.inner(*args, **kwargs)
 
 limit = int(sys.argv[1])
@@ -65,7 +65,7 @@ def test_search_takes_the_largest_fitting_size_and_leaves_no_trace(accelerator: 
         tried.append(size)
         model(data[:size]).sum().backward()  # gradients and batch-norm statistics change
         if size > 6:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     rng = torch.get_rng_state()
@@ -91,7 +91,7 @@ def test_nothing_fits_says_what_to_do(accelerator: Accelerator) -> None:
     model = accelerator.prepare(nn.Linear(4, 2))
 
     def train_step(size: int) -> None:
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
     with pytest.raises(RuntimeError, match="out of memory even with a per-device batch of 1: use a smaller"):
         fit_batch_size(accelerator, model, [2, 1], train_step)

@@ -45,6 +45,9 @@ from .utils.devices import DeviceError, Gpu, detect_platform, precision_for, que
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
 # Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning).
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# The first torch whose launcher reads that list (PET_SIGNALS_TO_HANDLE). Older launchers forward only
+# SIGTERM, SIGINT, SIGHUP and SIGQUIT, and die of a SIGUSR1 while training runs on without a checkpoint.
+FORWARDS_SIGUSR1_SINCE = (2, 10)
 # Where train.py's main process reports how it ended, for the SLURM launcher's requeue decision.
 OUTCOME_FILE = "TRAIN_OUTCOME_FILE"
 GPU_HINTS = {
@@ -270,6 +273,20 @@ def starting_note(processes: int) -> str:
     return f"launch: accelerate loads PyTorch, then starts {processes} processes (a few seconds)"
 
 
+def launcher_forwards_sigusr1(torch_version: str | None = None) -> bool:
+    """Whether the multi-process launcher of this torch (installed, or the version given) passes SIGUSR1
+    on to training. Reads package metadata only: torch is not imported."""
+    if torch_version is None:
+        from importlib import metadata
+
+        try:
+            torch_version = metadata.version("torch")
+        except metadata.PackageNotFoundError:  # no torch yet: install_missing brings a current one
+            return True
+    major, minor = (int(part) for part in re.findall(r"\d+", torch_version)[:2])
+    return (major, minor) >= FORWARDS_SIGUSR1_SINCE
+
+
 def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str, str], str]:
     env = {"PET_SIGNALS_TO_HANDLE": FORWARDED_SIGNALS}
     if gpus:
@@ -379,6 +396,8 @@ class StepSignals:
     def __init__(self) -> None:
         self.received: str | None = None
         self.step: subprocess.Popen | None = None
+        # A multi-process step on a torch whose launcher dies of SIGUSR1 gets SIGTERM instead.
+        self.sigusr1_as_sigterm = False
         for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
 
@@ -386,8 +405,15 @@ class StepSignals:
         self.received = self.received or signal.Signals(signum).name
         say("slurm", f"{signal.Signals(signum).name}: asking training to save a checkpoint and stop")
         if self.step is not None and self.step.poll() is None:
-            # srun would answer a single SIGINT with a status report, not a stop.
-            self.step.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
+            self.step.send_signal(step_signal(signum, self.sigusr1_as_sigterm))
+
+
+def step_signal(signum: int, sigusr1_as_sigterm: bool) -> int:
+    """The signal the srun step gets for the one the batch process got."""
+    # srun would answer a single SIGINT with a status report, not a stop.
+    if signum == signal.SIGINT or (signum == signal.SIGUSR1 and sigusr1_as_sigterm):
+        return signal.SIGTERM
+    return signum
 
 
 def report_outcome(status: str, start_step: int, step: int) -> None:
@@ -435,6 +461,14 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     command, env, line = step_command(plan, port)
     if line:
         say("slurm", f"{line} (port {why})")
+    if plan["nodes"] * plan["processes"] > 1 and not launcher_forwards_sigusr1():
+        signals.sigusr1_as_sigterm = True
+        since = ".".join(map(str, FORWARDS_SIGUSR1_SINCE))
+        say(
+            "slurm",
+            f"signals: this torch's launcher cannot pass SIGUSR1 on (torch >= {since} can): a SIGUSR1 to "
+            "this batch script reaches training as SIGTERM, one sent to the step alone is lost",
+        )
 
     def requeue(reason: str) -> int:
         say(
