@@ -118,6 +118,8 @@ def start_tensorboard(accelerator: Accelerator, config: TrainConfig, state: Loop
 
     TensorBoard has no run ids: each session adds an event file to the folder, and a resumed one first
     drops what was logged after its checkpoint, which it logs again, so that every step shows once.
+    Dropping works here, unlike on a tracker's server, because the files are local; and Accelerate
+    flushes them at every log, so a killed session's file holds everything up to its checkpoint.
     TensorBoard drops whole steps, and a run logs at its checkpoint's step after saving it too (the
     last train loss): the checkpoint's step is dropped and written again from metrics.jsonl, cut back
     to the checkpoint already. Accelerate would write the settings to two new timestamped folders at
@@ -221,14 +223,14 @@ def log_each_step_once(accelerator: Accelerator, config: TrainConfig, continued:
     """Make the tracker's run show each logged step once and without a gap, however the sessions ended.
 
     What the run holds is asked of the tracker's own store, not inferred from metrics.jsonl: a tracker
-    writes asynchronously, and a killed session leaves it holding less than it was sent, sometimes less
-    than the checkpoint (wandb writes its offline file every 15 s and in 32 KiB blocks: after `kill -9`
-    it can hold nothing of that session). So metrics.jsonl, cut back to the checkpoint, is replayed for
-    what the run lacks, and values of steps the run already holds are dropped, never sent twice.
-    Dropping rather than deleting what was logged after the checkpoint (as TensorBoard's purge does)
-    because neither an MLflow server nor wandb lets a client remove logged values; resume is exact, so
-    the values dropped are the ones the run has (with `deterministic: false` on a GPU, or another world
-    size, the tracker keeps the first session's values of those steps; metrics.jsonl the last).
+    writes asynchronously, so a killed session leaves it holding less than it was sent, sometimes less
+    than the checkpoint (wandb writes its files every 15 s or 32 KiB: after `kill -9` an offline session
+    may have written nothing), and a server holds what sessions on other machines sent. So metrics.jsonl,
+    cut back to the checkpoint, is replayed for what the run lacks, and values of steps that the run
+    holds are dropped, never sent twice. Dropping rather than deleting what was logged after the
+    checkpoint (as TensorBoard's purge does) because neither an MLflow server nor wandb lets a client
+    remove logged values; resume is exact, so the values dropped are those the run has (with
+    `deterministic: false` on a GPU the tracker keeps the first session's values of those steps).
     """
     tracker = accelerator.get_tracker(config.tracker)
 {%- if cookiecutter.tracker == "mlflow" %}
