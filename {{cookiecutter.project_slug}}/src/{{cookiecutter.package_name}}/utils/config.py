@@ -89,9 +89,7 @@ class TrainConfig:
     fp16_skip_patience: int = setting(
         25, "stop as diverged after this many optimizer steps in a row skipped by fp16's loss scaler"
     )
-    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = setting(
-        "{{ cookiecutter.tracker }}", "experiment tracker, besides metrics.jsonl"
-    )
+    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = setting("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
 
     # What the task's evaluation reports, and whether a higher or a lower value is better.
     METRIC_GOALS: ClassVar[dict[str, Literal["max", "min"]]] = {"eval/loss": "min"}

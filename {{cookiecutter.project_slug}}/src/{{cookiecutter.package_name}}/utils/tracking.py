@@ -222,15 +222,14 @@ class SkipsHeldSteps(GeneralTracker):
 def log_each_step_once(accelerator: Accelerator, config: TrainConfig, continued: bool) -> None:
     """Make the tracker's run show each logged step once and without a gap, however the sessions ended.
 
-    What the run holds is asked of the tracker's own store, not inferred from metrics.jsonl: a tracker
-    writes asynchronously, so a killed session leaves it holding less than it was sent, sometimes less
-    than the checkpoint (wandb writes its files every 15 s or 32 KiB: after `kill -9` an offline session
-    may have written nothing), and a server holds what sessions on other machines sent. So metrics.jsonl,
-    cut back to the checkpoint, is replayed for what the run lacks, and values of steps that the run
-    holds are dropped, never sent twice. Dropping rather than deleting what was logged after the
-    checkpoint (as TensorBoard's purge does) because neither an MLflow server nor wandb lets a client
-    remove logged values; resume is exact, so the values dropped are those the run has (with
-    `deterministic: false` on a GPU the tracker keeps the first session's values of those steps).
+    What the run holds is asked of the tracker's own store, not inferred from metrics.jsonl: a killed
+    session may have left it holding less than was sent, maybe less than the checkpoint{% if cookiecutter.tracker == "wandb" %} (wandb writes its
+    files every 15 s or 32 KiB: after `kill -9` an offline session may have written nothing){% endif %}, and
+    a server holds what sessions on other machines sent. So metrics.jsonl, cut back to the checkpoint,
+    is replayed for what the run lacks, and values of steps that the run holds are dropped, never sent
+    twice. Dropped rather than deleted after the checkpoint because {% if cookiecutter.tracker == "wandb" %}wandb, online or offline,{% else %}an MLflow server{% endif %} does not
+    let a client remove logged values; resume is exact, so the values dropped are those the run has
+    (with `deterministic: false` on a GPU the tracker keeps the first session's values of those steps).
     """
     tracker = accelerator.get_tracker(config.tracker)
 {%- if cookiecutter.tracker == "mlflow" %}
