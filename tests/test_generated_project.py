@@ -89,8 +89,9 @@ def test_generated_test_suite_passes(render: Callable[..., Render], task: str) -
 
 @pytest.mark.parametrize("tracker", CHOICES["tracker"])
 def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> None:
-    """With each tracker, the project's tracker tests (offline logs, run continued after a resume, keys
-    from the platform's secrets never written) and its notebook tests run for real and pass."""
+    """With each tracker, the project's tracker tests (offline logs; a run killed, stopped and resumed shows
+    in the tracker as one never stopped; keys from the platform's secrets never written) and its notebook
+    tests run for real and pass."""
     project = render(tracker=tracker).path
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x", "tests/test_tracking.py", "tests/test_notebooks.py"],

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.config import ConfigError, gradient_accumulation_steps, load_config
+from {{ cookiecutter.package_name }}.utils.config import (
+    ConfigError,
+    field_help,
+    gradient_accumulation_steps,
+    load_config,
+)
 
 from .conftest import PROJECT
 
@@ -136,7 +143,7 @@ HEAVY = {"torch", "accelerate", "numpy", "matplotlib", "sklearn", "transformers"
 @pytest.mark.parametrize(
     ("args", "status", "expected"),
     [
-        (["train.py", "--help"], 0, "--learning_rate VALUE"),
+        (["train.py", "--help"], 0, "--learning_rate FLOAT"),
         (["predict.py", "--help"], 0, "--model_dir MODEL_DIR"),
         (["train.py", "--learning_rate", "-1"], 1, "config error: --learning_rate: learning_rate=-1.0 is"),
         (["train.py", "--learning_rat", "1"], 1, "config error: unknown argument '--learning_rat'"),
@@ -157,8 +164,39 @@ def test_help_and_config_errors_answer_before_torch_loads(
     assert expected.replace("BAD_YAML", str(bad_yaml)) in result.stdout + result.stderr
     imported = set(result.stdout.splitlines()[-1].split()[1:])
     assert not imported & HEAVY, f"{args} imported {sorted(imported & HEAVY)}"
-    if args == ["train.py", "--help"]:  # every field is a flag, listed from the config class
-        assert all(f"--{field.name} VALUE" in result.stdout for field in dataclasses.fields(task.Config))
+
+
+EMPTY = '""'  # how --help shows an empty default
+
+
+def test_help_gives_every_field_its_meaning_default_and_allowed_values() -> None:
+    """`python train.py --help` lists every field of this task's Config, TrainConfig's and the task's own,
+    each with its one-line meaning, its default, the choices of a Literal field and the ranges of CHECKS."""
+    env = {**os.environ, "COLUMNS": "1000"}  # one line per field where argparse can
+    command = [sys.executable, "train.py", "--help"]
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    entries: dict[str, str] = {}  # flag -> what follows it, up to the next flag
+    for line in result.stdout.splitlines():
+        if line.startswith("  -"):
+            flag, _, text = line.strip().partition(" ")
+            entries[flag] = text
+        elif entries and line.startswith("   "):
+            entries[flag] += " " + line.strip()
+    kinds = typing.get_type_hints(task.Config)
+    for field in dataclasses.fields(task.Config):
+        meaning = field_help(task.Config, field.name)
+        assert meaning and "\n" not in meaning, f"{field.name}: declare it with setting(default, meaning)"
+        text = " ".join(entries[f"--{field.name}"].split())
+        assert meaning in text, field.name
+        default = str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
+        assert f"[default: {default or EMPTY}" in text, field.name
+        for name, _, expected in task.Config.CHECKS:
+            if name == field.name:
+                assert expected in text, field.name
+        if typing.get_origin(kinds[field.name]) is typing.Literal:
+            assert text.startswith("{" + ",".join(typing.get_args(kinds[field.name])) + "}"), field.name
+    assert entries["--best_metric"].startswith("{" + ",".join(task.Config.METRIC_GOALS) + "}")
 
 
 def test_resolved_config_round_trips(single_run: tuple) -> None:

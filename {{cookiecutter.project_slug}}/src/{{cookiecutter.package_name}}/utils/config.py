@@ -23,67 +23,81 @@ import yaml
 Check = tuple[str, typing.Callable[[Any], bool], str]
 
 
+def setting(default: Any, meaning: str) -> Any:
+    """A config field with its one-line meaning, which `train.py --help` shows next to the field's default
+    and allowed values (its Literal choices, its CHECKS): a field and its help are declared in one place."""
+    return dataclasses.field(default=default, metadata={"help": meaning})
+
+
 @dataclass
 class TrainConfig:
     """The fields every task shares. A task adds its own (data, model) in task.py's `Config`, a subclass,
-    which may also change the defaults below."""
+    which may also change the defaults below (a plain `name: type = value` keeps the meaning given here).
+    """
 
-    # Where this run writes metrics, checkpoints and the exported model; a relative path is relative to
-    # the project folder (where train.py is), whatever the working directory. One run at a time per folder.
-    output_dir: str = "outputs/run"
-    seed: int = 42
-    num_workers: int = 0  # DataLoader worker processes
+    # A relative output_dir is taken from the project folder, whatever the working directory: the same
+    # command finds its run from anywhere.
+    output_dir: str = setting(
+        "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
+    )
+    seed: int = setting(42, "seeds the weights, dropout, the data split and the data order")
+    num_workers: int = setting(0, "DataLoader worker processes (0: load in the training process)")
 
     # Optimization. Accumulation is derived, never set: global = per_device x processes x accumulation,
     # so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs.
-    num_epochs: int = 20
-    # Stop after this many optimizer steps (0 = no cap). The LR schedule stays sized by num_epochs,
-    # so a later run with a higher cap continues exactly where this one stopped.
-    max_steps: int = 0
-    per_device_batch_size: int = 32
-    global_batch_size: int = 64
-    learning_rate: float = 3e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 20
-    max_grad_norm: float = 1.0
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = "auto"
+    num_epochs: int = setting(20, "length of training, which sizes the learning-rate schedule")
+    # The schedule stays sized by num_epochs, so a later run with a higher cap continues exactly.
+    max_steps: int = setting(0, "stop after this many optimizer steps")
+    per_device_batch_size: int = setting(32, "samples per process per forward pass: fit it to the device")
+    global_batch_size: int = setting(64, "samples per optimizer step, over all processes and accumulation")
+    learning_rate: float = setting(3e-3, "AdamW's peak learning rate, after warmup, then cosine decay to 0")
+    weight_decay: float = setting(0.01, "AdamW's weight decay")
+    warmup_steps: int = setting(20, "optimizer steps of linear learning-rate warmup")
+    max_grad_norm: float = setting(1.0, "gradients are clipped to this norm")
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = setting(
+        "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
+    )
 
-    # Memory and speed, both off by default. auto_batch_size: if per_device_batch_size does not fit
-    # on the device, use the largest that does and raise accumulation to keep global_batch_size.
-    auto_batch_size: bool = False
-    compile: bool = False  # torch.compile the model after prepare (slow start, faster steps)
-    # Deterministic kernels: on a GPU, what makes a rerun or a resumed run bitwise equal. An op that has
-    # none stops the run with its name; false = a little faster, reruns equal up to float rounding.
-    deterministic: bool = True
+    # Memory and speed, both off by default.
+    auto_batch_size: bool = setting(
+        False, "if per_device_batch_size does not fit, use the largest that does (more accumulation)"
+    )
+    compile: bool = setting(False, "torch.compile the model (slow start, faster steps)")
+    # An op that has no deterministic kernel stops the run with its name; false: reruns are equal up
+    # to float rounding only.
+    deterministic: bool = setting(True, "deterministic kernels: bitwise-equal reruns and resumes on a GPU")
 
     # Bookkeeping, all counted in optimizer steps.
-    log_every: int = 10
-    eval_every: int = 0  # 0 = at the end of every epoch
-    # The evaluation metric (a key of METRIC_GOALS) that picks best_model/ (kept apart from the rotating
-    # checkpoints) and that early stopping watches: stop after `early_stopping_patience` evaluations
-    # without a new best (0 = never stop early).
-    best_metric: str = "eval/loss"
-    early_stopping_patience: int = 0
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    # auto: continue from the newest valid checkpoint in output_dir, if any; never; or a checkpoint path.
-    resume: str = "auto"
-    # A second, persistent copy of the run ("" = none), e.g. Google Drive while output_dir is the session's
-    # fast local disk: every checkpoint, the metrics and the exports are copied there in the background and
-    # verified; a failing copy is reported and retried, never stops training.
-    mirror_dir: str = ""
-    # Where to look for copies of this run newer than output_dir's ("" = nowhere): searched a few levels
-    # deep for run folders (an earlier session's output, a mirror) and packed runs (utils/runs.py: pack).
-    # Kaggle: its inputs; Colab: the project's folder on Drive.
-    import_from: str = ""
-    # When output_dir holds a run this one cannot continue (other settings, no readable checkpoint,
-    # resume: never): false refuses to start; true moves that run's files to output_dir/set_aside/<time>/
-    # and starts over. Nothing is deleted either way.
-    start_over: bool = False
-    # Stop as diverged after this many optimizer steps in a row that fp16's loss scaler skipped (overflowing
-    # gradients; a few at the start are normal). A non-finite loss or weight stops the run at once.
-    fp16_skip_patience: int = 25
-    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = "{{ cookiecutter.tracker }}"
+    log_every: int = setting(10, "log the train loss every this many optimizer steps")
+    eval_every: int = setting(0, "evaluate every this many optimizer steps")
+    # best_model/ is kept apart from the rotating checkpoints.
+    best_metric: str = setting(
+        "eval/loss", "the eval metric that picks best_model/ and early stopping watches"
+    )
+    early_stopping_patience: int = setting(0, "stop after this many evaluations without a better best_metric")
+    checkpoint_every: int = setting(100, "save a checkpoint every this many optimizer steps")
+    keep_checkpoints: int = setting(3, "how many of the newest checkpoints to keep")
+    resume: str = setting(
+        "auto", "auto: continue from the newest valid checkpoint in output_dir, if any; never: start fresh"
+    )
+    # e.g. Google Drive while output_dir is the session's fast local disk (Colab). A failing copy is
+    # reported and retried; it never stops training.
+    mirror_dir: str = setting(
+        "", "a second, persistent copy of the run, written in the background and verified ('': none)"
+    )
+    # Run folders (an earlier session's output, a mirror) and packed runs (utils/runs.py pack), a few
+    # levels deep. Kaggle: its inputs; Colab: the project's folder on Drive.
+    import_from: str = setting("", "where to look for newer copies of this run to continue ('': nowhere)")
+    # "Cannot continue": other settings, no readable checkpoint, or resume: never. Nothing is deleted
+    # either way.
+    start_over: bool = setting(
+        False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
+    )
+    # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
+    fp16_skip_patience: int = setting(
+        25, "stop as diverged after this many optimizer steps in a row skipped by fp16's loss scaler"
+    )
+    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = setting("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
 
     # What the task's evaluation reports, and whether a higher or a lower value is better.
     METRIC_GOALS: ClassVar[dict[str, Literal["max", "min"]]] = {"eval/loss": "min"}
@@ -144,6 +158,34 @@ class ConfigError(ValueError):
 def _field_types(config_class: type[TrainConfig]) -> dict[str, Any]:
     hints = typing.get_type_hints(config_class)
     return {f.name: hints[f.name] for f in fields(config_class)}
+
+
+def field_help(config_class: type[TrainConfig], name: str) -> str:
+    """The meaning of field `name`, from the class that declared it with `setting` (a subclass that only
+    changes the default declares the field again, without it)."""
+    for klass in config_class.__mro__:
+        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if declared is not None and "help" in declared.metadata:
+            return declared.metadata["help"]
+    return ""
+
+
+def _metavar(config_class: type[TrainConfig], name: str, kind: Any) -> str:
+    """What a flag takes, as --help shows it: the choices where there are few, else the type."""
+    if typing.get_origin(kind) is Literal:
+        return "{" + ",".join(map(str, typing.get_args(kind))) + "}"
+    if kind is bool:
+        return "{true,false}"
+    if name == "best_metric":
+        return "{" + ",".join(config_class.METRIC_GOALS) + "}"
+    return kind.__name__.upper()
+
+
+def _flag_help(config_class: type[TrainConfig], name: str, default: Any) -> str:
+    shown = str(default).lower() if isinstance(default, bool) else default if default != "" else '""'
+    ranges = "".join(f"; {expected}" for key, _, expected in config_class.CHECKS if key == name)
+    # argparse expands %-formats in help texts.
+    return f"{field_help(config_class, name)} [default: {shown}{ranges}]".replace("%", "%%")
 
 
 def _nearest(key: str, options: typing.Iterable[str]) -> str:
@@ -225,10 +267,29 @@ def load_config(
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
     flags."""
     types = _field_types(config_class)
-    parser = argparse.ArgumentParser(description="Train with Accelerate.", allow_abbrev=False)
-    parser.add_argument("--config", type=Path, default=Path(default_path), help="YAML file")
-    for name in types:
-        parser.add_argument(f"--{name}", metavar="VALUE", help=f"override {name}")
+    parser = argparse.ArgumentParser(
+        usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",
+        description="Train with Accelerate. Every field is a flag and a key of the YAML --config file: "
+        "a flag wins over the file, the file over the defaults shown.",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path(default_path),
+        metavar="FILE",
+        help=f"YAML file of field values (default here: {os.path.relpath(default_path)})",
+    )
+    shared = parser.add_argument_group("fields of every task (TrainConfig, utils/config.py)")
+    own = parser.add_argument_group("fields of this task (Config, task.py)")
+    defaults = {f.name: f.default for f in fields(config_class)}
+    for name, kind in types.items():
+        group = shared if name in TrainConfig.__dataclass_fields__ else own
+        group.add_argument(
+            f"--{name}",
+            metavar=_metavar(config_class, name, kind),
+            help=_flag_help(config_class, name, defaults[name]),
+        )
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0]

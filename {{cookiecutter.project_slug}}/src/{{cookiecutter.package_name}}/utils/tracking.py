@@ -8,6 +8,10 @@ import json
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 import os
 {%- endif %}
+{%- if cookiecutter.tracker == "wandb" %}
+import struct
+import zlib
+{%- endif %}
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,13 @@ def truncate_metrics(output_dir: str | Path, size: int) -> None:
             file.truncate(size)
 
 
+def logged_rows(output_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(step, values) of each line of metrics.jsonl, in the order logged."""
+    path = metrics_path(output_dir)
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [(row.pop("step"), row) for row in rows]
+
+
 def trackers(config: TrainConfig) -> list[Any]:
     """The `log_with` list for the Accelerator."""
     chosen: list[Any] = [JsonlTracker(metrics_path(config.output_dir))]
@@ -90,9 +101,12 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
         # A continued tracker run keeps the settings it started with: max_steps, say, may differ between
         # sessions. Each checkpoint holds its config.yaml.
 {%- endif %}
-        hparams = None if state.tracker_run_id else dataclasses.asdict(config)
+        continued = bool(state.tracker_run_id)
+        hparams = None if continued else dataclasses.asdict(config)
         accelerator.init_trackers(run_name, config=hparams, init_kwargs=kwargs)
         state.tracker_run_id = tracker_run_id(accelerator, config)
+        if accelerator.is_main_process:
+            log_each_step_once(accelerator, config, continued)
         return
 {%- endif %}
     accelerator.init_trackers(run_name)  # metrics.jsonl alone: it records no settings (config.yaml does)
@@ -104,6 +118,8 @@ def start_tensorboard(accelerator: Accelerator, config: TrainConfig, state: Loop
 
     TensorBoard has no run ids: each session adds an event file to the folder, and a resumed one first
     drops what was logged after its checkpoint, which it logs again, so that every step shows once.
+    Dropping works here, unlike on a tracker's server, because the files are local; and Accelerate
+    flushes them at every log, so a killed session's file holds everything up to its checkpoint.
     TensorBoard drops whole steps, and a run logs at its checkpoint's step after saving it too (the
     last train loss): the checkpoint's step is dropped and written again from metrics.jsonl, cut back
     to the checkpoint already. Accelerate would write the settings to two new timestamped folders at
@@ -116,13 +132,11 @@ def start_tensorboard(accelerator: Accelerator, config: TrainConfig, state: Loop
     )
     if not accelerator.is_main_process:
         return
-    metrics = metrics_path(config.output_dir)
-    if continued and metrics.exists():
-        tracker = accelerator.get_tracker("tensorboard")
-        for line in metrics.read_text().splitlines():
-            row = json.loads(line)
-            if row.pop("step") == state.step:
-                tracker.log(row, step=state.step)
+    # What the purge dropped, or all of it for a run that had no TensorBoard folder (another tracker before).
+    tracker = accelerator.get_tracker("tensorboard")
+    for step, values in logged_rows(config.output_dir):
+        if step >= state.step or not continued:
+            tracker.log(values, step=step)
     if not continued:
         from torch.utils.tensorboard.summary import hparams
 
@@ -147,8 +161,7 @@ def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopStat
             os.environ.setdefault("WANDB_MODE", "offline")
             accelerator.print("wandb: no WANDB_API_KEY in the environment or the platform's secrets: offline")
         kwargs: dict[str, Any] = {"dir": config.output_dir}
-        if state.tracker_run_id:
-            # wandb ignores steps it already has: those logged after the checkpoint keep their first values.
+        if state.tracker_run_id:  # each step once: see log_each_step_once
             kwargs.update(id=state.tracker_run_id, resume="allow")
         return {"wandb": kwargs}
 {%- elif cookiecutter.tracker == "mlflow" %}
@@ -161,10 +174,134 @@ def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopStat
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             os.environ["MLFLOW_TRACKING_URI"] = (Path(config.output_dir) / "mlruns").resolve().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        # A resumed run logs into the same MLflow run; steps logged after the checkpoint appear twice.
+        # A resumed run logs into the same MLflow run, each step once: see log_each_step_once.
         return {"mlflow": {"run_id": state.tracker_run_id or None}}
 {%- endif %}
     return {}
+
+
+class SkipsHeldSteps(GeneralTracker):
+    """Passes on to a tracker the values of the steps that its run does not hold yet, and no others."""
+
+    requires_logging_directory = False
+
+    def __init__(self, inner: GeneralTracker, held: dict[str, int], held_by_all: int = -1) -> None:
+        self.inner = inner
+        self.held = held  # metric name -> the last step of it that the tracker's run holds
+        self.held_by_all = held_by_all  # a step up to which the run holds every metric
+        super().__init__()
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def tracker(self) -> Any:
+        return self.inner.tracker
+
+    def store_init_configuration(self, values: dict) -> None:
+        self.inner.store_init_configuration(values)
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        if step is None:  # not a value of a step: nothing to compare with
+            self.inner.log(values, **kwargs)
+            return
+        new = {
+            name: value
+            for name, value in values.items()
+            if step > max(self.held.get(name, -1), self.held_by_all)
+        }
+        if new:
+            self.inner.log(new, step=step, **kwargs)
+            self.held.update(dict.fromkeys(new, step))
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+
+def log_each_step_once(accelerator: Accelerator, config: TrainConfig, continued: bool) -> None:
+    """Make the tracker's run show each logged step once and without a gap, however the sessions ended.
+
+    What the run holds is asked of the tracker's own store, not inferred from metrics.jsonl: a killed
+    session may have left it holding less than was sent, maybe less than the checkpoint{% if cookiecutter.tracker == "wandb" %} (wandb writes its
+    files every 15 s or 32 KiB: after `kill -9` an offline session may have written nothing){% endif %}, and
+    a server holds what sessions on other machines sent. So metrics.jsonl, cut back to the checkpoint,
+    is replayed for what the run lacks, and values of steps that the run holds are dropped, never sent
+    twice. Dropped rather than deleted after the checkpoint because {% if cookiecutter.tracker == "wandb" %}wandb, online or offline,{% else %}an MLflow server{% endif %} does not
+    let a client remove logged values; resume is exact, so the values dropped are those the run has
+    (with `deterministic: false` on a GPU the tracker keeps the first session's values of those steps).
+    """
+    tracker = accelerator.get_tracker(config.tracker)
+{%- if cookiecutter.tracker == "mlflow" %}
+    once = SkipsHeldSteps(tracker, mlflow_held_steps(tracker.tracker.info.run_id) if continued else {})
+{%- elif cookiecutter.tracker == "wandb" %}
+    run = tracker.tracker
+    # Online, wandb resumes at the step after the last one its server holds and ignores lower steps;
+    # offline, it knows nothing of the earlier sessions, whose files are read instead.
+    held = wandb_offline_steps(Path(config.output_dir) / "wandb", run.id) if continued else {}
+    once = SkipsHeldSteps(tracker, held, held_by_all=run.step - 1)
+{%- endif %}
+    accelerator.trackers[accelerator.trackers.index(tracker)] = once
+    for step, values in logged_rows(config.output_dir):
+        once.log(values, step=step)
+{%- if cookiecutter.tracker == "mlflow" %}
+
+
+def mlflow_held_steps(run_id: str) -> dict[str, int]:
+    """The last step of each metric of an MLflow run, as its store (a folder or a server) holds them."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    return {
+        name: max(metric.step for metric in client.get_metric_history(run_id, name))
+        for name in client.get_run(run_id).data.metrics
+    }
+{%- elif cookiecutter.tracker == "wandb" %}
+
+
+def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
+    """The last step of each metric that the offline sessions of wandb run `run_id` wrote to their files."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    held: dict[str, int] = {}
+    for path in wandb_dir.glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"):
+        for data in wandb_records(path.read_bytes()):
+            record = Record()
+            record.ParseFromString(data)
+            if record.WhichOneof("record_type") == "history":
+                for item in record.history.item:
+                    name = item.key or "/".join(item.nested_key)
+                    held[name] = max(held.get(name, -1), record.history.step.num)
+    return held
+
+
+def wandb_records(data: bytes) -> list[bytes]:
+    """The records of a wandb transaction log (a `.wandb` file), up to the first one not wholly written.
+
+    The file is `:W&B`, a 2-byte magic and a version byte, then LevelDB's log format: 32 KiB blocks of
+    records, each a CRC-32 of its type and data, its length and type, then the data; a record too long
+    for its block is split into first, middle and last pieces. wandb has no reader of its own in every
+    version this project supports; the format is what `wandb sync` reads, kept across versions.
+    """
+    block, header = 32768, struct.Struct("<IHB")
+    records: list[bytes] = []
+    pieces, position = b"", 7
+    if not data.startswith(b":W&B"):
+        return records
+    while True:
+        if block - position % block < header.size:  # a block's tail too short for a header is padding
+            position += block - position % block
+        if position + header.size > len(data):
+            return records
+        checksum, length, kind = header.unpack_from(data, position)
+        piece = data[position + header.size : position + header.size + length]
+        if len(piece) < length or zlib.crc32(bytes([kind]) + piece) != checksum:
+            return records  # the end of what a killed session had written
+        position += header.size + length
+        pieces = piece if kind in (1, 2) else pieces + piece  # 1 whole, 2 first, 3 middle, 4 last
+        if kind in (1, 4):
+            records.append(pieces)
+{%- endif %}
 
 
 def tracker_run_id(accelerator: Accelerator, config: TrainConfig) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .utils.config import Check, ConfigError, TrainConfig
+from .utils.config import Check, ConfigError, TrainConfig, setting
 
 # torch, numpy and the data/ and models/ modules are imported inside the functions that use them, so that
 # `train.py --help` and config errors answer before torch loads (seconds).
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag).
-    eval_fraction: float = 0.2
-    augment_noise: float = 0.05  # std of the Gaussian pixel noise added to training images; 0 = off
-    hidden_size: int = 256
-    dropout: float = 0.1
+    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
+    eval_fraction: float = setting(0.2, "share of the images held out for evaluation")
+    augment_noise: float = setting(0.05, "std of the Gaussian pixel noise added to training images (0: off)")
+    hidden_size: int = setting(256, "width of the MLP's two hidden layers")
+    dropout: float = setting(0.1, "dropout after each hidden layer")
     # TrainConfig's defaults that this task sets otherwise.
     best_metric: str = "eval/accuracy"
 

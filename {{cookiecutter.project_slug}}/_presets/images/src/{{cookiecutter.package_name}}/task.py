@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .utils.config import Check, ConfigError, TrainConfig
+from .utils.config import Check, ConfigError, TrainConfig, setting
 
 # torch, Pillow and the data/ and models/ modules are imported inside the functions that use them, so that
 # `train.py --help` and config errors answer before torch loads (seconds).
@@ -39,15 +39,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag).
-    # The image folder: train/<class>/ and val/<class>/ under it; a relative path is taken from the
-    # project root. predict.py also reads the class names (train/'s folder names) from it.
-    data_dir: str = "data"
-    image_size: int = 32  # images of another size are scaled and centre-cropped to it
-    crop_padding: int = 4  # augmentation: random crops of the image padded by this many pixels; 0 = off
-    flip: bool = True  # augmentation: mirror left to right half of the time
-    channels: int = 16  # width of the CNN's first stage (then 2x, 4x)
-    dropout: float = 0.1
+    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
+    # A relative data_dir is taken from the project root. predict.py also reads the class names
+    # (train/'s folder names) from it.
+    data_dir: str = setting("data", "the image folder: train/<class>/ and val/<class>/ under it")
+    image_size: int = setting(32, "images of another size are scaled and centre-cropped to it")
+    crop_padding: int = setting(4, "augmentation: random crops of the image padded by this many pixels")
+    flip: bool = setting(True, "augmentation: mirror left to right half of the time")
+    channels: int = setting(16, "width of the CNN's first stage (then 2x, 4x)")
+    dropout: float = setting(0.1, "dropout before the classifier")
     # TrainConfig's defaults that this task sets otherwise.
     num_epochs: int = 40  # 480 optimizer steps of 64 images
     learning_rate: float = 1e-2

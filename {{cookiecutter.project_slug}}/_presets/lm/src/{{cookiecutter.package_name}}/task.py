@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .utils.config import Check, ConfigError, TrainConfig
+from .utils.config import Check, ConfigError, TrainConfig, setting
 
 # torch, numpy and the data/ and models/ modules are imported inside the functions that use them, so that
 # `train.py --help` and config errors answer before torch loads (seconds).
@@ -46,19 +46,20 @@ NUM_EVAL_PROMPTS = 8  # predict.py without --input: prompts cut from the eval te
 
 @dataclass
 class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag).
-    data_file: str = "data/tinyshakespeare.txt"  # UTF-8 text; a relative path is taken from the project
-    eval_fraction: float = 0.1  # the end of the text is held out for evaluation
-    eval_windows: int = 500  # evaluate on this many windows spread over the held-out text (0 = all)
-    block_size: int = 64  # characters of context
-    num_layers: int = 4
-    num_heads: int = 4
-    embed_dim: int = 128
-    dropout: float = 0.0
+    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
+    # A relative data_file is taken from the project folder.
+    data_file: str = setting("data/tinyshakespeare.txt", "the training text, UTF-8")
+    eval_fraction: float = setting(0.1, "share of the text, at its end, held out for evaluation")
+    eval_windows: int = setting(500, "evaluate on this many windows spread over the held-out text")
+    block_size: int = setting(64, "characters of context")
+    num_layers: int = setting(4, "the GPT's transformer layers")
+    num_heads: int = setting(4, "the GPT's attention heads (they divide embed_dim)")
+    embed_dim: int = setting(128, "the GPT's embedding width")
+    dropout: float = setting(0.0, "the GPT's dropout")
     # Sampling (predict.py); session fields, so they can change after training: --sample_chars 500.
-    sample_chars: int = 200  # characters written after each prompt
-    temperature: float = 0.8  # below 1: safer text; 0: always the most likely character
-    top_k: int = 0  # draw from the k most likely characters only (0 = from all)
+    sample_chars: int = setting(200, "predict.py: characters written after each prompt")
+    temperature: float = setting(0.8, "predict.py: sampling temperature; below 1, safer text")
+    top_k: int = setting(0, "predict.py: draw from the k most likely characters only")
     # TrainConfig's defaults that this task sets otherwise. One epoch is one pass over the training text
     # in windows of block_size + 1 characters: 15,684 windows, 245 optimizer steps of 64 windows.
     num_epochs: int = 2

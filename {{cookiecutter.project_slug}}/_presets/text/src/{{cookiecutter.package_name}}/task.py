@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .utils.config import Check, ConfigError, TrainConfig
+from .utils.config import Check, ConfigError, TrainConfig, setting
 
 # torch, transformers and the data/ and models/ modules are imported inside the functions that use them, so
 # that `train.py --help` and config errors answer before torch loads (seconds).
@@ -48,19 +48,22 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]  # src/<package>/task.py -> th
 
 @dataclass
 class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag).
-    # label<TAB>text per line (data/texts.py); a relative path is taken from the project folder.
-    data_file: str = "data/shakespeare_speakers.txt"
-    eval_fraction: float = 0.2
-    max_length: int = 64  # tokens per text, [CLS] and [SEP] included; longer texts are truncated
-    vocab_size: int = 4000  # at most; the shipped training texts give 1,389 (words seen twice + special)
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    dropout: float = 0.1  # the model's hidden and attention dropout
-    # A Hugging Face Hub name or local folder (e.g. bert-base-uncased): its tokenizer and pretrained weights
-    # replace the tiny model; vocab_size, hidden_size, num_layers and num_heads are then unused.
-    pretrained_model: str = ""
+    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
+    # A relative data_file is taken from the project folder (format: data/texts.py).
+    data_file: str = setting("data/shakespeare_speakers.txt", "the texts, one label<TAB>text per line")
+    eval_fraction: float = setting(0.2, "share of the texts held out for evaluation")
+    max_length: int = setting(64, "tokens per text, [CLS] and [SEP] included; longer texts are truncated")
+    # The shipped training texts give 1,389 (words seen twice + special tokens).
+    vocab_size: int = setting(4000, "the word-level tokenizer's vocabulary, at most")
+    hidden_size: int = setting(128, "the tiny BERT's hidden size")
+    num_layers: int = setting(2, "the tiny BERT's transformer layers")
+    num_heads: int = setting(4, "the tiny BERT's attention heads")
+    dropout: float = setting(0.1, "the model's hidden and attention dropout")
+    # e.g. bert-base-uncased: its tokenizer and pretrained weights replace the tiny model, whose
+    # vocab_size, hidden_size, num_layers and num_heads are then unused.
+    pretrained_model: str = setting(
+        "", "a Hugging Face Hub name or local folder to fine-tune (empty: the tiny BERT)"
+    )
     # TrainConfig's defaults that this task sets otherwise.
     num_epochs: int = 15
     learning_rate: float = 1e-3
