@@ -6,8 +6,8 @@
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
 
 Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop (accumulation,
-logging, evaluation, checkpoints, stop on signal or time) -> export. Everything about the task (data, batches,
-model, loss, metrics) comes from `task.py` in the package under src/: change that, not this loop.
+logging, evaluation, checkpoints, stop on signal or time) -> export. Everything about the task (data,
+batches, model, loss, metrics) comes from `task.py` in the package under src/: change that, not this loop.
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
 the resumed run ends with the same weights and logs the same losses as one that was never stopped.

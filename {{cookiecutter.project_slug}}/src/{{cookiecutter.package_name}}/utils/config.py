@@ -74,10 +74,10 @@ class TrainConfig:
     # caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.
     checkpoint_every_minutes: float = 0.0
     keep_checkpoints: int = 3
-    # How long this session may train, from the start of train.py: e.g. 11h40m, 90m, 45s or 1.5h; empty
-    # (or 0s) = no limit. When the next logging interval, a checkpoint and the export would not fit in
-    # what is left (estimated from this run's own slowest interval and checkpoint), the run checkpoints,
-    # exports model/, draws its curves and exits with status 75: run the same command again to continue.
+    # How long this session may train, counted once train.py has loaded PyTorch: e.g. 11h40m, 90m, 45s or
+    # 1.5h; empty (or 0s) = no limit. When the next logging interval, a checkpoint and the export would
+    # not fit in what is left (estimated from this run's own slowest interval and checkpoint), the run
+    # checkpoints, exports model/, draws its curves and exits with status 75: run it again to continue.
     time_budget: str = ""
     # auto: continue from the newest valid checkpoint in output_dir, if any; never; or a checkpoint path.
     resume: str = "auto"

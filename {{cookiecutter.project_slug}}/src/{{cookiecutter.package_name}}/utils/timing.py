@@ -2,9 +2,12 @@
 
 Both are decided at logging steps only, on the main process's clock. The main process puts its decisions
 into the reduce that logging does anyway (the other processes add zeros), so every process acts on the
-same decision at the same step without a synchronisation of its own. One clock, not a vote of all:
-the main process is the one that also writes metrics.jsonl, the exports and the curves, so its clock is
-the one whose measurements cover the whole tail of a stopping run.
+same decision at the same step without a synchronisation of its own.
+
+Why one clock rather than a vote of every process's: the processes advance in lockstep (each optimizer
+step waits for every process's gradients), so their clocks would agree anyway; the main process also does
+the work the others wait for at the end (metrics.jsonl, the exports, the curves), so its measurements are
+the ones that cover a stopping run's tail; and the other processes never need to read a clock.
 """
 
 from __future__ import annotations
