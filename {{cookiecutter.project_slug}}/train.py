@@ -6,13 +6,18 @@
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
 
 Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop (accumulation,
-logging, evaluation, checkpoints, stop on signal) -> export. Everything about the task (data, batches,
-model, loss, metrics) comes from `task.py` in the package under src/: change that, not this loop.
+logging, evaluation, checkpoints, stop on signal or time) -> export. Everything about the task (data,
+batches, model, loss, metrics) comes from `task.py` in the package under src/: change that, not this loop.
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
 the resumed run ends with the same weights and logs the same losses as one that was never stopped.
-Exit status: 0 when training is done, 75 when a signal stopped it after a checkpoint, 1 with a one-line
-`config error:` or `error:` (a bad value, a folder in use or holding another run, a full disk, divergence).
+Exit status: 0 when training is done; 75 when it stopped after a checkpoint, on a signal or because its
+`time_budget` was nearly spent (then also with model/ exported and the curves drawn, and the last line
+"stopped for time; run again to continue"); 1 with a one-line `config error:` or `error:` (a bad value,
+a folder in use or holding another run, a full disk, divergence). A time stop shares 75 (EX_TEMPFAIL)
+with a signal because both mean the same to whoever started the run: nothing is wrong, rerun the same
+command to continue. The SLURM launcher requeues on it when the run made progress, which a time stop
+always has (it is decided at a logging step, after at least one optimizer step of this session).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import errno
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 # First only what reading the config needs (no torch): see `check_config_first`.
@@ -89,6 +95,7 @@ from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.progress import Progress
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, ignore_stop_signals
+from {{ cookiecutter.package_name }}.utils.timing import SessionClock
 from {{ cookiecutter.package_name }}.utils.tracking import (
     metrics_size,
     start_trackers,
@@ -157,10 +164,12 @@ def train(
     lock: OutputLock,
     mirror: Mirror,
 ) -> bool:
-    """Train until done (True) or until a stop signal was agreed on and checkpointed (False).
+    """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
+    (False).
 
     `lock` is taken once the config and data have passed their checks, before anything is written;
     `mirror` once the run to continue is known."""
+    clock = SessionClock(config, accelerator.is_main_process)  # time_budget counts from here
     output_dir = Path(config.output_dir)
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.print(
@@ -272,7 +281,7 @@ def train(
     # --- the loop
     # Train loss summed on the device since the last log: no host-device sync per step.
     running_loss = torch.tensor(own_loss_sum(state.loss_sums, accelerator), device=accelerator.device)
-    running_batches, stopping = state.loss_batches, False
+    running_batches, stopping, out_of_time, timed_checkpoint = state.loss_batches, False, False, False
     diverged = ""  # why training cannot go on: a non-finite loss, metric or weight
     last_saved = resumed_from  # the newest checkpoint known to hold finite weights
     micro_size = config.per_device_batch_size
@@ -325,12 +334,15 @@ def train(
                 state.epoch_samples = 0
 
             if state.step % config.log_every == 0:
-                # The one host-device sync of training, once per logging interval. The stop vote
-                # rides along: all processes stop at the same step, whenever each got its signal.
-                vote = torch.tensor(1.0 if stop else 0.0, device=accelerator.device)
-                totals = accelerator.reduce(torch.stack([running_loss, vote]), "sum")
-                loss_total, votes = totals.tolist()
-                stopping = votes > 0
+                # The one host-device sync of training, once per logging interval. The stop vote and the
+                # main process's clock ride along: all processes stop, or checkpoint for time, at the same
+                # step, whenever each got its signal (see utils/timing.py for why one clock decides).
+                flags = torch.tensor([1.0 if stop else 0.0, *clock.at_log()], device=accelerator.device)
+                totals = accelerator.reduce(torch.cat([running_loss.reshape(1), flags]), "sum")
+                loss_total, votes, timed, late = totals.tolist()
+                # A signal wins over the clock: the platform wants the machine back now, without exports.
+                stopping, out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
+                timed_checkpoint = timed > 0
                 if not math.isfinite(loss_total):  # the same sum on every process: all stop here
                     diverged = f"the train loss of steps up to {state.step} is {loss_total}"
                 elif running_batches:
@@ -358,7 +370,7 @@ def train(
                         accelerator.set_trigger()
                     state.stopped_early = accelerator.check_trigger()
             checkpoint_due = state.step % config.checkpoint_every == 0 or state.step == total_steps
-            if checkpoint_due or stopping or state.stopped_early:
+            if checkpoint_due or timed_checkpoint or stopping or state.stopped_early:
                 # Never a checkpoint of broken weights: it would rotate the last good one out.
                 if not weights_finite(accelerator, model):
                     diverged = f"the weights at step {state.step} are not all finite"
@@ -366,7 +378,9 @@ def train(
                 state.loss_sums = accelerator.gather(running_loss.reshape(1)).tolist()
                 state.loss_batches = running_batches
                 state.metrics_bytes = metrics_size(output_dir)
+                saving, timed_checkpoint = time.monotonic(), False
                 last_saved = save_checkpoint(accelerator, config, state, protect=resumed_from)
+                clock.saved(saving)
                 progress.write(f"checkpoint: step {state.step} saved to {last_saved}")
                 mirror.request()
             if stopping or state.stopped_early or state.step >= total_steps:
@@ -374,12 +388,20 @@ def train(
     progress.close()
     if diverged:
         raise RunError(diverged_message(diverged, config, last_saved))
-    if stopping:
+    if stopping and not out_of_time:
         accelerator.print(
             f"stopped by {stop.signal_name or 'another process'} at step {state.step}: checkpoint saved, "
             "run the same command to continue"
         )
         if accelerator.is_main_process:
+            report_outcome("stopped", start_step, state.step)  # a SLURM launcher requeues on progress
+        return False
+    if out_of_time:  # leave what a session that ends now should leave, without spending on an evaluation
+        info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
+        export_model(accelerator, model, config, output_dir / "model", info)
+        if accelerator.is_main_process:
+            print(f"exported {output_dir / 'model'} (step {state.step}) | curves: {plot_metrics(output_dir)}")
+            print(f"stopped for time; run again to continue: step {state.step}, {clock.stop_note()}")
             report_outcome("stopped", start_step, state.step)  # a SLURM launcher requeues on progress
         return False
 

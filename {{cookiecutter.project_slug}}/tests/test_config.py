@@ -75,6 +75,12 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         ("seed: -5\n", r"config\.yaml: seed=-5 is invalid: it must be between 0 and 2\*\*32 - 1"),
         ("seed: 4294967296\n", r"seed=4294967296 is invalid"),
         ("fp16_skip_patience: 0\n", r"fp16_skip_patience=0 is invalid: it must be > 0"),
+        ("checkpoint_every_minutes: -1\n", r"checkpoint_every_minutes=-1\.0 is invalid: it must be >= 0"),
+        (
+            "time_budget: '11:40'\n",
+            r"config\.yaml: time_budget='11:40' is invalid: it must be a duration such as 11h40m, 90m, 45s",
+        ),
+        ("time_budget: 12\n", r"time_budget must be str, got 12 \(int\): it must be a duration such as"),
     ],
 )
 def test_wrong_types_and_values_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:

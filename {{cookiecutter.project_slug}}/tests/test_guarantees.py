@@ -1,14 +1,16 @@
 """What every task keeps, tested with this project's task (task.py) and real runs on the CPU:
 
 - a run stopped by SIGTERM mid-training and started again with the same command ends bitwise identical
-  to a run that was never stopped;
-- 1 and 2 processes with the same global batch (dropout 0, one thread each) end at the same eval metrics;
+  to a run that was never stopped; so does a run stopped by its time_budget;
+- 1 and 2 processes with the same global batch (dropout 0, one thread each) end at the same eval metrics,
+  the 2-process run stopped by its time_budget on the way;
 - predict.py writes the same bytes on 1 and 2 processes.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import random
 import signal
 import subprocess
@@ -38,6 +40,31 @@ from .task_settings import SIGNAL_RUN, TWO_PROCESS_EVAL_TOLERANCE
 
 pytestmark = pytest.mark.slow
 
+# Spent before the first logging step on any machine (building the data and the model alone takes longer),
+# so a run with it stops there, however fast or slow the machine is.
+SPENT_BUDGET = "0.001s"
+# 60 microseconds: due at every logging step, a few optimizer steps apart, even on a fast machine.
+EVERY_LOGGING_STEP = "1e-6"
+
+
+def stopped_for_time(output_dir: Path, *args: str, processes: int = 1) -> Path:
+    """Run with SPENT_BUDGET; check that it stopped for time at its first logging step and left a checkpoint,
+    model/ and the curves there. Returns the checkpoint, which the rerun keeps (it resumed from it)."""
+    result = run_training(output_dir, *args, "--time_budget", SPENT_BUDGET, processes=processes, check=False)
+    output = result.stdout + result.stderr
+    # One process exits with EXIT_STOPPED; accelerate launch reports its processes' 75 as a failure, 1.
+    assert result.returncode == (EXIT_STOPPED if processes == 1 else 1), output[-3000:]
+    config, _ = load_config(list(args), PROJECT / "configs" / "local.yaml", task.Config)
+    assert f"stopped for time; run again to continue: step {config.log_every}," in result.stdout, output
+    assert [int(path.name[5:]) for path in list_checkpoints(output_dir)] == [config.log_every]
+    assert json.loads((output_dir / "model" / "export.json").read_text())["step"] == config.log_every
+    assert (output_dir / "curves.svg").is_file()
+    return list_checkpoints(output_dir)[0]
+
+
+def written_by_the_rerun(output_dir: Path, resumed_from: Path) -> list[Path]:
+    return [path for path in list_checkpoints(output_dir) if path != resumed_from]
+
 
 def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: Path) -> None:
     reference = tmp_path / "reference"
@@ -63,19 +90,39 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
     assert_same_run(output_dir, reference)
 
 
+def test_a_run_stopped_for_time_then_rerun_ends_bitwise_identical(single_run: tuple, tmp_path: Path) -> None:
+    """Stopped by its time_budget at the first logging step; the rerun, with no budget and a checkpoint at
+    every logging step by checkpoint_every_minutes, ends as the run that was never stopped."""
+    output_dir = tmp_path / "run"
+    resumed_from = stopped_for_time(output_dir, *QUICK)
+    rerun = ["--time_budget", "", "--checkpoint_every_minutes", EVERY_LOGGING_STEP]
+    resumed = run_training(output_dir, *QUICK, *rerun)
+    config, _ = load_config(QUICK, PROJECT / "configs" / "local.yaml", task.Config)
+    lines = resumed.stdout.splitlines()
+    saved = [int(line.split()[2]) for line in lines if line.startswith("checkpoint: step")]
+    assert all(step % config.log_every == 0 for step in saved[:-1]), saved  # the last: the final step
+    assert any(step % config.checkpoint_every for step in saved[:-1]), saved  # taken for time
+    assert_readable_log(resumed.stdout + resumed.stderr, written_by_the_rerun(output_dir, resumed_from))
+    assert_same_run(output_dir, single_run[0])
+
+
 def test_one_and_two_processes_end_at_the_same_eval_metrics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Per-device batch 32 of a global 64: 1 process accumulates 2 micro-batches, 2 processes 1 each."""
+    """Per-device batch 32 of a global 64: 1 process accumulates 2 micro-batches, 2 processes 1 each. The
+    2 processes also agree on the main process's clock: stopped for time at the first logging step, then
+    continued with a checkpoint at every logging step, they end where the uninterrupted process does."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
     args = [*QUICK, "--dropout", "0", "--mixed_precision", "no", "--per_device_batch_size", "32"]
     one = run_training(tmp_path / "one", *args)
-    two = run_training(tmp_path / "two", *args, processes=2)
+    resumed_from = stopped_for_time(tmp_path / "two", *args, processes=2)
+    two = run_training(tmp_path / "two", *args, "--checkpoint_every_minutes", EVERY_LOGGING_STEP, processes=2)
     assert "x 1 processes x 2 accumulation = global batch 64" in one.stdout
     assert "x 2 processes x 1 accumulation = global batch 64" in two.stdout
     assert "train: step" in one.stdout + two.stdout  # the last step's line, at least
-    for name, result in (("one", one), ("two", two)):  # two processes, one line per event
-        assert_readable_log(result.stdout + result.stderr, list_checkpoints(tmp_path / name))
+    assert_readable_log(one.stdout + one.stderr, list_checkpoints(tmp_path / "one"))
+    # Two processes, one line per event.
+    assert_readable_log(two.stdout + two.stderr, written_by_the_rerun(tmp_path / "two", resumed_from))
     assert framework_warnings(one) == [] and framework_warnings(two) == []
     evals = [[row for row in read_metrics(tmp_path / name) if "eval/loss" in row] for name in ("one", "two")]
     assert evals[0], "no evaluation was logged"

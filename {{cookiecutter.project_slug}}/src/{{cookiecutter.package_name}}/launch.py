@@ -21,8 +21,9 @@ occurrence of a flag, so yours win). The steps, one printed line each:
      `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
      signals to every process. CPU processes form one gloo group (ACCELERATE_USE_CPU=1).
 On SLURM, inside a job (sbatch scripts/run_slurm.sh), training runs as an srun step and the job requeues
-itself when training stopped for a signal after a checkpoint (exit 75) and made progress; outside a job,
-`bash scripts/run_slurm.sh` submits one, asking for the GPUs and CPUs the partition's nodes have.
+itself when training stopped after a checkpoint (exit 75: a signal, or its time_budget) and made
+progress; outside a job, `bash scripts/run_slurm.sh` submits one, asking for the GPUs and CPUs the
+partition's nodes have.
 
 Standard library only: this runs before anything is installed.
 """

@@ -12,12 +12,17 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
+
+# Hours, minutes, seconds, each optional but in this order: what `time_budget` accepts.
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+DURATION_FORMS = "a duration such as 11h40m, 90m, 45s or 1.5h (h, m, s in this order)"
 
 # (field, predicate, what the value must be): checked after loading, naming where a bad value came from.
 Check = tuple[str, typing.Callable[[Any], bool], str]
@@ -76,7 +81,15 @@ class TrainConfig:
     )
     early_stopping_patience: int = setting(0, "stop after this many evaluations without a better best_metric")
     checkpoint_every: int = setting(100, "save a checkpoint every this many optimizer steps")
+    # Caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.
+    checkpoint_every_minutes: float = setting(
+        0.0, "also checkpoint at the first logging step after this many minutes without one (0: off)"
+    )
     keep_checkpoints: int = setting(3, "how many of the newest checkpoints to keep")
+    # Counted once train.py has loaded PyTorch. When the next logging interval, a checkpoint and the
+    # export would not fit in what is left (estimated from this run's own slowest interval and checkpoint),
+    # the run checkpoints, exports model/, draws its curves and exits with status 75.
+    time_budget: str = setting("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
     resume: str = setting(
         "auto", "auto: continue from the newest valid checkpoint in output_dir, if any; never: start fresh"
     )
@@ -116,7 +129,9 @@ class TrainConfig:
         "eval_every",
         "early_stopping_patience",
         "checkpoint_every",
+        "checkpoint_every_minutes",
         "keep_checkpoints",
+        "time_budget",
         "resume",
         "mirror_dir",
         "import_from",
@@ -140,10 +155,21 @@ class TrainConfig:
         ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
         ("early_stopping_patience", lambda v: v >= 0, ">= 0 (0 means never stop early)"),
         ("checkpoint_every", lambda v: v > 0, "> 0"),
+        ("checkpoint_every_minutes", lambda v: v >= 0, ">= 0 (0 means only every checkpoint_every steps)"),
+        ("time_budget", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for no limit"),
         ("keep_checkpoints", lambda v: v > 0, "> 0"),
         ("fp16_skip_patience", lambda v: v > 0, "> 0"),
         ("resume", lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto, never or a checkpoint path"),
     ]
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in a duration such as 11h40m, 90m, 45s or 1.5h (0 for an empty text), None if it is not one."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        return None
+    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    return 3600 * hours + 60 * minutes + seconds
 
 
 def run_defining_fields(config: TrainConfig) -> list[str]:
@@ -193,8 +219,9 @@ def _nearest(key: str, options: typing.Iterable[str]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
-def _coerce(key: str, value: Any, kind: Any, where: str) -> Any:
-    """Return `value` as the field's type, or raise a ConfigError that names `where` and `key`."""
+def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any:
+    """Return `value` as the field's type, or raise a ConfigError that names `where` and `key` (and the
+    `forms` the field accepts, if given)."""
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
         if value in choices:
@@ -224,7 +251,8 @@ def _coerce(key: str, value: Any, kind: Any, where: str) -> Any:
             return value
     elif kind is str and isinstance(value, str):
         return value
-    raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__})")
+    hint = f": it must be {forms}" if forms else ""
+    raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__}){hint}")
 
 
 def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
@@ -238,11 +266,13 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of field: value, got {type(raw).__name__}")
     types = _field_types(config_class)
+    # What a text field accepts, for a number written where text was expected (time_budget: 90).
+    text_forms = {name: forms for name, _, forms in config_class.CHECKS if types.get(name) is str}
     values = {}
     for key, value in raw.items():
         if key not in types:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
-        values[key] = _coerce(key, value, types[key], str(path))
+        values[key] = _coerce(key, value, types[key], str(path), text_forms.get(key, ""))
     return values
 
 
