@@ -42,8 +42,11 @@ def test_tracker_writes_offline_logs(tmp_path: Path) -> None:
 {%- else %}
 
 # A checkpoint every 10 steps and a train loss every 5: a kill at step 15 leaves a step logged after the
-# newest checkpoint. Evaluations at the end of the first epoch (22) and at the end.
-ARGS = ["--max_steps", "30", "--log_every", "5", "--checkpoint_every", "10", "--tracker", "{{ cookiecutter.tracker }}"]
+# newest checkpoint. Evaluations every 12 steps and at the end, whatever the task's epoch length.
+ARGS = [
+    *["--max_steps", "30", "--log_every", "5", "--checkpoint_every", "10", "--eval_every", "12"],
+    *["--tracker", "{{ cookiecutter.tracker }}"],
+]
 {%- if cookiecutter.tracker == "tensorboard" %}
 
 
@@ -68,7 +71,7 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
     run_training(reference, *ARGS)
     expected = tracker_metrics(reference)
     assert [step for step, _ in expected["train/loss"]] == [5, 10, 15, 20, 25, 30]
-    assert [step for step, _ in expected["eval/loss"]] == [22, 30]
+    assert [step for step, _ in expected["eval/loss"]] == [12, 24, 30]
     assert expected.keys() == {name for row in read_metrics(reference) for name in row} - {"step"}
 
     output_dir = tmp_path / "run"
