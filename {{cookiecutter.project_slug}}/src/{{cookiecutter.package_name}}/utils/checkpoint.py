@@ -210,7 +210,7 @@ def export_model(
         except OSError as error:
             raise write_error(staging, error) from error
         if folder.exists():  # this run's own earlier export (resume set an earlier run's aside)
-            _remove(folder)
+            remove_folder(folder)
         os.replace(staging, folder)
         _fsync(folder.parent)
     accelerator.wait_for_everyone()
@@ -413,12 +413,12 @@ def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Pat
     kept = set(readable[len(readable) - (keep - 1) :]) if keep > 1 else set()
     for path in readable:
         if path not in kept and path != protect:
-            _remove(path)
+            remove_folder(path)
     for staging in root.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(staging)
 
 
-def _remove(path: Path) -> None:
+def remove_folder(path: Path) -> None:
     # Renamed out of sight first: a kill during the deletion must not leave a half-deleted step_<N>.
     doomed = path.with_name(f"{STAGING_PREFIX}removed_{path.name}")
     if doomed.exists():

@@ -28,6 +28,7 @@ from .checkpoint import (
     checkpoint_root,
     checkpoint_step,
     list_checkpoints,
+    remove_folder,
 )
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RunError, set_aside
 from .runs import is_run_file, newest_readable
@@ -192,7 +193,9 @@ class Mirror:
             shutil.rmtree(staging, ignore_errors=True)
             self._wake.set()
             return
-        _replace(staging, self.target / folder.name)
+        if (self.target / folder.name).exists():
+            remove_folder(self.target / folder.name)
+        os.replace(staging, self.target / folder.name)
         self._copied.update(before)
 
     def _copy_checkpoint(self, checkpoint: Path) -> None:
@@ -222,7 +225,7 @@ class Mirror:
             if checkpoint_step(path) <= self.newest_step and checkpoint_problem(path, False) is None
         ]
         for path in readable[: max(0, len(readable) - self.keep)]:
-            _replace(None, path)
+            remove_folder(path)
         for staging in checkpoint_root(self.target).glob(f"{STAGING_PREFIX}*"):
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -260,15 +263,3 @@ def _same_checkpoint(local: Path, copy: Path) -> bool:
     except OSError:
         return False
     return same and checkpoint_problem(copy, contents=False) is None
-
-
-def _replace(new: Path | None, old: Path) -> None:
-    """Put `new` in place of `old` (or only remove `old`): renamed out of sight first, so that a copy cut
-    off mid-way never leaves a half-deleted folder under a real name."""
-    doomed = old.with_name(f"{STAGING_PREFIX}removed_{old.name}")
-    shutil.rmtree(doomed, ignore_errors=True)
-    if old.exists():
-        os.replace(old, doomed)
-    if new is not None:
-        os.replace(new, old)
-    shutil.rmtree(doomed, ignore_errors=True)
