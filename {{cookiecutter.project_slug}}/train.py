@@ -44,6 +44,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     hide_gpus_from_cpu_run,
     launch_problems,
     resolve_mixed_precision,
+    torch_lacks_fsdp2,
 )
 
 PROJECT = Path(__file__).resolve().parent
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()  # first, so that a signal during start-up is not lost
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     config, config_path, output_warnings = read_config(argv)
+    if unsupported := torch_lacks_fsdp2():
+        raise ConfigError(unsupported)
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
     speed_up_accelerate()  # skips Accelerate's per-step work that cannot change a result

@@ -54,6 +54,28 @@ def cuda_usable() -> bool:
     return torch.cuda.is_available() and not cpu_forced()
 
 
+# FSDP version 2 (`fully_shard`, what configs/accelerate/fsdp.yaml asks for) became public in
+# torch.distributed.fsdp in torch 2.6; before it Accelerate fails with an ImportError on every process.
+FSDP2_MIN_TORCH = (2, 6)
+
+
+def torch_lacks_fsdp2() -> str | None:
+    """Why this launch cannot start with the installed torch, or None; ask before creating the Accelerator."""
+    import torch
+    from accelerate.utils import parse_flag_from_env
+
+    if not parse_flag_from_env("ACCELERATE_USE_FSDP") or os.environ.get("FSDP_VERSION", "1") != "2":
+        return None
+    installed = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if installed >= FSDP2_MIN_TORCH:
+        return None
+    return (
+        f"the launch asked for FSDP version 2 (configs/accelerate/fsdp.yaml), which needs torch >= "
+        f"{'.'.join(map(str, FSDP2_MIN_TORCH))}; this is torch {torch.__version__}: install a newer torch, "
+        "or launch with configs/accelerate/multi_gpu.yaml (DDP)"
+    )
+
+
 def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | None, list[str]]:
     """What is wrong with how this process was launched: an error (processes that were started together but
     do not form one group: each would train alone and all would write one folder) and warnings (a launch
