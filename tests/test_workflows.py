@@ -17,7 +17,7 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from .conftest import RENDERS, TEMPLATE, Render, explain, run, tool
+from .conftest import CHOICES, DEFAULT_ANSWERS, RENDERS, TASKS, TEMPLATE, Render, explain, run, tool
 from .test_render import pyproject
 
 WORKFLOWS = TEMPLATE / ".github" / "workflows"
@@ -153,16 +153,31 @@ def test_ci_none_leaves_github_out(render: Callable[..., Render]) -> None:
 
 
 def test_lowest_versions_are_the_bounds_of_pyproject(render: Callable[..., Render]) -> None:
-    """.ci/lowest.txt pins each dependency of the default render at its `>=` bound, and .ci/lowest renders
-    it for the oldest Python the template offers."""
+    """.ci/lowest.txt pins each dependency of every task and every tracker at its `>=` bound, .ci/lowest
+    renders for the oldest Python the template offers, and the workflow's legs cover every task and
+    tracker between them."""
     pins = dict(
         line.split("==")
         for line in (TEMPLATE / ".ci" / "lowest.txt").read_text(encoding="utf-8").splitlines()
         if line and not line.startswith("#")
     )
-    dependencies = pyproject(render())["project"]["dependencies"]
-    bounds = dict(requirement.split(">=") for requirement in dependencies)
+    options = [{"task": task} for task in TASKS] + [{"tracker": tracker} for tracker in CHOICES["tracker"]]
+    bounds = {
+        name: bound
+        for answers in options
+        for name, bound in (
+            requirement.split(">=") for requirement in pyproject(render(**answers))["project"]["dependencies"]
+        )
+    }
     assert set(pins) - {"numpy"} == set(bounds)
     for name, bound in bounds.items():
         assert Version(pins[name]) == Version(bound), (name, pins[name], bound)
     assert f"python_version={PYTHONS[0]}" in (TEMPLATE / ".ci" / "lowest").read_text(encoding="utf-8")
+
+    legs = yaml.safe_load((WORKFLOWS / "ci.yml").read_text(encoding="utf-8"))["jobs"]["lowest"]
+    covered = [
+        DEFAULT_ANSWERS | dict(pair.split("=") for pair in leg.split())
+        for leg in legs["strategy"]["matrix"]["answers"]
+    ]
+    assert {answers["task"] for answers in covered} == set(TASKS)
+    assert {answers["tracker"] for answers in covered} == set(CHOICES["tracker"])
