@@ -1,5 +1,6 @@
-"""Stop signals: every rank records the request, one line per signal says so (rank 0's), and a forked
-DataLoader worker, which inherits the handler until its worker_init_fn ignores stop signals, does nothing."""
+"""Stop signals: every rank records the request, one line per signal says so (rank 0's), a forked
+DataLoader worker, which inherits the handler until its worker_init_fn ignores stop signals, does nothing,
+and a signal in the middle of a write to stderr does not write into it again."""
 
 from __future__ import annotations
 
@@ -38,3 +39,46 @@ def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str
     assert result.stdout.split() == ["0", "True"]  # the worker ignored it; the process recorded it
     line = "SIGUSR1 received: finishing the current step, then saving a checkpoint"
     assert result.stderr.splitlines() == ([] if rank == "1" else [line])
+
+
+# A tracker that captures the console (wandb does) replaces sys.stderr with a writer that holds a lock,
+# not reentrant, while it sends the text on. The signal lands in the middle of one of its writes.
+CAPTURED_STDERR = """
+import os, signal, sys, threading
+from {{ cookiecutter.package_name }}.utils.signals import StopRequest
+
+class CapturedStderr:
+    def __init__(self, stream):
+        self.stream, self.lock, self.signalled = stream, threading.Lock(), False
+    def write(self, text):
+        if not self.lock.acquire(timeout=5):
+            raise SystemExit("the handler wrote into a write it interrupted")
+        try:
+            if not self.signalled:
+                self.signalled = True
+                signal.raise_signal(signal.SIGTERM)
+            return self.stream.write(text)  # the handler runs before this line's call
+        finally:
+            self.lock.release()
+    def flush(self):
+        self.stream.flush()
+    def fileno(self):
+        return self.stream.fileno()
+
+stop = StopRequest()
+sys.stderr = CapturedStderr(sys.stderr)
+print("train: step 5/100", file=sys.stderr)
+print(bool(stop))
+"""
+
+
+def test_a_signal_during_a_write_to_stderr_does_not_write_into_it() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    command = [sys.executable, "-c", CAPTURED_STDERR]
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
+    assert result.stderr.splitlines() == [
+        "SIGTERM received: finishing the current step, then saving a checkpoint",
+        "train: step 5/100",
+    ]

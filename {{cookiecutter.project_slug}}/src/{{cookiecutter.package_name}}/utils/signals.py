@@ -56,7 +56,11 @@ class StopRequest:
         else:
             message = f"{name} received again: already stopping (kill -9 is safe too)"
         if self._announce:
-            print(message, file=sys.stderr)
+            # Straight to the file descriptor: the signal may land while the main thread is inside a write
+            # to sys.stderr (a progress bar, or a tracker that captures the console, like wandb), and a
+            # second write from here would re-enter it: Python raises "reentrant call", and wandb 0.17
+            # deadlocks on its own socket, so the run hangs instead of saving its checkpoint.
+            os.write(sys.stderr.fileno(), f"{message}\n".encode())
 
 
 def ignore_stop_signals(worker_id: int) -> None:
