@@ -280,8 +280,8 @@ def wandb_records(data: bytes) -> list[bytes]:
 
     The file is `:W&B`, a 2-byte magic and a version byte, then LevelDB's log format: 32 KiB blocks of
     records, each a CRC-32 of its type and data, its length and type, then the data; a record too long
-    for its block is split into first, middle and last pieces. wandb has no reader of its own in every
-    version this project supports; the format is what `wandb sync` reads, kept across versions.
+    for its block is split into first, middle and last pieces. wandb's own reader, `wandb leet inspect`, is
+    a separate command; this one runs in the process. The format is what `wandb sync` reads.
     """
     block, header = 32768, struct.Struct("<IHB")
     records: list[bytes] = []
