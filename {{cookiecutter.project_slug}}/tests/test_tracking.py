@@ -12,12 +12,16 @@ import subprocess
 {% endif %}from pathlib import Path
 
 import pytest
+{%- if cookiecutter.tracker == "wandb" %}
+import wandb
+from packaging.version import Version
+{%- endif %}
 {%- if cookiecutter.tracker != "none" %}
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 {%- if cookiecutter.tracker == "wandb" %}
-from {{ cookiecutter.package_name }}.utils.tracking import wandb_offline_steps
+from {{ cookiecutter.package_name }}.utils.tracking import wandb_offline_steps, wandb_records
 {%- endif %}
 
 from .conftest import PROJECT, read_metrics, run_training, training_command, wait_for_training
@@ -134,21 +138,39 @@ def assert_settings_recorded_once(output_dir: Path, max_steps: int) -> None:
     ]
     assert len(settings) == 1 and settings[0]["max_steps"].number_value == max_steps
 {%- elif cookiecutter.tracker == "wandb" %}
-    # One offline folder per session, named by its start time; `wandb leet inspect` is wandb's own reader
-    # of the files (wandb >= 0.29).
+    # One offline folder per session, named by its start time.
     sessions = sorted((output_dir / "wandb").glob("offline-run-*"))
     assert len({path.name.rsplit("-", 1)[1] for path in sessions}) == 1, f"two wandb runs: {sessions}"
     metrics: dict[str, list[tuple[int, float]]] = {}
     for session in sessions:
-        command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(session)]
-        records = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
-        for record in map(json.loads, records):
-            if record["type"] == "history":
-                step = int(record["history"]["step"]["num"])
-                for name, value in record["history"]["item"].items():
-                    if not name.startswith("_"):  # wandb's own: _step, _runtime, _timestamp
-                        metrics.setdefault(name, []).append((step, value))
+        for step, items in wandb_history(session):
+            for name, value in items.items():
+                if not name.startswith("_"):  # wandb's own: _step, _runtime, _timestamp
+                    metrics.setdefault(name, []).append((step, value))
     return metrics
+
+
+def wandb_history(session: Path) -> list[tuple[int, dict[str, float]]]:
+    """(step, {metric: value}) of each history record of an offline session, in the file's order. From
+    wandb 0.29 with wandb's own reader, `wandb leet inspect`, which the project's reader is checked
+    against; before it, with the project's reader (`wandb_records`)."""
+    if Version(wandb.__version__) >= Version("0.29"):
+        command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(session)]
+        lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
+        return [
+            (int(record["history"]["step"]["num"]), record["history"]["item"])
+            for record in map(json.loads, lines)
+            if record["type"] == "history"
+        ]
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    history = []
+    for data in wandb_records(next(session.glob("*.wandb")).read_bytes()):
+        record = Record.FromString(data)
+        if record.WhichOneof("record_type") == "history":
+            values = {"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
+            history.append((record.history.step.num, {name: json.loads(v) for name, v in values.items()}))
+    return history
 {%- elif cookiecutter.tracker == "mlflow" %}
     # The file store: one folder per run, a file per metric with a line "timestamp value step" per value.
     (run,) = [path.parent for path in (output_dir / "mlruns").glob("*/*/meta.yaml")]

@@ -162,7 +162,9 @@ def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopStat
             accelerator.print("wandb: no WANDB_API_KEY in the environment or the platform's secrets: offline")
         kwargs: dict[str, Any] = {"dir": config.output_dir}
         if state.tracker_run_id:  # each step once: see log_each_step_once
-            kwargs.update(id=state.tracker_run_id, resume="allow")
+            kwargs["id"] = state.tracker_run_id
+            if os.environ.get("WANDB_MODE") not in ("offline", "dryrun"):  # offline wandb ignores it, warning
+                kwargs["resume"] = "allow"
         return {"wandb": kwargs}
 {%- elif cookiecutter.tracker == "mlflow" %}
     if config.tracker == "mlflow":
