@@ -21,7 +21,7 @@ from packaging.version import Version
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 {%- if cookiecutter.tracker == "wandb" %}
-from {{ cookiecutter.package_name }}.utils.tracking import wandb_offline_steps, wandb_records
+from {{ cookiecutter.package_name }}.utils.tracking import wandb_history, wandb_offline_steps
 {%- endif %}
 
 from .conftest import PROJECT, read_metrics, run_training, training_command, wait_for_training
@@ -143,17 +143,17 @@ def assert_settings_recorded_once(output_dir: Path, max_steps: int) -> None:
     assert len({path.name.rsplit("-", 1)[1] for path in sessions}) == 1, f"two wandb runs: {sessions}"
     metrics: dict[str, list[tuple[int, float]]] = {}
     for session in sessions:
-        for step, items in wandb_history(session):
+        for step, items in wandb_session_history(session):
             for name, value in items.items():
                 if not name.startswith("_"):  # wandb's own: _step, _runtime, _timestamp
                     metrics.setdefault(name, []).append((step, value))
     return metrics
 
 
-def wandb_history(session: Path) -> list[tuple[int, dict[str, float]]]:
+def wandb_session_history(session: Path) -> list[tuple[int, dict[str, float]]]:
     """(step, {metric: value}) of each history record of an offline session, in the file's order. From
     wandb 0.29 with wandb's own reader, `wandb leet inspect`, which the project's reader is checked
-    against; before it, with the project's reader (`wandb_records`)."""
+    against; before it, with the project's reader (`wandb_history`)."""
     if Version(wandb.__version__) >= Version("0.29"):
         command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(session)]
         lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
@@ -162,15 +162,10 @@ def wandb_history(session: Path) -> list[tuple[int, dict[str, float]]]:
             for record in map(json.loads, lines)
             if record["type"] == "history"
         ]
-    from wandb.proto.wandb_internal_pb2 import Record
-
-    history = []
-    for data in wandb_records(next(session.glob("*.wandb")).read_bytes()):
-        record = Record.FromString(data)
-        if record.WhichOneof("record_type") == "history":
-            values = {"/".join(item.nested_key) or item.key: item.value_json for item in record.history.item}
-            history.append((record.history.step.num, {name: json.loads(v) for name, v in values.items()}))
-    return history
+    return [
+        (step, {name: json.loads(value) for name, value in items.items()})
+        for step, items in wandb_history(next(session.glob("*.wandb")))
+    ]
 {%- elif cookiecutter.tracker == "mlflow" %}
     # The file store: one folder per run, a file per metric with a line "timestamp value step" per value.
     (run,) = [path.parent for path in (output_dir / "mlruns").glob("*/*/meta.yaml")]

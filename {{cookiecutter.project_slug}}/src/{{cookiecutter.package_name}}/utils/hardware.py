@@ -56,7 +56,7 @@ def cuda_usable() -> bool:
 
 # FSDP version 2 (`fully_shard`, what configs/accelerate/fsdp.yaml asks for) became public in
 # torch.distributed.fsdp in torch 2.6; before it Accelerate fails with an ImportError on every process.
-FSDP2_MIN_TORCH = (2, 6)
+FSDP2_MIN_TORCH = "2.6"
 
 
 def torch_lacks_fsdp2() -> str | None:
@@ -66,12 +66,11 @@ def torch_lacks_fsdp2() -> str | None:
 
     if not parse_flag_from_env("ACCELERATE_USE_FSDP") or os.environ.get("FSDP_VERSION", "1") != "2":
         return None
-    installed = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    if installed >= FSDP2_MIN_TORCH:
+    if torch.__version__ >= FSDP2_MIN_TORCH:  # a TorchVersion: compared as a version, not as text
         return None
     return (
         f"the launch asked for FSDP version 2 (configs/accelerate/fsdp.yaml), which needs torch >= "
-        f"{'.'.join(map(str, FSDP2_MIN_TORCH))}; this is torch {torch.__version__}: install a newer torch, "
+        f"{FSDP2_MIN_TORCH}; this is torch {torch.__version__}: install a newer torch, "
         "or launch with configs/accelerate/multi_gpu.yaml (DDP)"
     )
 

@@ -263,18 +263,25 @@ def mlflow_held_steps(run_id: str) -> dict[str, int]:
 
 def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
     """The last step of each metric that the offline sessions of wandb run `run_id` wrote to their files."""
-    from wandb.proto.wandb_internal_pb2 import Record
-
     held: dict[str, int] = {}
     for path in wandb_dir.glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"):
-        for data in wandb_records(path.read_bytes()):
-            record = Record()
-            record.ParseFromString(data)
-            if record.WhichOneof("record_type") == "history":
-                for item in record.history.item:
-                    name = item.key or "/".join(item.nested_key)
-                    held[name] = max(held.get(name, -1), record.history.step.num)
+        for step, items in wandb_history(path):
+            for name in items:
+                held[name] = max(held.get(name, -1), step)
     return held
+
+
+def wandb_history(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """(step, {name: value as JSON}) of each history record of a `.wandb` file, in the file's order."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    history = []
+    for data in wandb_records(path.read_bytes()):
+        record = Record.FromString(data)
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            history.append((record.history.step.num, items))
+    return history
 
 
 def wandb_records(data: bytes) -> list[bytes]:
