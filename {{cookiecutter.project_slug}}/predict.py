@@ -4,12 +4,12 @@
     accelerate launch --multi_gpu --num_machines 1 --num_processes 2 --mixed_precision no \\
         --dynamo_backend no predict.py ...    # 2 GPUs; ACCELERATE_USE_CPU=1 in front: 2 CPU processes
 
-The model is rebuilt from `<model_dir>/config.yaml` and `<model_dir>/model.safetensors` with plain PyTorch;
-no checkpoint or Accelerate state is needed. What is read from --input, and what each row holds, is the
-task's (task.py: `predict_inputs`, `predict`); without --input the eval split is predicted, with labels.
-Flags that name a config field (`--field value`) override the exported config, e.g. a sampling setting.
-The file is written once, by the main process, in input order, and is byte for byte the same on any
-number of processes.
+The model is rebuilt from `<model_dir>/config.yaml` and `<model_dir>/model.safetensors` with plain PyTorch,
+or read by the task's `load_export` (a Hugging Face folder); no checkpoint or Accelerate state is needed.
+What is read from --input, and what each row holds, is the task's (task.py: `predict_inputs`, `predict`);
+without --input the eval split is predicted, with labels. Flags that name a config field (`--field value`)
+override the exported config, e.g. a sampling setting. The file is written once, by the main process, in
+input order, and is byte for byte the same on any number of processes.
 """
 
 from __future__ import annotations
@@ -209,20 +209,22 @@ def model_config(model_dir: Path, overrides: list[str]) -> task.Config:
 
 
 def load_model(config: task.Config, model_dir: Path, overrides: list[str]) -> torch.nn.Module:
-    """The model of `config` with the exported weights; a ConfigError says why they do not load."""
+    """The model of `config` with the exported weights (the task's `load_export` where it writes its own
+    format); a ConfigError says why they do not load."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load_model as load_weights
 
+    if hasattr(task, "load_export"):
+        return task.load_export(model_dir, config)
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
         raise ConfigError(f"{weights} does not exist: train first (python train.py), or pass --model_dir")
-    try:
-        state_dict = load_file(weights)
-    except (SafetensorError, OSError) as error:
-        raise ConfigError(f"{weights}: not a readable safetensors file ({error}): export it again") from None
     model = task.build_model(config)
     try:
-        model.load_state_dict(state_dict)
+        # safetensors' own loader: it knows that tied weights were saved under one of their names.
+        load_weights(model, weights)
+    except (SafetensorError, OSError) as error:
+        raise ConfigError(f"{weights}: not a readable safetensors file ({error}): export it again") from None
     except RuntimeError:
         changed = f" with {' '.join(overrides)}" if overrides else ""
         raise ConfigError(

@@ -89,7 +89,14 @@ from torch.utils.data import DataLoader
 
 from {{ cookiecutter.package_name }}.launch import report_outcome
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
-from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, export_model, resume, save_checkpoint
+from {{ cookiecutter.package_name }}.utils.checkpoint import (
+    LoopState,
+    export_model,
+    frozen_weights,
+    resume,
+    save_checkpoint,
+    save_trained_weights_only,
+)
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
@@ -238,9 +245,12 @@ def train(
 
     # --- model, optimizer, schedule (sized in optimizer steps, so independent of the world size)
     model = task.build_model(config)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
+    # Frozen parameters (a pretrained base under LoRA) stay out of the optimizer and of the checkpoints,
+    # which record their hash instead: a resume must find the same ones in the model it builds.
+    trained = [param for param in model.parameters() if param.requires_grad]  # listed once: clipped each step
+    frozen = frozen_weights(model)
+    save_trained_weights_only(accelerator)
+    optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(config.warmup_steps, schedule_steps)
     )
@@ -273,7 +283,7 @@ def train(
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     # Or refuse: a folder of another run, or whose checkpoints cannot be read. The newest checkpoint of
     # this run in mirror_dir or under import_from is brought in first, if newer than output_dir's.
-    state, resumed_from = resume(accelerator, config)
+    state, resumed_from = resume(accelerator, config, frozen)
     start_step = state.step
     mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:
@@ -290,7 +300,6 @@ def train(
     micro_size = config.per_device_batch_size
     metrics: dict[str, float] | None = None
     progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
-    parameters = list(model.parameters())  # for clipping: walking the modules at every step costs
     while state.step < total_steps and not stopping and not state.stopped_early and not diverged:
         model.train()
         train_loader.set_epoch(state.epoch)  # the data order of this epoch
@@ -312,7 +321,7 @@ def train(
                     loss = task.loss(forward, micro_batch)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+                        accelerator.clip_grad_norm_(trained, config.max_grad_norm)
                         optimizer.step()
                         optimizer.zero_grad()
                 step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()

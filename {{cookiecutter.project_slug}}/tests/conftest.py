@@ -109,12 +109,15 @@ def framework_warnings(result: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def assert_same_run(resumed: Path, reference: Path) -> None:
-    """Bitwise-equal exported weights and the same metrics.jsonl, line for line."""
-    expected = load_file(reference / "model" / "model.safetensors")
-    actual = load_file(resumed / "model" / "model.safetensors")
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(actual[name], expected[name]), f"{name} differs"
+    """Bitwise-equal exported weights (every safetensors file of model/: model.safetensors, or a LoRA
+    adapter and its merged model) and the same metrics.jsonl, line for line."""
+    files = sorted(path.relative_to(reference) for path in (reference / "model").rglob("*.safetensors"))
+    assert files, f"no weights exported in {reference / 'model'}"
+    for file in files:
+        expected, actual = load_file(reference / file), load_file(resumed / file)
+        assert expected.keys() == actual.keys(), file
+        for name in expected:
+            assert torch.equal(actual[name], expected[name]), f"{file}: {name} differs"
     assert read_metrics(resumed) == read_metrics(reference)
 
 

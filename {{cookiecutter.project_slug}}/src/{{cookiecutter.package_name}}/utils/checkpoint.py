@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -36,6 +37,12 @@ from accelerate.utils import broadcast_object_list
 from .config import ConfigError, TrainConfig, run_defining_fields, save_config
 from .devices import detect_platform
 from .run_dir import RunError, earlier_outputs, set_aside, write_error
+
+# Accelerate logs every tied tensor it leaves out of a safetensors file, asking to check that reloading
+# warns of nothing: check_weight_names makes that check on every resume, and a failed one stops the run.
+logging.getLogger("accelerate.utils.other").addFilter(
+    lambda record: "Removed shared tensor" not in record.getMessage()
+)
 
 LOOP_STATE_FILE = "loop_state.json"
 META_FILE = "meta.json"
@@ -69,6 +76,43 @@ class LoopState:
     # This training run's name for itself, drawn at its fresh start and kept by every checkpoint: copies of
     # one run found elsewhere (a mirror, a Kaggle input) are told apart from other runs by it.
     run_id: str = ""
+    # The weights a checkpoint does not hold (frozen: a pretrained base under LoRA), which a resume takes
+    # from the model it builds: their SHA-256 ("" if none are frozen) and the model they came from.
+    frozen_sha256: str = ""
+    frozen_from: str = ""
+
+
+def frozen_names(model: torch.nn.Module) -> set[str]:
+    """The state-dict names of the parameters that do not require gradients (tied names included)."""
+    return {name for name, param in model.named_parameters(remove_duplicate=False) if not param.requires_grad}
+
+
+def frozen_weights(model: torch.nn.Module) -> tuple[str, str]:
+    """(SHA-256 of the frozen parameters, in name order, with their names, dtypes and shapes; where the model
+    came from). ("", "") where every parameter trains: then a checkpoint holds all of them."""
+    frozen = sorted(frozen_names(model))
+    if not frozen:
+        return "", ""
+    state = model.state_dict()
+    digest = hashlib.sha256()
+    for name in frozen:
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest(), str(getattr(model, "name_or_path", "") or type(model).__name__)
+
+
+def save_trained_weights_only(accelerator: Accelerator) -> None:
+    """Make every save_state leave the frozen parameters out of the model's weights file: a LoRA checkpoint
+    holds the adapter and the head, not a copy of the base model each time. The optimizer never held them."""
+
+    def drop_frozen(models: list[torch.nn.Module], weights: list[dict], output_dir: str) -> None:
+        # Under FSDP and DeepSpeed `weights` is empty: they save the models in formats of their own.
+        for model, state in zip(models, weights, strict=False):
+            for name in frozen_names(model):
+                state.pop(name, None)
+
+    accelerator.register_save_state_pre_hook(drop_frozen)
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -185,17 +229,25 @@ def _publish(
 def export_model(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, folder: Path, info: dict[str, Any]
 ) -> None:
-    """Write plain safetensors weights, the config that rebuilds the model and `info` to `folder`.
+    """Write the model (the task's `export`, or plain safetensors weights), the config that rebuilds it and
+    `info` to `folder`.
 
     All processes must call it (a sharded model is gathered first). The new export is staged and
     swapped in by renames, so `folder` never holds a mix of two exports.
     """
+    from .. import task  # the task may write a format of its own (a Hugging Face folder)
+
     staging = folder.with_name(f"{STAGING_PREFIX}{folder.name}")
     if accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)
     accelerator.wait_for_everyone()
     try:
-        accelerator.save_model(model, staging)
+        if hasattr(task, "export"):
+            state_dict = accelerator.get_state_dict(model)  # on every process: gathers a sharded model
+            if accelerator.is_main_process:
+                task.export(accelerator.unwrap_model(model), state_dict, staging, config)
+        else:
+            accelerator.save_model(model, staging)
     except (OSError, RuntimeError) as error:
         raise write_error(staging, error) from error
     # Every process looks into the staging folder inside save_model: none may still be there when the
@@ -216,11 +268,14 @@ def export_model(
     accelerator.wait_for_everyone()
 
 
-def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Path | None]:
+def resume(
+    accelerator: Accelerator, config: TrainConfig, frozen: tuple[str, str] = ("", "")
+) -> tuple[LoopState, Path | None]:
     """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
 
     The main process decides, reading every checksum once, and may set files aside (`decide_start`);
-    then every process loads the same checkpoint, or all stop with the same error.
+    then every process loads the same checkpoint, or all stop with the same error. `frozen` is
+    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused.
     """
     decision: list[Any] = [None]
     if accelerator.is_main_process:
@@ -236,7 +291,15 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
         accelerator.print(note)
     if path is None:
         accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
-        return LoopState(run_id=new_run_id), None
+        return LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1]), None
+    saved = read_loop_state(path)
+    if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
+        raise RunError(
+            f"checkpoint {path} continues a model whose frozen weights are "
+            f"{describe_frozen(saved.frozen_sha256, saved.frozen_from)}, but the model built now has "
+            f"{describe_frozen(*frozen)}: point pretrained_model at the base model it was trained from, "
+            "or choose another --output_dir"
+        )
     problem = None
     try:
         state = load_checkpoint(accelerator, path)
@@ -261,6 +324,10 @@ def resume(accelerator: Accelerator, config: TrainConfig) -> tuple[LoopState, Pa
             "processes that did not exist before start from the seed, so the run is not bit-exact"
         )
     return state, path
+
+
+def describe_frozen(sha256: str, source: str) -> str:
+    return f"{source} (sha256 {sha256[:12]})" if sha256 else "none (every weight trained)"
 
 
 def decide_start(config: TrainConfig) -> tuple[Path | None, list[str]]:
@@ -372,18 +439,43 @@ def changed_settings(config_yaml: str, config: TrainConfig) -> str:
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:
     """Restore model, optimizer, scheduler, RNG and sampler from `path` on every process."""
+    # load_state restores what prepare registered: called before it, it would load nothing and say nothing.
+    if not accelerator._models:
+        raise RuntimeError("load_checkpoint needs the prepared model: call accelerator.prepare first")
+    for index, model in enumerate(accelerator._models):
+        weights = path / f"model{f'_{index}' if index else ''}.safetensors"
+        if weights.is_file():  # FSDP and DeepSpeed save models in formats of their own
+            check_weight_names(model, weights)
     scaler = accelerator.scaler
     if scaler is not None and not (path / "scaler.pt").exists():
         # Saved without fp16 (CPU or bf16): keep the fresh scaler instead of failing to load one.
         accelerator.scaler = None
     try:
-        accelerator.load_state(str(path))
+        # Not strict: the file leaves out the frozen weights (save_trained_weights_only) and, of tied
+        # weights, all names but one; check_weight_names has made sure that nothing else is missing.
+        accelerator.load_state(str(path), strict=False)
     finally:
         accelerator.scaler = scaler
     # Accelerate counts micro-batches for accumulation; checkpoints sit on optimizer-step boundaries,
     # so the count restarts at a window start (also when a new world size changed the accumulation).
     accelerator.step = 0
     return read_loop_state(path)
+
+
+def check_weight_names(model: torch.nn.Module, file: Path) -> None:
+    """Raise unless `file` holds every trained weight of `model` (a name, or another name of the same tied
+    tensor) and nothing the model does not have: a non-strict load must not hide a missing weight."""
+    from safetensors import safe_open
+
+    with safe_open(file, framework="pt") as weights:
+        saved = set(weights.keys())
+    state = model.state_dict(keep_vars=True)
+    if unknown := sorted(saved - set(state)):
+        raise RuntimeError(f"{file} holds weights the model does not have: {', '.join(unknown[:5])}")
+    held = {state[name].data_ptr() for name in saved}
+    expected = set(state) - frozen_names(model)
+    if missing := sorted(n for n in expected - saved if state[n].data_ptr() not in held):
+        raise RuntimeError(f"{file} lacks trained weights of the model: {', '.join(missing[:5])}")
 
 
 def _meta(accelerator: Accelerator) -> dict[str, Any]:
