@@ -1,7 +1,8 @@
 """Put the chosen task preset in place, remove what the chosen options do not need, say what to run next.
 
 Each preset lives in `_presets/<task>/` of the template, laid out like the project: its task.py, data and
-model modules, tests and README section. Its files move into the project; the other presets go.
+model modules, tests and README section. Its files move into the project (with `_presets/_transformers/`
+for the presets that fine-tune Hugging Face models); the other presets go.
 Tracker code is cut by the templates themselves.
 """
 
@@ -12,6 +13,9 @@ from pathlib import Path
 LICENSE = "{{ cookiecutter.license }}"
 CI = "{{ cookiecutter.ci }}"
 TASK = "{{ cookiecutter.task }}"
+# The presets that fine-tune Hugging Face models: they share _presets/_transformers/ (loading a pretrained
+# model, LoRA, exports as Hugging Face folders, and the tests of these).
+BUILT_ON_TRANSFORMERS = ("text", "images")
 
 # Printed after a successful render: the project README's quick start, for this folder.
 NEXT_STEPS = """\
@@ -27,12 +31,15 @@ if __name__ == "__main__":
         Path("LICENSE").unlink()
     if CI == "none":
         shutil.rmtree(".github")
-    chosen = Path("_presets") / TASK
-    for source in sorted(chosen.rglob("*")):
-        target = source.relative_to(chosen)
-        if source.is_file() and target != Path("README.md"):  # README.md is included in README.md
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source.replace(target)
+    chosen = [Path("_presets") / TASK]
+    if TASK in BUILT_ON_TRANSFORMERS:
+        chosen.append(Path("_presets") / "_transformers")
+    for preset in chosen:
+        for source in sorted(preset.rglob("*")):
+            target = source.relative_to(preset)
+            if source.is_file() and target != Path("README.md"):  # README.md is included in README.md
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source.replace(target)
     shutil.rmtree("_presets")
     project = Path.cwd()  # cookiecutter runs this hook in the new project folder
     readme = project / "README.md"

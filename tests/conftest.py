@@ -26,11 +26,16 @@ CHOICES: dict[str, list[str]] = {
     for key, value in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
     if isinstance(value, list) and not key.startswith("_")
 }
-# The task presets: one folder each under _presets/, the default (cookiecutter.json) first.
+# The task presets: one folder each under _presets/, the default (cookiecutter.json) first. Folders named
+# _<name> are shared by several presets (post_gen_project.py).
 DEFAULT_TASK = json.loads((TEMPLATE / "cookiecutter.json").read_text())["task"]
 TASKS = [
     DEFAULT_TASK,
-    *sorted(p.name for p in (TEMPLATE_DIR / "_presets").iterdir() if p.name != DEFAULT_TASK),
+    *sorted(
+        p.name
+        for p in (TEMPLATE_DIR / "_presets").iterdir()
+        if p.name != DEFAULT_TASK and not p.name.startswith("_")
+    ),
 ]
 DEFAULT_ANSWERS = {key: values[0] for key, values in CHOICES.items()} | {"task": DEFAULT_TASK}
 DEFAULT_SLUG = "digits-classifier"

@@ -239,8 +239,8 @@ def test_scripts_are_executable(render: Callable[..., Render]) -> None:
 # What each task needs beyond the shared dependencies, and the modules that hold its data and model.
 TASK_PACKAGES = {
     "digits": set(),  # its data ships as data/digits.csv
-    "images": {"pillow"},
-    "text": {"transformers", "tokenizers"},
+    "images": {"pillow", "transformers", "peft"},
+    "text": {"transformers", "tokenizers", "peft"},
     "lm": set(),
 }
 OPTIONAL_PACKAGES = set().union(*TASK_PACKAGES.values())

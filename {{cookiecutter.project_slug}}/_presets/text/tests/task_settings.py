@@ -1,5 +1,12 @@
 """What the task-independent tests (conftest.py, test_guarantees.py and the others) run for this task."""
 
+from pathlib import Path
+
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.config import load_config
+
+PROJECT = Path(__file__).resolve().parents[1]
+
 # A short real run (about 2 seconds of training on an idle 2-core CPU), shared by the tests that only read
 # its outputs: 2 epochs of 21 optimizer steps (1,352 training passages // 64).
 QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"]
@@ -11,3 +18,21 @@ SIGNAL_RUN = ["--num_epochs", "5", "--log_every", "5", "--checkpoint_every", "20
 # 1 vs 2 processes (dropout 0, one thread each) end at exactly the same eval metrics: `loss` drops the
 # padding columns a micro-batch keeps from its longer batch, so both compute on the same shapes.
 TWO_PROCESS_EVAL_TOLERANCE = 0.0
+
+# Fine-tuning (tests/test_fine_tuning.py): a pretrained model stood in for by the tiny BERT with random
+# weights and the word-level tokenizer, saved as a download is (save_pretrained); a run of 30 optimizer
+# steps with dropout on and a checkpoint every 10, long enough for a signal to land mid-run.
+FINE_TUNING_RUN = ["--max_steps", "30", "--log_every", "2", "--checkpoint_every", "10"]
+# Full fine-tuning and LoRA, each with every guarantee.
+FINE_TUNING_MODES = ("full", "lora")
+
+# What transformers.pipeline is asked for, and an input: an exported model/ is a pipeline's model.
+PIPELINE = ("text-classification", "But, soft! what light through yonder window breaks?")
+
+
+def save_pretrained_model(folder: Path) -> None:
+    config, _ = load_config([], PROJECT / "configs" / "local.yaml", task.Config)
+    config.data_file = str(PROJECT / config.data_file)
+    train, _, _ = task.read_splits(config)
+    task.build_tokenizer(config, train).save_pretrained(folder)
+    task.build_base(config).save_pretrained(folder)

@@ -17,7 +17,8 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.texts import SPECIAL_TOKENS
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 
-from .conftest import PROJECT, last_eval, run_predict, run_training
+from .conftest import PROJECT, free_port, last_eval, run_predict, run_training
+from .task_settings import save_pretrained_model
 
 # Runs train.py as `python train.py` does, with transformers hidden (None in sys.modules fails its import).
 WITHOUT_TRANSFORMERS = (
@@ -199,18 +200,9 @@ def test_missing_transformers_names_the_package_and_the_pip_command(tmp_path: Pa
     assert not (tmp_path / "run").exists()  # stopped before anything was written
 
 
-def save_a_stand_in_checkpoint(folder: Path) -> None:
-    """A tiny BERT and its tokenizer saved like a downloaded hub checkpoint (save_pretrained), for the
-    pretrained_model path without the network."""
-    config = config_in_project()
-    train, _, _ = task.read_splits(config)
-    task.build_tokenizer(config, train).save_pretrained(folder)
-    task.build_model(config).save_pretrained(folder)
-
-
 def test_a_pretrained_model_loads_its_weights_tokenizer_new_labels_and_dropout(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoint"
-    save_a_stand_in_checkpoint(folder)
+    save_pretrained_model(folder)
     config = config_in_project("--pretrained_model", str(folder), "--dropout", "0.25")
     model = task.build_model(config)
     assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.25
@@ -225,7 +217,7 @@ def test_a_pretrained_model_loads_its_weights_tokenizer_new_labels_and_dropout(t
 @pytest.mark.slow
 def test_a_pretrained_model_trains_and_predicts(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoint"
-    save_a_stand_in_checkpoint(folder)
+    save_pretrained_model(folder)
     output_dir = tmp_path / "run"
     result = run_training(output_dir, "--pretrained_model", str(folder), "--max_steps", "5")
     assert "done: 5 optimizer steps" in result.stdout
@@ -237,9 +229,12 @@ def test_a_pretrained_model_trains_and_predicts(tmp_path: Path) -> None:
 
 
 def test_a_pretrained_model_that_cannot_be_downloaded_fails_clearly(tmp_path: Path) -> None:
-    """Offline (HF_HUB_OFFLINE=1, so nothing waits on the network) with an empty cache: one line that names
-    the checkpoint and says what to do, instead of a traceback or a hang."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    """The Hub out of reach (this machine's network) and an empty cache: one line that names the checkpoint
+    and says what to do, instead of a traceback or a minute of retries (the project goes offline at once,
+    HF_HUB_OFFLINE, when the Hub's host does not answer)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    # A Hub that does not answer on any machine, this test's own included: a closed port here.
+    env |= {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
     command = [sys.executable, "train.py", "--config", "configs/local.yaml", "--pretrained_model"]
     command += ["bert-base-uncased", "--output_dir", str(tmp_path / "run")]
     result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
@@ -249,3 +244,4 @@ def test_a_pretrained_model_that_cannot_be_downloaded_fails_clearly(tmp_path: Pa
         result.stderr[-2000:]
     )
     assert "needs the network" in last_line
+    assert "the Hub cannot be reached from here, and it is not in the local cache" in last_line

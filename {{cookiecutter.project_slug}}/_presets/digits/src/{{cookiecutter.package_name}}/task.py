@@ -12,6 +12,8 @@ The contract (README, "Bring your own task"):
 - `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
   each with one row per sample (train.py cuts micro-batches along that first dimension).
 - `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
+  Parameters that do not require gradients are frozen: left out of the optimizer and of checkpoints,
+  which record a hash of them instead (a resume against other frozen weights is refused).
 - `loss(model, batch)`: the batch's mean loss, a scalar tensor.
 - `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
   gathers them from all processes, in dataset order, without the padding of the last uneven batch.
@@ -19,6 +21,9 @@ The contract (README, "Bring your own task"):
 - `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
   split (with its labels) when `path` is None.
 - `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
+- Optional, `export(model, state_dict, folder, config)` and `load_export(folder, config)`: how train.py
+  writes model/ and best_model/, and how predict.py reads them back; without them, model.safetensors
+  holds the state dict and predict.py loads it into `build_model(config)`.
 """
 
 from __future__ import annotations

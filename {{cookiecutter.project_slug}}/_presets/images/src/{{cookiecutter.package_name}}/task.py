@@ -13,6 +13,8 @@ The contract (README, "Bring your own task"):
 - `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
   each with one row per sample (train.py cuts micro-batches along that first dimension).
 - `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
+  Parameters that do not require gradients are frozen: left out of the optimizer and of checkpoints,
+  which record a hash of them instead (a resume against other frozen weights is refused).
 - `loss(model, batch)`: the batch's mean loss, a scalar tensor.
 - `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
   gathers them from all processes, in dataset order, without the padding of the last uneven batch.
@@ -20,6 +22,9 @@ The contract (README, "Bring your own task"):
 - `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
   split (with its labels) when `path` is None.
 - `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
+- Optional, `export(model, state_dict, folder, config)` and `load_export(folder, config)`: how train.py
+  writes model/ and best_model/, and how predict.py reads them back; without them, model.safetensors
+  holds the state dict and predict.py loads it into `build_model(config)`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .utils.config import Check, ConfigError, TrainConfig, setting
+from .fine_tuning import FineTuningConfig
+from .utils.config import Check, ConfigError, setting
 
 # torch, Pillow and the data/ and models/ modules are imported inside the functions that use them, so that
 # `train.py --help` and config errors answer before torch loads (seconds).
@@ -36,10 +42,14 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from .data.image_folder import Normalization
+
 
 @dataclass
-class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
+class Config(FineTuningConfig):
+    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help; those of
+    # fine-tuning are FineTuningConfig's. A pretrained_model (e.g. google/vit-base-patch16-224, a transformers
+    # image classifier) replaces the CNN, whose `channels` is then unused; image_size must be its own.
     # A relative data_dir is taken from the project root. predict.py also reads the class names
     # (train/'s folder names) from it.
     data_dir: str = setting("data", "the image folder: train/<class>/ and val/<class>/ under it")
@@ -47,7 +57,7 @@ class Config(TrainConfig):
     crop_padding: int = setting(4, "augmentation: random crops of the image padded by this many pixels")
     flip: bool = setting(True, "augmentation: mirror left to right half of the time")
     channels: int = setting(16, "width of the CNN's first stage (then 2x, 4x)")
-    dropout: float = setting(0.1, "dropout before the classifier")
+    dropout: float = setting(0.1, "dropout before the classifier (a pretrained ViT's hidden and attention dropout)")
     # TrainConfig's defaults that this task sets otherwise.
     num_epochs: int = 40  # 480 optimizer steps of 64 images
     learning_rate: float = 1e-2
@@ -56,7 +66,7 @@ class Config(TrainConfig):
 
     METRIC_GOALS: ClassVar[dict[str, str]] = {"eval/accuracy": "max", "eval/loss": "min"}
     CHECKS: ClassVar[list[Check]] = [
-        *TrainConfig.CHECKS,
+        *FineTuningConfig.CHECKS,
         ("data_dir", lambda v: v.strip() != "", "a non-empty path"),
         ("image_size", lambda v: v >= 8, ">= 8 (three 2x2 poolings)"),
         ("crop_padding", lambda v: v >= 0, ">= 0 (0 means no random crops)"),
@@ -69,9 +79,29 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     from .data.image_folder import image_folder_splits
 
     _, train_set, eval_set = image_folder_splits(
-        config.data_dir, config.image_size, config.crop_padding, config.flip, config.seed
+        config.data_dir, config.image_size, config.crop_padding, config.flip, config.seed, normalization(config)
     )
     return train_set, eval_set
+
+
+def normalization(config: Config) -> Normalization | None:
+    """A pretrained model's: the mean and std of its image processor, which must make images of image_size."""
+    if not config.pretrained_model:
+        return None  # the CNN standardizes each image itself
+    processor = image_processor(config)
+    size = processor.size.get("height", processor.size.get("shortest_edge"))
+    if size != config.image_size:
+        raise ConfigError(
+            f"image_size={config.image_size}, but {config.pretrained_model} takes images of {size} pixels: "
+            f"pass --image_size {size}"
+        )
+    return tuple(processor.image_mean), tuple(processor.image_std)
+
+
+def image_processor(config: Config) -> object:
+    from .models.pretrained import load_processor, transformers
+
+    return load_processor(transformers.AutoImageProcessor, config.pretrained_model)
 
 
 def collate(samples: list[tuple]) -> list:
@@ -89,23 +119,82 @@ def classes(config: Config) -> list[str]:
 
 
 def build_model(config: Config) -> torch.nn.Module:
-    from .models.cnn import build_cnn
+    """The CNN, or the pretrained classifier with a new head, as it trains (with LoRA if asked for)."""
+    if not config.pretrained_model:
+        from .models.cnn import build_cnn
 
-    return build_cnn(len(classes(config)), config.channels, config.dropout)
+        return build_cnn(len(classes(config)), config.channels, config.dropout)
+    from .models.pretrained import for_training
+
+    return for_training(
+        build_base(config),
+        config.gradient_checkpointing,
+        config.lora_rank,
+        config.lora_alpha,
+        config.lora_dropout,
+        config.lora_target_modules,
+    )
+
+
+def build_base(config: Config) -> torch.nn.Module:
+    """The pretrained classifier of pretrained_model, with a new head over the classes."""
+    from .models.pretrained import load_pretrained, transformers
+
+    dropout = {"hidden_dropout_prob": config.dropout, "attention_probs_dropout_prob": config.dropout}
+    auto = transformers.AutoModelForImageClassification
+    return load_pretrained(auto, config.pretrained_model, classes(config), **dropout)
+
+
+def export(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], folder: Path, config: Config) -> None:
+    """The CNN as model.safetensors; a pretrained model as a Hugging Face folder with its image processor,
+    which from_pretrained(folder) and pipeline("image-classification", model=folder) read (under LoRA: the
+    adapter, and with merge_lora the merged model in folder/merged)."""
+    if not config.pretrained_model:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(state_dict, folder / "model.safetensors", metadata={"format": "pt"})
+        return
+    from .models.pretrained import save_folder
+    from .utils.config import save_config
+
+    save_folder(model, state_dict, folder, image_processor(config), config.merge_lora)
+    if (folder / "merged").is_dir():
+        save_config(config, folder / "merged" / "config.yaml")  # predict.py --model_dir <folder>/merged
+
+
+def load_export(folder: Path, config: Config) -> torch.nn.Module:
+    """What `export` wrote: the CNN's weights, an adapter on this machine's pretrained_model, or a whole model."""
+    if not config.pretrained_model:
+        from safetensors.torch import load_model
+
+        model = build_model(config)
+        load_model(model, folder / "model.safetensors")
+        return model
+    from .models.pretrained import load_folder, transformers
+
+    auto = transformers.AutoModelForImageClassification
+    return load_folder(auto, folder, lambda: build_base(config))
+
+
+def classify(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The CNN returns logits; a transformers classifier, an output that holds them."""
+    output = model(images)
+    return getattr(output, "logits", output)
 
 
 def loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
     import torch.nn.functional as F
 
     images, labels = batch
-    return F.cross_entropy(model(images), labels)
+    return F.cross_entropy(classify(model, images), labels)
 
 
 def eval_step(model: torch.nn.Module, batch: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     import torch.nn.functional as F
 
     images, labels = batch
-    logits = model(images).float()
+    logits = classify(model, images).float()
     return {
         "loss": F.cross_entropy(logits, labels, reduction="none"),
         "hit": (logits.argmax(dim=-1) == labels).float(),
@@ -139,13 +228,14 @@ def predict_inputs(config: Config, path: Path | None) -> list[tuple]:
         files = [path]
     else:
         raise ConfigError(f"input {path} does not exist: pass an image file or a folder of images")
-    return [(to_tensor(load_image(file, config.image_size)), str(file)) for file in files]
+    normalized = normalization(config)
+    return [(to_tensor(load_image(file, config.image_size), normalized), str(file)) for file in files]
 
 
 def predict(model: torch.nn.Module, batch: list, config: Config) -> list[dict[str, Any]]:
     """The image's path, the predicted class, the true one when known, and the probability of each class."""
     images, *known, paths = batch
-    probs = model(images).float().softmax(dim=-1).cpu()
+    probs = classify(model, images).float().softmax(dim=-1).cpu()
     names = classes(config)
     rows = []
     for index, row in enumerate(probs.tolist()):

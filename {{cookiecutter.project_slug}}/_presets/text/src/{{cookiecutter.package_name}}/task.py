@@ -15,6 +15,8 @@ The contract (README, "Bring your own task"):
 - `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
   each with one row per sample (train.py cuts micro-batches along that first dimension).
 - `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
+  Parameters that do not require gradients are frozen: left out of the optimizer and of checkpoints,
+  which record a hash of them instead (a resume against other frozen weights is refused).
 - `loss(model, batch)`: the batch's mean loss, a scalar tensor.
 - `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
   gathers them from all processes, in dataset order, without the padding of the last uneven batch.
@@ -22,6 +24,9 @@ The contract (README, "Bring your own task"):
 - `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
   split (with its labels) when `path` is None.
 - `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
+- Optional, `export(model, state_dict, folder, config)` and `load_export(folder, config)`: how train.py
+  writes model/ and best_model/, and how predict.py reads them back; without them, model.safetensors
+  holds the state dict and predict.py loads it into `build_model(config)`.
 """
 
 from __future__ import annotations
@@ -32,14 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .utils.config import Check, ConfigError, TrainConfig, setting
+from .fine_tuning import FineTuningConfig
+from .utils.config import Check, ConfigError, setting
 
 # torch, transformers and the data/ and models/ modules are imported inside the functions that use them, so
 # that `train.py --help` and config errors answer before torch loads (seconds).
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from .data.texts import TokenizedTexts
 
@@ -47,8 +53,10 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]  # src/<package>/task.py -> th
 
 
 @dataclass
-class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
+class Config(FineTuningConfig):
+    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help; those of
+    # fine-tuning are FineTuningConfig's. A pretrained_model (e.g. bert-base-uncased) brings its tokenizer and
+    # replaces the tiny BERT, whose vocab_size, hidden_size, num_layers and num_heads are then unused.
     # A relative data_file is taken from the project folder (format: data/texts.py).
     data_file: str = setting("data/shakespeare_speakers.txt", "the texts, one label<TAB>text per line")
     eval_fraction: float = setting(0.2, "share of the texts held out for evaluation")
@@ -59,11 +67,6 @@ class Config(TrainConfig):
     num_layers: int = setting(2, "the tiny BERT's transformer layers")
     num_heads: int = setting(4, "the tiny BERT's attention heads")
     dropout: float = setting(0.1, "the model's hidden and attention dropout")
-    # e.g. bert-base-uncased: its tokenizer and pretrained weights replace the tiny model, whose
-    # vocab_size, hidden_size, num_layers and num_heads are then unused.
-    pretrained_model: str = setting(
-        "", "a Hugging Face Hub name or local folder to fine-tune (empty: the tiny BERT)"
-    )
     # TrainConfig's defaults that this task sets otherwise.
     num_epochs: int = 15
     learning_rate: float = 1e-3
@@ -72,7 +75,7 @@ class Config(TrainConfig):
 
     METRIC_GOALS: ClassVar[dict[str, str]] = {"eval/accuracy": "max", "eval/loss": "min"}
     CHECKS: ClassVar[list[Check]] = [
-        *TrainConfig.CHECKS,
+        *FineTuningConfig.CHECKS,
         ("data_file", lambda v: v.strip() != "", "a path"),
         ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
         ("max_length", lambda v: v >= 3, ">= 3 ([CLS], a token, [SEP])"),
@@ -147,6 +150,21 @@ collate = PadCollate()
 
 
 def build_model(config: Config) -> torch.nn.Module:
+    """The network as it trains: the base model, with LoRA and gradient checkpointing if asked for."""
+    from .models.pretrained import for_training
+
+    return for_training(
+        build_base(config),
+        config.gradient_checkpointing,
+        config.lora_rank,
+        config.lora_alpha,
+        config.lora_dropout,
+        config.lora_target_modules,
+    )
+
+
+def build_base(config: Config) -> PreTrainedModel:
+    """The pretrained model with a new head over the labels, or the tiny BERT with random weights."""
     from .models.transformer import build_pretrained, build_tiny_bert
 
     train, _, labels = read_splits(config)
@@ -162,6 +180,26 @@ def build_model(config: Config) -> torch.nn.Module:
         config.num_heads,
         config.dropout,
     )
+
+
+def export(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], folder: Path, config: Config) -> None:
+    """model/ and best_model/ as Hugging Face folders with the tokenizer: from_pretrained(folder) and
+    pipeline("text-classification", model=folder) read them (under LoRA: the adapter, and with merge_lora
+    the merged model in folder/merged)."""
+    from .models.pretrained import save_folder
+    from .utils.config import save_config
+
+    train, _, _ = read_splits(config)
+    save_folder(model, state_dict, folder, build_tokenizer(config, train), config.merge_lora)
+    if (folder / "merged").is_dir():
+        save_config(config, folder / "merged" / "config.yaml")  # predict.py --model_dir <folder>/merged
+
+
+def load_export(folder: Path, config: Config) -> torch.nn.Module:
+    """What `export` wrote: an adapter on this machine's pretrained_model, or a whole model."""
+    from .models.pretrained import load_folder, transformers
+
+    return load_folder(transformers.AutoModelForSequenceClassification, folder, lambda: build_base(config))
 
 
 def without_padding_columns(batch: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:

@@ -5,7 +5,7 @@
 
 Class k is the k-th class folder in sorted order. Images are read with Pillow as RGB, brought to
 image_size x image_size (scaled and centre-cropped, only if they are not that size already) and scaled to
-[-1, 1]. Replace this module to read other data; task.py is the only caller.
+[-1, 1] (or normalized as a pretrained model's image processor says). Replace this module to read other data; task.py is the only caller.
 """
 
 from __future__ import annotations
@@ -80,9 +80,18 @@ def load_image(path: Path, size: int) -> np.ndarray:
     return np.array(image)  # a copy: torch wants a writable array
 
 
-def to_tensor(image: np.ndarray) -> torch.Tensor:
-    """A height x width x 3 uint8 image as the model's input: 3 x height x width, scaled to [-1, 1]."""
-    return torch.from_numpy(image).permute(2, 0, 1).float() / 127.5 - 1.0
+# The mean and standard deviation per channel that a pretrained model's image processor normalizes with.
+Normalization = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def to_tensor(image: np.ndarray, normalization: Normalization | None = None) -> torch.Tensor:
+    """A height x width x 3 uint8 image as the model's input: 3 x height x width, scaled to [-1, 1], or
+    normalized as a pretrained model's image processor does ((pixel / 255 - mean) / std)."""
+    pixels = torch.from_numpy(image).permute(2, 0, 1).float()
+    if normalization is None:
+        return pixels / 127.5 - 1.0
+    mean, std = (torch.tensor(values).view(3, 1, 1) for values in normalization)
+    return (pixels / 255 - mean) / std
 
 
 def augment(image: np.ndarray, seed: int, epoch: int, index: int, padding: int, flip: bool) -> np.ndarray:
@@ -112,9 +121,16 @@ class ImageFolder(Dataset):
     """
 
     def __init__(
-        self, samples: list[tuple[Path, int]], size: int, padding: int = 0, flip: bool = False, seed: int = 0
+        self,
+        samples: list[tuple[Path, int]],
+        size: int,
+        padding: int = 0,
+        flip: bool = False,
+        seed: int = 0,
+        normalization: Normalization | None = None,
     ) -> None:
         self.samples, self.size, self.padding, self.flip, self.seed = samples, size, padding, flip, seed
+        self.normalization = normalization
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -128,16 +144,16 @@ class ImageFolder(Dataset):
         image = load_image(path, self.size)
         if self.padding or self.flip:
             image = augment(image, self.seed, self.epoch, index, self.padding, self.flip)
-        return to_tensor(image), label
+        return to_tensor(image, self.normalization), label
 
 
 def image_folder_splits(
-    data_dir: str, size: int, padding: int, flip: bool, seed: int
+    data_dir: str, size: int, padding: int, flip: bool, seed: int, normalization: Normalization | None = None
 ) -> tuple[list[str], ImageFolder, ImageFolder]:
     """(class names, train set, eval set) from `data_dir`/train and `data_dir`/val; only the training
     images are augmented."""
     root = resolve(data_dir)
     classes = class_names(root / "train")
-    train_set = ImageFolder(list_samples(root / "train", classes), size, padding, flip, seed)
-    eval_set = ImageFolder(list_samples(root / "val", classes), size)
+    train_set = ImageFolder(list_samples(root / "train", classes), size, padding, flip, seed, normalization)
+    eval_set = ImageFolder(list_samples(root / "val", classes), size, normalization=normalization)
     return classes, train_set, eval_set

@@ -1,7 +1,8 @@
 """A Hugging Face sequence classifier: a tiny BERT with random weights (offline), or a pretrained checkpoint.
 
-Replace it with your own network; task.py builds it. Any `AutoModelForSequenceClassification` fits the task
-as it is: it takes the tokenizer's batch and returns `.loss` (with labels) and `.logits`.
+Replace it with your own network; task.py builds it (and, for fine-tuning, models/pretrained.py wraps it).
+Any `AutoModelForSequenceClassification` fits the task as it is: it takes the tokenizer's batch and returns
+`.loss` (with labels) and `.logits`.
 """
 
 from __future__ import annotations
@@ -9,9 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..utils.config import ConfigError
-from ..utils.packages import require
-
-transformers = require("transformers", "transformers>=4.46")
+from .pretrained import load_pretrained, load_processor, transformers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -52,29 +51,9 @@ def build_tiny_bert(
 
 def build_pretrained(name: str, labels: list[str], dropout: float) -> PreTrainedModel:
     """The checkpoint `name` (hub name or local folder) with a new classification head over `labels`."""
-    try:
-        config = transformers.AutoConfig.from_pretrained(
-            name, id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)}
-        )
-        for field in DROPOUT_FIELDS:
-            if hasattr(config, field):
-                setattr(config, field, dropout)
-        return transformers.AutoModelForSequenceClassification.from_pretrained(name, config=config)
-    except OSError as error:
-        raise ConfigError(cannot_load(name, error)) from error
+    settings = dict.fromkeys(DROPOUT_FIELDS, dropout)
+    return load_pretrained(transformers.AutoModelForSequenceClassification, name, labels, **settings)
 
 
 def load_pretrained_tokenizer(name: str) -> PreTrainedTokenizerBase:
-    try:
-        return transformers.AutoTokenizer.from_pretrained(name)
-    except OSError as error:
-        raise ConfigError(cannot_load(name, error)) from error
-
-
-def cannot_load(name: str, error: OSError) -> str:
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return (
-        f"pretrained_model={name!r} could not be loaded ({reason}). A hub checkpoint is downloaded on first "
-        "use, which needs the network (then it is cached under ~/.cache/huggingface); offline, pass a local "
-        "folder saved with save_pretrained, or leave pretrained_model empty for the tiny model built here"
-    )
+    return load_processor(transformers.AutoTokenizer, name)
