@@ -17,7 +17,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.chars import TrainWindows, load_corpus
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from .conftest import QUICK, last_eval, run_predict, run_training
+from .conftest import QUICK, assert_same_run, last_eval, run_predict, run_training
 
 
 @pytest.mark.slow
@@ -238,3 +238,24 @@ def test_sampling_settings_change_without_refusing_the_checkpoint(single_run: tu
         run_predict("--model_dir", str(output_dir / "model"), *args)
         texts.append(output.read_text())
     assert texts[0] == texts[1]
+
+
+@pytest.mark.slow
+def test_tied_embeddings_resume_and_export_exactly(tmp_path: Path) -> None:
+    """The head sharing the token embedding's tensor: the checkpoints and model.safetensors hold it under
+    one name (safetensors refuses two names of one tensor); a run continued from a checkpoint ends bitwise
+    as the uninterrupted one, and predict.py loads the export with the two weights still one tensor."""
+    args = ["--tie_embeddings", "true", "--checkpoint_every", "5", "--log_every", "2"]
+    run_training(tmp_path / "reference", *args, "--max_steps", "12")
+    output_dir = tmp_path / "run"
+    run_training(output_dir, *args, "--max_steps", "7")
+    resumed = run_training(output_dir, *args, "--max_steps", "12")
+    assert f"resuming from {output_dir / 'checkpoints' / 'step_00000007'}" in resumed.stdout
+    assert "shared tensor" not in resumed.stdout + resumed.stderr
+    assert_same_run(output_dir, tmp_path / "reference")
+    names = set(load_file(output_dir / "model" / "model.safetensors"))
+    assert "token_embedding.weight" in names and "head.weight" not in names
+    outputs = [tmp_path / f"{name}.csv" for name in ("reference", "run")]
+    for name, output in zip(("reference", "run"), outputs, strict=True):
+        run_predict("--model_dir", str(tmp_path / name / "model"), "--output", str(output))
+    assert outputs[0].read_bytes() == outputs[1].read_bytes()

@@ -2,8 +2,9 @@
 task.py builds it.
 
 Token and position embeddings, `num_layers` pre-LayerNorm blocks of causal self-attention and an MLP, a
-final LayerNorm and a linear head to one logit per vocabulary entry. The head is not tied to the token
-embedding: tied weights share memory, which safetensors refuses to save.
+final LayerNorm and a linear head to one logit per vocabulary entry. With `tie_embeddings` the head's weight
+is the token embedding's (one tensor, as in GPT-2): safetensors files then hold it under one name, and the
+project's checkpoints and predict.py load it back under both.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class GPT(nn.Module):
         num_heads: int,
         embed_dim: int,
         dropout: float,
+        tie_embeddings: bool = False,
     ) -> None:
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, embed_dim)
@@ -78,6 +80,8 @@ class GPT(nn.Module):
             elif parameter.dim() > 1:
                 std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(residual) else 0.02
                 nn.init.normal_(parameter, mean=0.0, std=std)
+        if tie_embeddings:  # after the initialization: untied models draw the same weights as before
+            self.head.weight = self.token_embedding.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [batch, length, vocab] for token ids [batch, length], length <= block_size."""
@@ -87,9 +91,15 @@ class GPT(nn.Module):
 
 
 def build_gpt(
-    vocab_size: int, block_size: int, num_layers: int, num_heads: int, embed_dim: int, dropout: float
+    vocab_size: int,
+    block_size: int,
+    num_layers: int,
+    num_heads: int,
+    embed_dim: int,
+    dropout: float,
+    tie_embeddings: bool,
 ) -> GPT:
-    return GPT(vocab_size, block_size, num_layers, num_heads, embed_dim, dropout)
+    return GPT(vocab_size, block_size, num_layers, num_heads, embed_dim, dropout, tie_embeddings)
 
 
 @torch.no_grad()
