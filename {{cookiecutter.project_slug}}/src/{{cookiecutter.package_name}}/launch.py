@@ -41,7 +41,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .utils.devices import DeviceError, Gpu, detect_platform, precision_for, query_gpus, unsupported_gpu
+from .utils.devices import (
+    MPS_PRECISION,
+    DeviceError,
+    Gpu,
+    apple_silicon,
+    detect_platform,
+    precision_for,
+    query_gpus,
+    unsupported_gpu,
+)
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
 # Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning).
@@ -138,6 +147,8 @@ def last_flag_value(flag: str, args: list[str]) -> str | None:
 def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str, str]:
     """(accelerate's --mixed_precision, the hardware's choice for train.py, the decision line)."""
     hardware, reason = precision_for(gpus)
+    if not gpus and apple_silicon() and os.environ.get("ACCELERATE_USE_CPU", "") in ("", "0"):
+        reason = MPS_PRECISION  # train.py runs on Apple's GPU
     chosen = last_flag_value("--mixed_precision", args)
     if chosen:
         return (
@@ -212,11 +223,13 @@ def install_missing(platform: str) -> None:
     say(platform, f"install: missing {'; '.join(missing)}")
     from importlib import metadata
 
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="constraints-") as constraints:
+    # A closed file in a folder of its own: Windows lets no other process (pip) open a file still open here.
+    with tempfile.TemporaryDirectory(prefix="constraints-") as folder:
+        constraints = Path(folder) / "constraints.txt"
+        constraints.write_text("", encoding="utf-8")
         try:
             torch_version = metadata.version("torch")
-            constraints.write(f"torch=={torch_version}\n")
-            constraints.flush()
+            constraints.write_text(f"torch=={torch_version}\n", encoding="utf-8")
             say(
                 platform,
                 f"install: pip install -e . --constraint <torch=={torch_version}>: the installed torch stays",
@@ -227,7 +240,7 @@ def install_missing(platform: str) -> None:
                 "install: torch is not installed, so pip installs its default build (install the torch "
                 "build you want first to choose it)",
             )
-        command = [interpreter(), "-m", "pip", "install", "-e", ".", "--constraint", constraints.name]
+        command = [interpreter(), "-m", "pip", "install", "-e", ".", "--constraint", str(constraints)]
         if subprocess.run(command).returncode != 0:
             raise LaunchError(
                 "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
@@ -343,6 +356,13 @@ def launch_here(platform: str, args: list[str]) -> None:
     say(platform, f"launch: {shlex.join(command)}")
     if plan["processes"] > 1:
         say(platform, starting_note(plan["processes"]))
+    if os.name == "nt":
+        # Windows has no exec: os.execvpe starts another process and returns to the prompt at once. Wait for
+        # it instead; Ctrl+C and Ctrl+Break reach every process of the console, training included, so this
+        # one only ignores them and passes the exit status on (75: stopped after a checkpoint).
+        for signum in (signal.SIGINT, signal.SIGBREAK):
+            signal.signal(signum, signal.SIG_IGN)
+        sys.exit(subprocess.run(command, env=env).returncode)
     os.execvpe(command[0], command, env)
 
 
