@@ -672,8 +672,9 @@ def test_slurm_submit_derives_requests_from_the_cluster(
 
 
 def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
-    """Without SKIP_INSTALL: nothing is installed when pyproject.toml's dependencies are satisfied;
-    otherwise `pip install -e . --constraint F` where F pins the installed torch, then the launch."""
+    """Without SKIP_INSTALL: nothing is installed when pyproject.toml's dependencies for this system are
+    satisfied; otherwise `pip install -e . --constraint F` where F pins the installed torch, then the
+    launch."""
     project = tmp_path / "project"
     shutil.copytree(PROJECT / "scripts", project / "scripts")
     shutil.copytree(PROJECT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
@@ -681,6 +682,7 @@ def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
     launched = train("local", "no")
     for extra, missing in [
         (None, None),
+        ("tqdm>=999; sys_platform == 'no-such-system'", None),  # for another system: not missing here
         ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1"),
         ("tqdm>=999", "tqdm>=999 (installed: "),
     ]:

@@ -194,18 +194,21 @@ def missing_dependencies(pyproject: Path) -> list[str]:
         block = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL)
         requirements = re.findall(r'"([^"]+)"', block.group(1)) if block else []
     missing = []
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # without packaging, being installed is enough
+        Requirement = None
     for requirement in requirements:
+        parsed = Requirement(requirement) if Requirement else None
+        if parsed and parsed.marker and not parsed.marker.evaluate():
+            continue  # for another system (filelock's bound is Windows's)
         name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
         try:
             installed = metadata.version(name)
         except metadata.PackageNotFoundError:
             missing.append(requirement)
             continue
-        try:
-            from packaging.requirements import Requirement
-        except ImportError:  # without packaging, being installed is enough
-            continue
-        if not Requirement(requirement).specifier.contains(installed, prereleases=True):
+        if parsed and not parsed.specifier.contains(installed, prereleases=True):
             missing.append(f"{requirement} (installed: {installed})")
     return missing
 
