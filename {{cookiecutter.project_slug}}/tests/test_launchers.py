@@ -30,6 +30,12 @@ from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1, st
 
 from .conftest import PROJECT, framework_warnings, free_port
 
+# Windows: tests/test_portability.py starts the launcher as `python -m <package>.launch` instead.
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32",
+    reason="runs scripts/*.sh and stand-ins for nvidia-smi, sinfo and srun: shell scripts",
+)
+
 T4 = "Tesla T4, 7.5, 15360 MiB"
 A100 = "NVIDIA A100-SXM4-80GB, 8.0, 81920 MiB"
 P100 = "Tesla P100-PCIE-16GB, 6.0, 16384 MiB"

@@ -34,7 +34,7 @@ from {{ cookiecutter.package_name }}.utils.config import TrainConfig
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from .conftest import PROJECT, read_metrics, training_command, wait_for_training
+from .conftest import PROJECT, read_metrics, wait_for_training
 from .task_settings import SIGNAL_RUN
 
 # What Windows lacks, hidden before anything of the project is imported.
@@ -250,11 +250,14 @@ def test_apple_silicon_trains_in_float32_and_keeps_its_gpu(monkeypatch: pytest.M
 
 @pytest.mark.slow
 def test_ctrl_c_or_ctrl_break_checkpoints_exits_75_and_the_same_command_finishes(tmp_path: Path) -> None:
-    """A console's stop key mid-run: Ctrl+C (SIGINT) here and on macOS, Ctrl+Break (CTRL_BREAK_EVENT to the
-    run's process group) on Windows. The run saves a checkpoint and exits 75; the same command continues
-    from it to the end, and the lock is free."""
+    """The cross-platform launcher, `python -m <package>.launch local`, stopped by a console's stop key
+    mid-run: Ctrl+C (SIGINT) here and on macOS, Ctrl+Break (CTRL_BREAK_EVENT to the run's process group,
+    the launcher's and training's) on Windows. Training saves a checkpoint and the command exits 75; the
+    same command continues from it to the end, and the lock is free."""
     output_dir = tmp_path / "run"
-    command, env = training_command(output_dir, *SIGNAL_RUN)
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.launch", "local", *SIGNAL_RUN]
+    command += ["--output_dir", str(output_dir)]
+    env = {**os.environ, "SKIP_INSTALL": "1", "PYTHONUNBUFFERED": "1"}
     windows = sys.platform == "win32"
     group = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if windows else {}
     since = time.time()
@@ -270,7 +273,7 @@ def test_ctrl_c_or_ctrl_break_checkpoints_exits_75_and_the_same_command_finishes
     stopped_at = list_checkpoints(output_dir)[-1]
     result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resuming from {stopped_at}" in result.stdout
+    assert f"resuming from {stopped_at}" in result.stdout and "done: " in result.stdout
     train_steps = [row["step"] for row in read_metrics(output_dir) if "train/loss" in row]
     assert train_steps == sorted(set(train_steps))
     assert (output_dir / LOCK_FILE).read_bytes() == b""
