@@ -24,10 +24,10 @@ COLAB_DRIVE = Path("/content/drive/MyDrive")
 KAGGLE_WORKING = Path("/kaggle/working")
 WINDOWS = os.name == "nt"
 # Windows refuses paths of 260 characters and more unless long paths are enabled. The deepest file a run
-# writes sits this far below output_dir: a tracker's log (its name holds the host name) or a checkpoint's
-# file, inside set_aside/<time>/ once set aside.
+# writes sits up to this far below output_dir, with room to spare: a tracker's file (TensorBoard's holds the
+# host name and pid: 53 characters on a 2-letter host), 26 more once set aside in set_aside/<time>/.
 WINDOWS_MAX_PATH = 260
-DEEPEST_INSIDE = 150
+DEEPEST_INSIDE = 130
 
 
 def cpu_forced() -> bool:
