@@ -157,11 +157,12 @@ def test_generated_workflow_runs_the_readme_windows_commands_on_windows_and_maco
     workflow = project.path / ".github" / "workflows" / "tests.yml"
     job = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]["platforms"]
     assert job["strategy"]["matrix"]["os"] == ["windows-latest", "macos-latest"]
-    lines = [line.strip() for step in job["steps"] for line in step.get("run", "").splitlines() if line.strip()]
+    runs = [step.get("run", "") for step in job["steps"]]
+    lines = {line.strip() for run in runs for line in run.splitlines() if line.strip()}
     assert "python -m pytest tests/test_portability.py" in lines
     readme = project.path / "README.md"
     for language in ("powershell", "bash"):
-        missing = set(lines) - readme_commands(readme, language)
+        missing = lines - readme_commands(readme, language)
         assert not missing, (language, missing)
 
 
