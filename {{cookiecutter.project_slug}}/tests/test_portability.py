@@ -255,8 +255,10 @@ def test_ctrl_c_or_ctrl_break_checkpoints_exits_75_and_the_same_command_finishes
     the launcher's and training's) on Windows. Training saves a checkpoint and the command exits 75; the
     same command continues from it to the end, and the lock is free."""
     output_dir = tmp_path / "run"
+    # Short: the stop lands a logging interval after the first log, three before the end.
+    log_every = int(SIGNAL_RUN[SIGNAL_RUN.index("--log_every") + 1])
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.launch", "local", *SIGNAL_RUN]
-    command += ["--output_dir", str(output_dir)]
+    command += ["--output_dir", str(output_dir), "--max_steps", str(4 * log_every)]
     env = {**os.environ, "SKIP_INSTALL": "1", "PYTHONUNBUFFERED": "1"}
     windows = sys.platform == "win32"
     group = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if windows else {}
@@ -264,7 +266,7 @@ def test_ctrl_c_or_ctrl_break_checkpoints_exits_75_and_the_same_command_finishes
     process = subprocess.Popen(
         command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **group
     )
-    wait_for_training(output_dir, process, since, step=5)
+    wait_for_training(output_dir, process, since, step=log_every)
     process.send_signal(signal.CTRL_BREAK_EVENT if windows else signal.SIGINT)
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == EXIT_STOPPED, stderr[-3000:]
