@@ -43,6 +43,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     check_output_dir,
     hide_gpus_from_cpu_run,
     launch_problems,
+    mps_determinism_warnings,
     resolve_mixed_precision,
     torch_lacks_fsdp2,
 )
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
             config, accelerator.num_processes
         )
-        for warning in [*launch_warnings, *output_warnings]:
+        device_warnings = mps_determinism_warnings(accelerator.device.type, config.deterministic)
+        for warning in [*launch_warnings, *output_warnings, *device_warnings]:
             accelerator.print(f"WARNING: {warning}")
         finished = train(accelerator, config, config_path, stop, lock, mirror, precision_why)
         stop.ignore_from_now_on()

@@ -237,7 +237,8 @@ def test_a_too_long_output_dir_is_refused_where_windows_limits_paths(
 
 def test_apple_silicon_trains_in_float32_and_keeps_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """On MPS `mixed_precision: auto` is `no`, with the reason for the start line, and a choice of yours is
-    kept; hiding the GPUs from a CPU run touches CUDA's variable only (MPS is pretended available here)."""
+    kept; hiding the GPUs from a CPU run touches CUDA's variable only; deterministic kernels come with a
+    warning naming the MPS kernels that are not (MPS is pretended available here)."""
     monkeypatch.setattr(hardware, "mps_usable", lambda: True)
     precision, why = hardware.resolve_mixed_precision("auto")
     assert precision == "no" and why.startswith("auto: Apple silicon (MPS): float32"), why
@@ -246,6 +247,12 @@ def test_apple_silicon_trains_in_float32_and_keeps_its_gpu(monkeypatch: pytest.M
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     hardware.hide_gpus_from_cpu_run()
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    # deterministic: true on MPS names the kernels that add in no fixed order there; elsewhere, nothing.
+    (warning,) = hardware.mps_determinism_warnings("mps", deterministic=True)
+    assert "embedding's backward pass, index_add and index_put" in warning
+    assert "ACCELERATE_USE_CPU=1" in warning
+    assert hardware.mps_determinism_warnings("mps", deterministic=False) == []
+    assert hardware.mps_determinism_warnings("cpu", deterministic=True) == []
 
 
 @pytest.mark.slow

@@ -111,6 +111,20 @@ def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | No
     return error, warnings
 
 
+def mps_determinism_warnings(device_type: str, deterministic: bool) -> list[str]:
+    """What `deterministic: true` cannot promise on Apple's GPU: some MPS kernels add with atomics, in no
+    fixed order, and torch up to 2.13 at least runs them without the error it raises for such kernels on
+    CUDA (pytorch#195404: embedding's backward; #161029: index_add)."""
+    if device_type != "mps" or not deterministic:
+        return []
+    return [
+        "deterministic kernels on MPS: embedding's backward pass, index_add and index_put with "
+        "accumulate=True add in no fixed order there, and this torch may run them without an error: a model "
+        "that uses them does not repeat bit for bit on MPS; train on the CPU (ACCELERATE_USE_CPU=1) where "
+        "exact reruns and resumes matter"
+    ]
+
+
 def resolve_mixed_precision(choice: str) -> tuple[str, str]:
     """Turn the config's `mixed_precision` into what Accelerate should use here, and say why.
 
