@@ -31,6 +31,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     save_checkpoint,
 )
 from {{ cookiecutter.package_name }}.utils.config import TrainConfig
+from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
@@ -197,24 +198,31 @@ def accelerator() -> Iterator[Accelerator]:
 def test_publishing_never_renames_onto_an_existing_folder(
     windows_renames: list[str], accelerator: Accelerator, tmp_path: Path
 ) -> None:
-    """A checkpoint saved again at a step that exists (a stranger there is set aside first) and an export
-    that replaces the previous one both publish with Windows's renames, and every file reads back."""
+    """With Windows's renames: a checkpoint saved again at a step that exists (the stranger there is set
+    aside first), rotation, an export that replaces the previous one, and the mirror's copies of both,
+    a second time over its first: all publish, and every checkpoint reads back whole."""
     model = torch.nn.Linear(4, 2)
     model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
-    config = TrainConfig(output_dir=str(tmp_path), keep_checkpoints=2)
+    output_dir, mirror_dir = tmp_path / "run", tmp_path / "mirror"
+    config = TrainConfig(output_dir=str(output_dir), keep_checkpoints=2)
     first = save_checkpoint(accelerator, config, LoopState(step=2))
     again = save_checkpoint(accelerator, config, LoopState(step=2, samples_seen=64))
     assert again == first and checkpoint_problem(again) is None
-    assert [path.name for path in list_checkpoints(tmp_path)] == [first.name]
-    (set_aside,) = (tmp_path / SET_ASIDE).glob(f"*/checkpoints/{first.name}")
+    assert [path.name for path in list_checkpoints(output_dir)] == [first.name]
+    (set_aside,) = (output_dir / SET_ASIDE).glob(f"*/checkpoints/{first.name}")
     assert checkpoint_problem(set_aside) is None  # the earlier one, kept whole
     save_checkpoint(accelerator, config, LoopState(step=4))
-    save_checkpoint(accelerator, config, LoopState(step=6))  # rotation removes step 2: renamed, then deleted
-    assert [path.name for path in list_checkpoints(tmp_path)] == ["step_00000004", "step_00000006"]
-    for step in (1, 2):
-        export_model(accelerator, model, config, tmp_path / "model", {"step": step})
-    assert '"step": 2' in (tmp_path / "model" / "export.json").read_text()
-    assert (tmp_path / "model" / "model.safetensors").is_file()
+    for step in (4, 6):  # the second export replaces the first; rotation removes step 2
+        export_model(accelerator, model, config, output_dir / "model", {"step": step})
+        save_checkpoint(accelerator, config, LoopState(step=step + 2))
+        mirror = Mirror(output_dir, str(mirror_dir), keep=2, enabled=True)
+        mirror.start("", start_over=False)
+        mirror.finish()
+        assert mirror.newest_step == step + 2
+        for folder in (output_dir, mirror_dir):
+            assert f'"step": {step}' in (folder / "model" / "export.json").read_text()
+            assert all(checkpoint_problem(path) is None for path in list_checkpoints(folder))
+    assert [path.name for path in list_checkpoints(output_dir)] == ["step_00000006", "step_00000008"]
     assert any(call.startswith("replace .incomplete_model -> model") for call in windows_renames)
 
 
