@@ -1,6 +1,7 @@
 """Start training on this machine or a cluster: each launch decision printed with its reason, then the run.
 
-scripts/run_<platform>.sh run this from the project root with src/ importable:
+scripts/run_<platform>.sh run this from the project root with src/ importable; on Windows, and anywhere
+without bash, run it yourself from there (after `pip install -e .`):
 
     python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
 
@@ -17,7 +18,8 @@ occurrence of a flag, so yours win). The steps, one printed line each:
   5. NCCL settings (Kaggle's two T4s hang on peer-to-peer), the config, then missing dependencies are
      installed with the installed torch pinned (Colab's and Kaggle's CUDA builds stay; SKIP_INSTALL=1:
      never run pip).
-  6. launch: one process is `python train.py ...` (signals reach it directly); several are
+  6. launch: one process is `python train.py ...` (signals reach it directly; on Windows, which has no
+     exec, the launcher waits for it and exits with its status); several are
      `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
      signals to every process. CPU processes form one gloo group (ACCELERATE_USE_CPU=1).
 On SLURM, inside a job (sbatch scripts/run_slurm.sh), training runs as an srun step and the job requeues
