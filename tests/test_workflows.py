@@ -51,9 +51,9 @@ def run_lines(workflow: Path) -> list[str]:
     return [line for line in lines if line]
 
 
-def readme_commands(readme: Path) -> set[str]:
-    """The command lines of a README's bash blocks, without their trailing comments."""
-    blocks = re.findall(r"```bash\n(.*?)```", readme.read_text(encoding="utf-8"), re.DOTALL)
+def readme_commands(readme: Path, language: str = "bash") -> set[str]:
+    """The command lines of a README's `language` blocks, without their trailing comments."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", readme.read_text(encoding="utf-8"), re.DOTALL)
     return {re.sub(r"\s+#.*$", "", line).strip() for block in blocks for line in block.splitlines()}
 
 
@@ -115,15 +115,18 @@ def test_the_checkers_reject_a_broken_workflow(tmp_path: Path) -> None:
 
 
 def test_template_workflow_runs_the_ci_scripts_of_the_readme() -> None:
-    """ci.yml runs `bash .ci/run` (the README's test command) and `bash .ci/lowest`, commands of the
-    README, and nothing else: the steps live in those scripts, once. Its legs are the oldest and the newest
-    Python that cookiecutter.json offers."""
+    """ci.yml runs `bash .ci/run` (the README's test command), `bash .ci/lowest` and `bash .ci/platform`,
+    commands of the README, and nothing else: the steps live in those scripts, once. Its legs are the
+    oldest and the newest Python that cookiecutter.json offers, and the platform script runs on Windows
+    and macOS."""
     workflow = WORKFLOWS / "ci.yml"
     lines = run_lines(workflow)
-    assert set(lines) == {"bash .ci/run", "bash .ci/lowest"}, lines
+    assert set(lines) == {"bash .ci/run", "bash .ci/lowest", "bash .ci/platform"}, lines
     assert set(lines) <= readme_commands(TEMPLATE / "README.md")
     jobs = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]
     assert jobs["tests"]["strategy"]["matrix"]["python"] == [PYTHONS[0], PYTHONS[-1]]
+    assert jobs["platforms"]["strategy"]["matrix"]["os"] == ["windows-latest", "macos-latest"]
+    assert jobs["platforms"]["steps"][-1]["shell"] == "bash"  # Git Bash on Windows, not PowerShell
     assert {step["env"]["TORCH_SPEC"] for step in steps(workflow) if "TORCH_SPEC" in step.get("env", {})} == {
         "torch==2.13.0",  # what .ci/run installs by default
         "torch",  # the weekly leg: the newest
@@ -142,6 +145,25 @@ def test_generated_workflow_runs_the_readme_commands(render: Callable[..., Rende
     assert {"python -m pytest", 'python -m pytest -m "not slow"', "pre-commit run --all-files"} <= set(lines)
     matrix = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]["tests"]["strategy"]["matrix"]
     assert matrix["python"] == [project.answer("python_version"), PYTHONS[-1]]
+
+
+def test_generated_workflow_runs_the_readme_windows_commands_on_windows_and_macos(
+    render: Callable[..., Render],
+) -> None:
+    """tests.yml's platform legs run on windows-latest and macos-latest, with commands the project's README
+    gives in PowerShell (Windows's shell there) and in bash: the install, the fast tests, and the
+    portability tests with their real training stopped and resumed."""
+    project = render()
+    workflow = project.path / ".github" / "workflows" / "tests.yml"
+    job = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]["platforms"]
+    assert job["strategy"]["matrix"]["os"] == ["windows-latest", "macos-latest"]
+    runs = [step.get("run", "") for step in job["steps"]]
+    lines = {line.strip() for run in runs for line in run.splitlines() if line.strip()}
+    assert "python -m pytest tests/test_portability.py" in lines
+    readme = project.path / "README.md"
+    for language in ("powershell", "bash"):
+        missing = lines - readme_commands(readme, language)
+        assert not missing, (language, missing)
 
 
 def test_ci_none_leaves_github_out(render: Callable[..., Render]) -> None:
@@ -166,7 +188,8 @@ def test_lowest_versions_are_the_bounds_of_pyproject(render: Callable[..., Rende
         name: bound
         for answers in options
         for name, bound in (
-            requirement.split(">=") for requirement in pyproject(render(**answers))["project"]["dependencies"]
+            requirement.split(";")[0].split(">=")  # without its environment marker
+            for requirement in pyproject(render(**answers))["project"]["dependencies"]
         )
     }
     assert set(pins) - {"numpy"} == set(bounds)

@@ -43,6 +43,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     check_output_dir,
     hide_gpus_from_cpu_run,
     launch_problems,
+    mps_determinism_warnings,
     resolve_mixed_precision,
     torch_lacks_fsdp2,
 )
@@ -118,11 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     config, config_path, output_warnings = read_config(argv)
     if unsupported := torch_lacks_fsdp2():
         raise ConfigError(unsupported)
+    precision, precision_why = resolve_mixed_precision(config.mixed_precision)
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
     speed_up_accelerate()  # skips Accelerate's per-step work that cannot change a result
     accelerator = Accelerator(
-        mixed_precision=resolve_mixed_precision(config.mixed_precision),
+        mixed_precision=precision,
         log_with=trackers(config),
         project_config=ProjectConfiguration(
             project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")
@@ -153,9 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
             config, accelerator.num_processes
         )
-        for warning in [*launch_warnings, *output_warnings]:
+        device_warnings = mps_determinism_warnings(accelerator.device.type, config.deterministic)
+        for warning in [*launch_warnings, *output_warnings, *device_warnings]:
             accelerator.print(f"WARNING: {warning}")
-        finished = train(accelerator, config, config_path, stop, lock, mirror)
+        finished = train(accelerator, config, config_path, stop, lock, mirror, precision_why)
         stop.ignore_from_now_on()
     finally:
         try:
@@ -173,22 +176,23 @@ def train(
     stop: StopRequest,
     lock: OutputLock,
     mirror: Mirror,
+    precision_why: str,
 ) -> bool:
     """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
     (False).
 
     `lock` is taken once the config and data have passed their checks, before anything is written;
-    `mirror` once the run to continue is known."""
+    `mirror` once the run to continue is known. `precision_why`: how the mixed precision was chosen."""
     clock = SessionClock(config, accelerator.is_main_process)  # time_budget counts from here
     output_dir = Path(config.output_dir)
     accumulation = accelerator.gradient_accumulation_steps
     accelerator.print(
         f"platform {detect_platform()} | config {config_path} | world size {accelerator.num_processes} | "
         f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
-        f"mixed precision {accelerator.mixed_precision} | per-device batch {config.per_device_batch_size} x "
-        f"{accelerator.num_processes} processes x {accumulation} accumulation = global batch "
-        f"{config.global_batch_size} | deterministic kernels {'on' if config.deterministic else 'off'} | "
-        f"output {output_dir}"
+        f"mixed precision {accelerator.mixed_precision} ({precision_why}) | "
+        f"per-device batch {config.per_device_batch_size} x {accelerator.num_processes} processes x "
+        f"{accumulation} accumulation = global batch {config.global_batch_size} | "
+        f"deterministic kernels {'on' if config.deterministic else 'off'} | output {output_dir}"
     )
 
     accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
 import io
 import os
 import re
 import struct
 import sys
-import termios
 
 import pytest
 
@@ -91,6 +89,8 @@ def test_on_a_terminal_a_live_bar_is_drawn_and_events_print_above_it(
 ) -> None:
     """stderr is a real pseudo-terminal (os.openpty), so tqdm draws its bar with carriage returns; the
     event line goes to stdout, printed above the bar."""
+    fcntl = pytest.importorskip("fcntl", reason="pseudo-terminals are POSIX only")
+    termios = pytest.importorskip("termios", reason="pseudo-terminals are POSIX only")
     leader, follower = os.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 rows, 100 columns
     terminal = io.TextIOWrapper(os.fdopen(follower, "wb", buffering=0), write_through=True)

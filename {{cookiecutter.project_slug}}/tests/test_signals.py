@@ -29,6 +29,9 @@ print(os.waitstatus_to_exitcode(status), bool(stop))
 """
 
 
+@pytest.mark.skipif(
+    sys.platform == "win32", reason="os.fork and SIGUSR1 are POSIX only (Windows spawns workers)"
+)
 @pytest.mark.parametrize("rank", [None, "0", "1"])
 def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str | None) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RANK"} | ({"RANK": rank} if rank else {})

@@ -1,6 +1,7 @@
 """Start training on this machine or a cluster: each launch decision printed with its reason, then the run.
 
-scripts/run_<platform>.sh run this from the project root with src/ importable:
+scripts/run_<platform>.sh run this from the project root with src/ importable; on Windows, and anywhere
+without bash, run it yourself from there (after `pip install -e .`):
 
     python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
 
@@ -17,7 +18,8 @@ occurrence of a flag, so yours win). The steps, one printed line each:
   5. NCCL settings (Kaggle's two T4s hang on peer-to-peer), the config, then missing dependencies are
      installed with the installed torch pinned (Colab's and Kaggle's CUDA builds stay; SKIP_INSTALL=1:
      never run pip).
-  6. launch: one process is `python train.py ...` (signals reach it directly); several are
+  6. launch: one process is `python train.py ...` (signals reach it directly; on Windows, which has no
+     exec, the launcher waits for it and exits with its status); several are
      `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
      signals to every process. CPU processes form one gloo group (ACCELERATE_USE_CPU=1).
 On SLURM, inside a job (sbatch scripts/run_slurm.sh), training runs as an srun step and the job requeues
@@ -41,7 +43,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .utils.devices import DeviceError, Gpu, detect_platform, precision_for, query_gpus, unsupported_gpu
+from .utils.devices import (
+    MPS_PRECISION,
+    DeviceError,
+    Gpu,
+    apple_silicon,
+    detect_platform,
+    precision_for,
+    query_gpus,
+    unsupported_gpu,
+)
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
 # Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning).
@@ -138,6 +149,8 @@ def last_flag_value(flag: str, args: list[str]) -> str | None:
 def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str, str]:
     """(accelerate's --mixed_precision, the hardware's choice for train.py, the decision line)."""
     hardware, reason = precision_for(gpus)
+    if not gpus and apple_silicon() and os.environ.get("ACCELERATE_USE_CPU", "") in ("", "0"):
+        reason = MPS_PRECISION  # train.py runs on Apple's GPU
     chosen = last_flag_value("--mixed_precision", args)
     if chosen:
         return (
@@ -183,18 +196,21 @@ def missing_dependencies(pyproject: Path) -> list[str]:
         block = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL)
         requirements = re.findall(r'"([^"]+)"', block.group(1)) if block else []
     missing = []
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # without packaging, being installed is enough
+        Requirement = None
     for requirement in requirements:
+        parsed = Requirement(requirement) if Requirement else None
+        if parsed and parsed.marker and not parsed.marker.evaluate():
+            continue  # for another system (filelock's bound is Windows's)
         name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
         try:
             installed = metadata.version(name)
         except metadata.PackageNotFoundError:
             missing.append(requirement)
             continue
-        try:
-            from packaging.requirements import Requirement
-        except ImportError:  # without packaging, being installed is enough
-            continue
-        if not Requirement(requirement).specifier.contains(installed, prereleases=True):
+        if parsed and not parsed.specifier.contains(installed, prereleases=True):
             missing.append(f"{requirement} (installed: {installed})")
     return missing
 
@@ -212,11 +228,13 @@ def install_missing(platform: str) -> None:
     say(platform, f"install: missing {'; '.join(missing)}")
     from importlib import metadata
 
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="constraints-") as constraints:
+    # A closed file in a folder of its own: Windows lets no other process (pip) open a file still open here.
+    with tempfile.TemporaryDirectory(prefix="constraints-") as folder:
+        constraints = Path(folder) / "constraints.txt"
+        constraints.write_text("", encoding="utf-8")
         try:
             torch_version = metadata.version("torch")
-            constraints.write(f"torch=={torch_version}\n")
-            constraints.flush()
+            constraints.write_text(f"torch=={torch_version}\n", encoding="utf-8")
             say(
                 platform,
                 f"install: pip install -e . --constraint <torch=={torch_version}>: the installed torch stays",
@@ -227,7 +245,7 @@ def install_missing(platform: str) -> None:
                 "install: torch is not installed, so pip installs its default build (install the torch "
                 "build you want first to choose it)",
             )
-        command = [interpreter(), "-m", "pip", "install", "-e", ".", "--constraint", constraints.name]
+        command = [interpreter(), "-m", "pip", "install", "-e", ".", "--constraint", str(constraints)]
         if subprocess.run(command).returncode != 0:
             raise LaunchError(
                 "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
@@ -343,6 +361,13 @@ def launch_here(platform: str, args: list[str]) -> None:
     say(platform, f"launch: {shlex.join(command)}")
     if plan["processes"] > 1:
         say(platform, starting_note(plan["processes"]))
+    if os.name == "nt":
+        # Windows has no exec: os.execvpe starts another process and returns to the prompt at once. Wait for
+        # it instead; Ctrl+C and Ctrl+Break reach every process of the console, training included, so this
+        # one only ignores them and passes the exit status on (75: stopped after a checkpoint).
+        for signum in (signal.SIGINT, signal.SIGBREAK):
+            signal.signal(signum, signal.SIG_IGN)
+        sys.exit(subprocess.run(command, env=env).returncode)
     os.execvpe(command[0], command, env)
 
 

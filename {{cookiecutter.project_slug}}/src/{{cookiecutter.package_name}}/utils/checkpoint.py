@@ -527,7 +527,12 @@ def _write_durably(path: Path, text: str) -> None:
 
 
 def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    flags = os.O_RDONLY
+    if os.name == "nt":  # no folder opens there (NTFS journals renames), and a flush needs a writable file
+        if path.is_dir():
+            return
+        flags = os.O_RDWR | os.O_BINARY
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:

@@ -260,7 +260,7 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from error
     if not isinstance(raw, dict):
@@ -347,7 +347,7 @@ def load_config(
 
 def save_config(config: TrainConfig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+    path.write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), encoding="utf-8")
 
 
 def gradient_accumulation_steps(config: TrainConfig, num_processes: int) -> int:

@@ -8,6 +8,7 @@ imported), so tests can fake a T4 or an A100 with a stand-in `nvidia-smi` first 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -121,6 +122,17 @@ def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
         major, minor = older[-1].compute_capability
         return "fp16", f"{older[-1].name} (compute {major}.{minor}) is below 8.0, where bf16 is only emulated"
     return "bf16", "every GPU has compute capability >= 8.0"
+
+
+# Why `mixed_precision: auto` trains in float32 on Apple silicon (MPS): its GPUs compute float16 at about the
+# float32 rate, so autocast would save memory but little time; fp16 adds a loss scaler and needs torch >= 2.5
+# there, bf16 torch >= 2.6 and macOS 14. Pass --mixed_precision fp16 or bf16 to have it anyway.
+MPS_PRECISION = "Apple silicon (MPS): float32, as fast as float16 on its GPUs and free of a loss scaler"
+
+
+def apple_silicon() -> bool:
+    """A Mac with Apple's GPU, where torch trains on MPS (known without importing torch)."""
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
 def auto_precision(gpus: list[Gpu]) -> str:

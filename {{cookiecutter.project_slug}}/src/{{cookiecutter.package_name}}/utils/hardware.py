@@ -18,10 +18,16 @@ import platform
 import warnings
 from pathlib import Path
 
-from .devices import auto_precision, detect_platform, gpu_facts
+from .devices import MPS_PRECISION, auto_precision, detect_platform, gpu_facts, precision_for
 
 COLAB_DRIVE = Path("/content/drive/MyDrive")
 KAGGLE_WORKING = Path("/kaggle/working")
+WINDOWS = os.name == "nt"
+# Windows refuses paths of 260 characters and more unless long paths are enabled. The deepest file a run
+# writes sits up to this far below output_dir, with room to spare: a tracker's file (TensorBoard's holds the
+# host name and pid: 53 characters on a 2-letter host), 26 more once set aside in set_aside/<time>/.
+WINDOWS_MAX_PATH = 260
+DEEPEST_INSIDE = 130
 
 
 def cpu_forced() -> bool:
@@ -52,6 +58,13 @@ def cuda_usable() -> bool:
     import torch
 
     return torch.cuda.is_available() and not cpu_forced()
+
+
+def mps_usable() -> bool:
+    """Whether Accelerate puts this run on Apple's GPU (MPS): available, and no CPU run asked for."""
+    from accelerate.utils import is_mps_available
+
+    return is_mps_available() and not cpu_forced()
 
 
 # FSDP version 2 (`fully_shard`, what configs/accelerate/fsdp.yaml asks for) became public in
@@ -98,18 +111,35 @@ def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | No
     return error, warnings
 
 
-def resolve_mixed_precision(choice: str) -> str:
-    """Turn the config's `mixed_precision` into what Accelerate should use here.
+def mps_determinism_warnings(device_type: str, deterministic: bool) -> list[str]:
+    """What `deterministic: true` cannot promise on Apple's GPU: some MPS kernels add with atomics, in no
+    fixed order, and torch up to 2.13 at least runs them without the error it raises for such kernels on
+    CUDA (pytorch#195404: embedding's backward; #161029: index_add)."""
+    if device_type != "mps" or not deterministic:
+        return []
+    return [
+        "deterministic kernels on MPS: embedding's backward pass, index_add and index_put with "
+        "accumulate=True add in no fixed order there, and this torch may run them without an error: a model "
+        "that uses them does not repeat bit for bit on MPS; train on the CPU (ACCELERATE_USE_CPU=1) where "
+        "exact reruns and resumes matter"
+    ]
+
+
+def resolve_mixed_precision(choice: str) -> tuple[str, str]:
+    """Turn the config's `mixed_precision` into what Accelerate should use here, and say why.
 
     fp16 asked for on a CPU would silently run in fp32, so it is turned off with a warning instead.
     """
+    if mps_usable():
+        return ("no", f"auto: {MPS_PRECISION}") if choice == "auto" else (choice, "as configured")
     gpus = gpu_facts() if cuda_usable() else []
     if choice == "auto":
-        return auto_precision(gpus)
+        precision, why = precision_for(gpus)
+        return precision, f"auto: {why}"
     if choice == "fp16" and not gpus:
         warnings.warn("mixed_precision=fp16 needs a GPU; running in fp32 on the CPU", stacklevel=2)
-        return "no"
-    return choice
+        return "no", "fp16 needs a GPU"
+    return choice, "as configured"
 
 
 def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[str]:
@@ -117,9 +147,18 @@ def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[
 
     `where` is the detected platform; `mirror_dir` the run's persistent copy, if any. Raises ValueError
     for a Google Drive path on a Colab session where Drive is not mounted (writing there would fill the
-    mount point and lose everything), and for a mirror that is output_dir itself or inside it.
+    mount point and lose everything), for a mirror that is output_dir itself or inside it, and on Windows
+    without long paths for an output_dir too long for the files a run writes below it.
     """
     path = Path(output_dir).absolute()
+    if WINDOWS and len(str(path)) + DEEPEST_INSIDE >= WINDOWS_MAX_PATH and not windows_long_paths():
+        raise ValueError(
+            f"output_dir {path} is {len(str(path))} characters long: the files a run writes below it would "
+            f"pass Windows's {WINDOWS_MAX_PATH}-character path limit. Choose one of at most "
+            f"{WINDOWS_MAX_PATH - DEEPEST_INSIDE - 1} characters, or enable long paths (as administrator in "
+            "PowerShell: New-ItemProperty -Path HKLM:\\SYSTEM\\CurrentControlSet\\Control\\FileSystem "
+            "-Name LongPathsEnabled -Value 1 -PropertyType DWORD -Force)"
+        )
     kept = {"output_dir": path}
     if mirror_dir:
         mirror = Path(mirror_dir).absolute()
@@ -152,30 +191,47 @@ def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[
     return []
 
 
+def windows_long_paths() -> bool:
+    """Whether Windows lets this Python use paths of 260 characters and more (LongPathsEnabled)."""
+    import winreg  # Windows only
+
+    try:
+        with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, r"SYSTEM\CurrentControlSet\Control\FileSystem") as key:
+            return winreg.QueryValueEx(key, "LongPathsEnabled")[0] == 1
+    except OSError:
+        return False
+
+
 def report() -> str:
     """Platform, devices, memory, precision, processes, distributed type and library versions."""
     import accelerate
     import torch
 
     gpus = gpu_facts()
+    mps = not gpus and mps_usable()
     processes = int(os.environ.get("WORLD_SIZE", os.environ.get("NUM_PROCESSES", max(1, len(gpus)))))
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    memory = ""
+    if hasattr(os, "sysconf"):  # not on Windows
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB RAM"
     lines = [
         f"platform:          {detect_platform()}",
-        f"cpu:               {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{memory_gib:.1f} GiB RAM",
+        f"cpu:               {platform.processor() or platform.machine()}, {os.cpu_count()} cores{memory}",
     ]
     lines += [
         f"gpu {index}:             {gpu.name}, compute capability {gpu.compute_capability[0]}."
         f"{gpu.compute_capability[1]}, {gpu.memory_mib} MiB"
         for index, gpu in enumerate(gpus)
-    ] or ["gpu:               none (nvidia-smi not found or lists no GPU)"]
+    ] or [
+        "gpu:               Apple silicon (MPS), where training runs"
+        if mps
+        else "gpu:               none (nvidia-smi not found or lists no GPU)"
+    ]
     if processes > 1:
         distributed = "MULTI_GPU (nccl)" if gpus else "MULTI_CPU (gloo, needs ACCELERATE_USE_CPU=1)"
     else:
         distributed = "NO (one process)"
     lines += [
-        f"mixed precision:   {auto_precision(gpus)} (what mixed_precision: auto picks)",
+        f"mixed precision:   {'no' if mps else auto_precision(gpus)} (what mixed_precision: auto picks)",
         f"processes:         {processes}",
         f"distributed type:  {distributed}",
         f"torch:             {torch.__version__} (CUDA build {torch.version.cuda or 'none'}, "

@@ -1,8 +1,9 @@
 """The run's output folder: one run at a time, and nothing of an earlier run lost or mixed.
 
 - `OutputLock`: an exclusive lock on `<output_dir>/.lock`, taken by the main process before it writes
-  anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`): it goes away with the
-  process, even after kill -9. It is tested on a local disk; filesystems that share POSIX locks between
+  anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`; on Windows, which has
+  no fcntl, `LockFileEx` through filelock): it goes away with the process, even after kill -9 (or Task
+  Manager's End task). It is tested on a local disk; filesystems that share POSIX locks between
   machines (NFS v4, or v3 with lockd) should hold it across them, untested. Where locks are not shared
   between machines (NFS mounted `nolock`, Google Drive seen from two Colab sessions), the lock file's
   heartbeat (its modification time, renewed every 30 s) stops a second run while the first is alive.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -29,6 +29,12 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
+try:
+    import fcntl  # Linux, macOS
+except ImportError:  # Windows: the same lock through filelock (LockFileEx there), see _lock
+    fcntl = None
+    from filelock import lock_descriptor, unlock_descriptor
+
 LOCK_FILE = ".lock"
 SET_ASIDE = "set_aside"
 HEARTBEAT_S = 30.0
@@ -36,6 +42,9 @@ HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0
 # Less free space than this after a failed write: the disk was full (torch does not say so itself).
 FULL_BELOW_BYTES = 16 * 2**20
+# The holder's name follows one space: Windows's lock of byte 0 keeps others from reading that byte, so a
+# refused run there reads from byte 1 on (elsewhere from 0: json skips the space, and older files read).
+HOLDER_AT = 1
 
 
 class RunError(Exception):
@@ -63,6 +72,8 @@ def _describe(holder: dict) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill(pid, 0) would send Ctrl+C there: the lock file's age decides instead
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -91,35 +102,35 @@ class OutputLock:
         try:
             self.created_dir = not self.output_dir.exists()
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
         except OSError as error:
             raise RunError(
                 f"cannot write to {self.name} {self.output_dir} ({error.strerror}): choose a writable one"
             ) from None
-        notes, locked = [], True
+        notes = []
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held_elsewhere, locked = not _lock(fd), True
         except OSError as error:
-            if error.errno in (errno.EACCES, errno.EAGAIN):
-                holder = _read_holder(fd)
-                # The holder writes its name just after locking: a run started together with it may look
-                # between the two, so give it a moment.
-                deadline = time.monotonic() + 2.0
-                while not isinstance(holder.get("pid"), int) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    holder = _read_holder(fd)
-                os.close(fd)
-                raise FolderInUse(
-                    f"{self.name} {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
-                    "it to end, or choose another --output_dir"
-                ) from None
-            if error.errno != errno.ENOLCK:
+            if error.errno not in (errno.ENOLCK, errno.ENOSYS):
                 os.close(fd)
                 raise
-            locked = False
+            held_elsewhere, locked = False, False
             notes.append(
                 f"WARNING: the filesystem of {self.output_dir} cannot lock files: only the heartbeat of "
                 f"{self.path} keeps a second run out"
+            )
+        if held_elsewhere:
+            holder = _read_holder(fd)
+            # The holder writes its name just after locking: a run started together with it may look
+            # between the two, so give it a moment.
+            deadline = time.monotonic() + 2.0
+            while not isinstance(holder.get("pid"), int) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                holder = _read_holder(fd)
+            os.close(fd)
+            raise FolderInUse(
+                f"{self.name} {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
+                "it to end, or choose another --output_dir"
             )
         previous = _read_holder(fd)
         if previous:
@@ -129,8 +140,9 @@ class OutputLock:
             notes.append(
                 f"note: {self.path} was left by a run that is gone ({_describe(previous)}): taking it over"
             )
-        text = json.dumps(_holder()).encode()
-        os.pwrite(fd, text, 0)
+        text = b" " * HOLDER_AT + json.dumps(_holder()).encode()
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, text)
         os.ftruncate(fd, len(text))
         os.fsync(fd)
         self._fd = fd
@@ -173,6 +185,9 @@ class OutputLock:
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
             os.fsync(self._fd)
+        if fcntl is None:  # Windows frees a closed file's locks "when resources allow": free it now
+            with contextlib.suppress(OSError):
+                unlock_descriptor(self._fd)
         os.close(self._fd)  # closing drops the kernel lock
         self._fd = None
         with contextlib.suppress(OSError):
@@ -196,9 +211,24 @@ def claim(accelerator: Accelerator, lock: OutputLock) -> None:
         accelerator.print(note)
 
 
+def _lock(fd: int) -> bool:
+    """Lock `fd` at once: True, or False when another process holds it. OSError ENOLCK or ENOSYS: this
+    filesystem or system cannot lock."""
+    if fcntl is None:
+        return lock_descriptor(fd, blocking=False)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
 def _read_holder(fd: int) -> dict:
     try:
-        text = os.pread(fd, 4096, 0).decode()
+        os.lseek(fd, 0 if fcntl else HOLDER_AT, os.SEEK_SET)
+        text = os.read(fd, 4096).decode()
         holder = json.loads(text) if text.strip() else {}
     except (OSError, ValueError):
         return {"host": "?", "pid": "?", "started": "? (unreadable lock file)"}
