@@ -30,7 +30,7 @@ import pytest
 from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, list_checkpoints
 from {{ cookiecutter.package_name }}.utils.mirror import open_mirror
 from {{ cookiecutter.package_name }}.utils.remote import export_secrets, open_store
-from {{ cookiecutter.package_name }}.utils.run_dir import FolderInUse, RemoteLease
+from {{ cookiecutter.package_name }}.utils.run_dir import FolderInUse, RemoteLease, RunError
 
 from .conftest import PROJECT, assert_same_run, free_port, training_command, wait_for_training
 from .task_settings import QUICK
@@ -212,7 +212,8 @@ def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tu
     assert process.returncode == 75, out + err
     step = int(re.search(r"stopped by SIGTERM at step (\d+)", out).group(1))  # type: ignore[union-attr]
     assert f"mirror: s3://{bucket}/run holds step {step} (verified)" in out, out
-    shutil.rmtree(colab.parent)
+    written = [path.read_bytes() for path in colab.rglob("*") if path.is_file()]
+    shutil.rmtree(colab.parent)  # the session's disk is gone
 
     laptop = tmp_path / "laptop" / "run"
     result = run(
@@ -225,8 +226,9 @@ def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tu
     stored = s3.objects(bucket)
     assert json.loads(stored[f"run/checkpoints/step_00000088/{LOOP_STATE_FILE}"])["loop_state"]["step"] == 88
     assert "run/.lock" not in stored  # the lease was given back
-    files = [path.read_bytes() for path in laptop.rglob("*") if path.is_file()]
-    assert_no_credential(s3, [*files, *stored.values(), (out + err + result.stdout + result.stderr).encode()])
+    written += [path.read_bytes() for path in laptop.rglob("*") if path.is_file()]
+    printed = (out + err + result.stdout + result.stderr).encode()
+    assert_no_credential(s3, [*written, *stored.values(), printed])
 
 
 def test_a_kill_in_the_middle_of_an_upload_is_skipped_and_named(
@@ -269,7 +271,10 @@ def test_a_kill_in_the_middle_of_an_upload_is_skipped_and_named(
     assert_same_run(output_dir, single_run[0])
     mirror_lines = [line for line in result.stdout.splitlines() if line.startswith("mirror: ")]
     end = f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics and the exports"
-    assert end in mirror_lines, (mirror_lines, result.stderr[-3000:])
+    assert end in mirror_lines, "\n".join(mirror_lines)
+    # The cut-off copy is kept for a person to look at: in place, or set aside if it was published again.
+    kept_aside = re.compile(rf"run/(set_aside/[^/]+/)?checkpoints/{cut}/")
+    assert any(kept_aside.match(key) for key in s3.objects(bucket))
 
 
 def wait_for(output: pytest.CaptureFixture[str], text: str, seen: list[str]) -> None:
@@ -326,6 +331,21 @@ def test_an_outage_is_reported_once_and_the_mirror_catches_up(
         "step_00000088",
     }
     assert stored["run/metrics.jsonl"] == (local / "metrics.jsonl").read_bytes()
+
+    # Another run is refused there, and its lease given back; with start_over, this run is set aside.
+    (tmp_path / "other").mkdir()
+    other = open_mirror(tmp_path / "other", f"s3://{bucket}/run", keep=2, enabled=True)
+    with pytest.raises(RunError, match=rf"mirror_dir s3://{bucket}/run holds another run \(run "):
+        other.start("another-run", start_over=False)
+    other.finish()
+    other = open_mirror(tmp_path / "other", f"s3://{bucket}/run", keep=2, enabled=True)
+    other.start("another-run", start_over=True)
+    other.finish()
+    assert f"mirror: start_over: moved the mirror's earlier run to s3://{bucket}/run/set_aside/" in (
+        capsys.readouterr().out
+    )
+    moved = {key.split("/", 3)[-1] for key in s3.objects(bucket)}
+    assert set(stored) - {"run/.lock"} <= {f"run/{key}" for key in moved}
 
 
 @pytest.mark.parametrize("case", ["wrong secret", "no credentials"])

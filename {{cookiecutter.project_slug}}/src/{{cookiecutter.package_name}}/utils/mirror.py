@@ -117,6 +117,8 @@ class Mirror:
     def finish(self) -> None:
         """Copy once more, wait for it (up to FINISH_TIMEOUT_S), say what the mirror holds, release it."""
         if not self.enabled or self._thread is None:
+            if self._locked:  # refused at start (the mirror holds another run): nothing was copied
+                self._lock.release()
             return
         self._closing = True
         self._wake.set()
@@ -322,7 +324,7 @@ class RemoteMirror(Mirror):
             folder = f"{self.root}/{SET_ASIDE}/{time.strftime('%Y%m%d-%H%M%S')}"
             for path in self.fs.ls(self.root, detail=False):
                 if path.rsplit("/", 1)[-1] not in (LOCK_FILE, SET_ASIDE):
-                    self.fs.mv(path, f"{folder}/{path.rsplit('/', 1)[-1]}", recursive=True)
+                    self._move(path, f"{folder}/{path.rsplit('/', 1)[-1]}")
             _say(f"start_over: moved the mirror's earlier run to {self.fs.unstrip_protocol(folder)}")
         self.newest_step = held[0] if held is not None and held[1] == run_id else -1
 
@@ -397,7 +399,7 @@ class RemoteMirror(Mirror):
                     )
             if self._exists(final):  # a publication cut off in a session that died: kept for a person
                 aside = f"{self.root}/{SET_ASIDE}/{time.strftime('%Y%m%d-%H%M%S')}/checkpoints"
-                self.fs.mv(final, f"{aside}/{checkpoint.name}", recursive=True)
+                self._move(final, f"{aside}/{checkpoint.name}")
             for name in [*(name for name in names if name != LOOP_STATE_FILE), LOOP_STATE_FILE]:
                 self.fs.copy(f"{staging}/{name}", f"{final}/{name}")
             self._remove(staging)
@@ -413,6 +415,12 @@ class RemoteMirror(Mirror):
             for path in self.fs.ls(f"{self.root}/checkpoints", detail=False):
                 if path.rsplit("/", 1)[-1].startswith(STAGING_PREFIX):
                     self._remove(path)
+
+    def _move(self, source: str, target: str) -> None:
+        """Copy every object under `source` (a file or a folder) to `target`, then remove them."""
+        for path in self.fs.find(source):
+            self.fs.copy(path, f"{target}{path[len(source) :]}")
+        self.fs.rm(source, recursive=True)
 
     def _exists(self, path: str) -> bool:
         self.fs.invalidate_cache()

@@ -82,7 +82,8 @@ def open_store(url: str) -> tuple[Any, str]:
     """(the fsspec filesystem, the path inside it) of `url`."""
     from fsspec.core import url_to_fs
 
-    fs, path = url_to_fs(url)
+    # No cached listings: another session (or this one's other thread) changes the folder meanwhile.
+    fs, path = url_to_fs(url, use_listings_cache=False)
     return fs, path.rstrip("/")
 
 
