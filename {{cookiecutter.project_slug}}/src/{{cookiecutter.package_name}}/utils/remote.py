@@ -1,6 +1,6 @@
 """Remote stores for `mirror_dir` and `import_from`: S3, the Hugging Face Hub, GCS, any fsspec protocol.
 
-    --mirror_dir s3://bucket/runs/digits   --import_from hf://datasets/<you>/runs   --mirror_dir gs://bucket/x
+    --mirror_dir s3://bucket/runs/run1   --import_from hf://datasets/<you>/runs   --mirror_dir gs://bucket/x
 
 A URL's package is an optional extra of this project, installed by the launchers when the config names
 such a URL: s3:// needs s3fs (`pip install -e '.[s3]'`), gs:// gcsfs (`.[gcs]`); hf:// comes with
