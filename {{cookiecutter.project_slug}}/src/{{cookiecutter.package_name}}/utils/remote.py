@@ -138,14 +138,14 @@ def _colab_secret(name: str) -> str | None:
 
 def access_problem(url: str, field: str) -> str | None:
     """One line if `url` cannot be read with the credentials at hand (asks the store once), else None."""
-    fs, path = open_store(url)
-    # The folder itself may not exist yet (a new mirror): its parent, or the bucket, must.
-    parent = path.rsplit("/", 1)[0] if "/" in path else path
+    parent = ""
     try:
-        fs.invalidate_cache()
+        fs, path = open_store(url)
+        # The folder itself may not exist yet (a new mirror): its parent, or the bucket, must.
+        parent = fs.unstrip_protocol(path.rsplit("/", 1)[0] if "/" in path else path)
         fs.ls(parent, detail=False)
     except FileNotFoundError:
-        return f"{field} {url}: {fs.unstrip_protocol(parent)} does not exist: create it first"
+        return f"{field} {url}: {parent or url} does not exist: create it first"
     except PermissionError as error:
         return f"{field} {url}: the store refused the credentials ({_first_line(error)}): {_hint(url)}"
     except Exception as error:  # each package raises its own types (botocore, aiohttp, huggingface_hub)
