@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,18 +110,15 @@ class S3:
     secret: str
     endpoint: str
     env: dict[str, str] = field(default_factory=dict)
-    client: object = None
+    client: Any = None
 
     def bucket(self, name: str) -> str:
-        self.client.create_bucket(Bucket=name)  # type: ignore[attr-defined]
+        self.client.create_bucket(Bucket=name)
         return name
 
     def objects(self, bucket: str) -> dict[str, bytes]:
-        listed = self.client.list_objects_v2(Bucket=bucket).get("Contents", [])  # type: ignore[attr-defined]
-        return {
-            item["Key"]: self.client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()  # type: ignore[attr-defined]
-            for item in listed
-        }
+        keys = [item["Key"] for item in self.client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+        return {key: self.client.get_object(Bucket=bucket, Key=key)["Body"].read() for key in keys}
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +208,9 @@ def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tu
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 75, out + err
-    step = int(re.search(r"stopped by SIGTERM at step (\d+)", out).group(1))  # type: ignore[union-attr]
+    stopped = re.search(r"stopped by SIGTERM at step (\d+)", out)
+    assert stopped, out
+    step = int(stopped.group(1))
     assert f"mirror: s3://{bucket}/run holds step {step} (verified)" in out, out
     written = [path.read_bytes() for path in colab.rglob("*") if path.is_file()]
     shutil.rmtree(colab.parent)  # the session's disk is gone
