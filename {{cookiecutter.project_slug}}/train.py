@@ -47,6 +47,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     resolve_mixed_precision,
     torch_lacks_fsdp2,
 )
+from {{ cookiecutter.package_name }}.utils.remote import check_urls, is_url
 
 PROJECT = Path(__file__).resolve().parent
 CONFIGS = PROJECT / "configs"
@@ -59,8 +60,9 @@ def read_config(argv: list[str] | None) -> tuple[TrainConfig, Path, list[str]]:
     # Relative to the project, not to the working directory: the same command finds its run from anywhere.
     # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.
     config.output_dir = os.path.normpath(PROJECT / config.output_dir)
-    if config.mirror_dir:
+    if config.mirror_dir and not is_url(config.mirror_dir):  # a URL is a remote store (utils/remote.py)
         config.mirror_dir = os.path.normpath(PROJECT / config.mirror_dir)
+    check_urls(config, config_path)  # no network: a protocol that cannot work, a key inside a URL
     try:
         output_warnings = check_output_dir(config.output_dir, where, config.mirror_dir)
     except ValueError as error:
@@ -99,7 +101,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     save_trained_weights_only,
 )
 from {{ cookiecutter.package_name }}.utils.memory import batch_size_candidates, fit_batch_size
-from {{ cookiecutter.package_name }}.utils.mirror import Mirror
+from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
 from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.progress import Progress
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     lock = OutputLock(config.output_dir)  # taken in train() on the main process
     # The persistent copy, written in the background by the main process; started in train().
-    mirror = Mirror(
+    mirror = open_mirror(
         config.output_dir, config.mirror_dir, config.keep_checkpoints, enabled=accelerator.is_main_process
     )
     try:
@@ -245,6 +247,7 @@ def train(
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
 
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
+    check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
     claim(accelerator, lock)
 
     # --- model, optimizer, schedule (sized in optimizer steps, so independent of the world size)

@@ -680,33 +680,35 @@ def test_slurm_submit_derives_requests_from_the_cluster(
 def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
     """Without SKIP_INSTALL: nothing is installed when pyproject.toml's dependencies for this system are
     satisfied; otherwise `pip install -e . --constraint F` where F pins the installed torch, then the
-    launch."""
+    launch. A remote mirror_dir adds its store's extra (s3:// -> .[s3]), and only then."""
     project = tmp_path / "project"
     shutil.copytree(PROJECT / "scripts", project / "scripts")
     shutil.copytree(PROJECT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
     pyproject = (PROJECT / "pyproject.toml").read_text()
-    launched = train("local", "no")
-    for extra, missing in [
-        (None, None),
-        ("tqdm>=999; sys_platform == 'no-such-system'", None),  # for another system: not missing here
-        ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1"),
-        ("tqdm>=999", "tqdm>=999 (installed: "),
+    remote = ["--mirror_dir", "s3://bucket/run"]
+    for extra, missing, args, target in [
+        (None, None, [], "."),
+        ("tqdm>=999; sys_platform == 'no-such-system'", None, [], "."),  # for another system: not missing
+        ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1", [], "."),
+        ("tqdm>=999", "tqdm>=999 (installed: ", [], "."),
+        ("s3", "surely-not-an-s3-package", remote, ".[s3]"),
     ]:
-        text = (
-            pyproject.replace("dependencies = [\n", f'dependencies = [\n    "{extra}",\n', 1)
-            if extra
-            else pyproject
-        )
+        text = pyproject
+        if extra == "s3":
+            text = re.sub(r"^s3 = .*$", 's3 = ["surely-not-an-s3-package"]', pyproject, flags=re.MULTILINE)
+        elif extra:
+            text = pyproject.replace("dependencies = [\n", f'dependencies = [\n    "{extra}",\n', 1)
         (project / "pyproject.toml").write_text(text)
         (tmp_path / "record.jsonl").unlink(missing_ok=True)
-        run = launch(tmp_path, str(project / "scripts" / "run_local.sh"), None, [], {})
+        run = launch(tmp_path, str(project / "scripts" / "run_local.sh"), None, args, {})
         assert run.result.returncode == 0, run.explain()
+        launched = train("local", "no", *args)
         if missing is None:
             assert [record["argv"] for record in run.records] == [launched], run.explain()
             assert "install: nothing to do" in run.result.stdout
             continue
         pip, started = run.records
-        assert pip["argv"][:5] == ["-m", "pip", "install", "-e", "."]
+        assert pip["argv"][:5] == ["-m", "pip", "install", "-e", target]
         assert pip["argv"][5] == "--constraint"
         assert pip["constraints"] == f"torch=={metadata.version('torch')}\n"
         assert started["argv"] == launched

@@ -17,7 +17,7 @@ occurrence of a flag, so yours win). The steps, one printed line each:
      --mixed_precision of yours wins.
   5. NCCL settings (Kaggle's two T4s hang on peer-to-peer), the config, then missing dependencies are
      installed with the installed torch pinned (Colab's and Kaggle's CUDA builds stay; SKIP_INSTALL=1:
-     never run pip).
+     never run pip), with the extra of a remote store that mirror_dir or import_from names (s3://: s3fs).
   6. launch: one process is `python train.py ...` (signals reach it directly; on Windows, which has no
      exec, the launcher waits for it and exits with its status); several are
      `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
@@ -68,6 +68,10 @@ GPU_HINTS = {
     "kaggle": "In the notebook: Settings > Accelerator > GPU T4 x2.",
     "slurm": "Ask for another GPU type (e.g. sbatch --gpus-per-node=a100:1 or --constraint).",
 }
+
+
+# The extra of pyproject.toml that installs a remote store's package, by URL protocol (utils/remote.py).
+STORE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 
 
 class LaunchError(Exception):
@@ -182,19 +186,38 @@ def train_args(platform: str, precision: str, args: list[str]) -> tuple[list[str
     return ["train.py", "--config", config, "--mixed_precision", precision, *args], line
 
 
-def missing_dependencies(pyproject: Path) -> list[str]:
-    """pyproject.toml's dependencies that are not installed, or installed outside their requirement.
-    Reads package metadata only: nothing is imported, no CUDA is initialised."""
+def store_extras(config: Path, args: list[str]) -> list[str]:
+    """The extras that the URLs in mirror_dir and import_from need (the last flag wins over the config)."""
+    text = config.read_text(encoding="utf-8") if config.is_file() else ""
+    extras = []
+    for name in ("mirror_dir", "import_from"):
+        in_config = re.findall(rf"^{name}:\s*['\"]?([^\s'\"#]*)", text, re.MULTILINE)
+        value = last_flag_value(f"--{name}", args) or (in_config[-1] if in_config else "")
+        protocol = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", value)
+        if protocol and (extra := STORE_EXTRAS.get(protocol.group(1).lower())) and extra not in extras:
+            extras.append(extra)
+    return extras
+
+
+def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """pyproject.toml's dependencies (and those of `extras`) that are not installed, or installed outside
+    their requirement. Reads package metadata only: nothing is imported, no CUDA is initialised."""
     from importlib import metadata
 
     text = pyproject.read_text(encoding="utf-8")
     try:
         import tomllib
 
-        requirements = tomllib.loads(text)["project"]["dependencies"]
-    except ModuleNotFoundError:  # Python 3.10: the dependencies array is one plain list of strings
+        project = tomllib.loads(text)["project"]
+        requirements = project["dependencies"]
+        for extra in extras:
+            requirements += project["optional-dependencies"][extra]
+    except ModuleNotFoundError:  # Python 3.10: each array is one plain list of strings
         block = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL)
         requirements = re.findall(r'"([^"]+)"', block.group(1)) if block else []
+        for extra in extras:  # one line each
+            line = re.search(rf"^{extra} = \[(.*)\]", text, re.MULTILINE)
+            requirements += re.findall(r'"([^"]+)"', line.group(1)) if line else []
     missing = []
     try:
         from packaging.requirements import Requirement
@@ -215,13 +238,14 @@ def missing_dependencies(pyproject: Path) -> list[str]:
     return missing
 
 
-def install_missing(platform: str) -> None:
-    """`pip install -e .` when a dependency is missing, with the installed torch pinned by a constraint,
-    so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
+def install_missing(platform: str, extras: list[str]) -> None:
+    """`pip install -e .[extras]` when a dependency is missing, with the installed torch pinned by a
+    constraint, so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
     if os.environ.get("SKIP_INSTALL") == "1":
         say(platform, "install: skipped (SKIP_INSTALL=1)")
         return
-    missing = missing_dependencies(Path("pyproject.toml"))
+    target = f".[{','.join(extras)}]" if extras else "."
+    missing = missing_dependencies(Path("pyproject.toml"), extras)
     if not missing:
         say(platform, "install: nothing to do (every dependency of pyproject.toml is installed)")
         return
@@ -237,7 +261,8 @@ def install_missing(platform: str) -> None:
             constraints.write_text(f"torch=={torch_version}\n", encoding="utf-8")
             say(
                 platform,
-                f"install: pip install -e . --constraint <torch=={torch_version}>: the installed torch stays",
+                f"install: pip install -e {target} --constraint <torch=={torch_version}>: the installed "
+                "torch stays",
             )
         except metadata.PackageNotFoundError:
             say(
@@ -245,7 +270,7 @@ def install_missing(platform: str) -> None:
                 "install: torch is not installed, so pip installs its default build (install the torch "
                 "build you want first to choose it)",
             )
-        command = [interpreter(), "-m", "pip", "install", "-e", ".", "--constraint", str(constraints)]
+        command = [interpreter(), "-m", "pip", "install", "-e", target, "--constraint", str(constraints)]
         if subprocess.run(command).returncode != 0:
             raise LaunchError(
                 "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
@@ -335,7 +360,10 @@ def decide(platform: str, args: list[str]) -> dict:
     say(platform, line)
     command, line = train_args(platform, hardware_precision, args)
     say(platform, line)
-    install_missing(platform)
+    extras = store_extras(Path(last_flag_value("--config", args) or f"configs/{platform}.yaml"), args)
+    if extras:
+        say(platform, f"remote store: the extra {', '.join(extras)} of pyproject.toml (a URL in the config)")
+    install_missing(platform, extras)
     return {
         "gpus": gpus,
         "processes": processes,

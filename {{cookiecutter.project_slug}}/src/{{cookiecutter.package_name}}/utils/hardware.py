@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 from .devices import MPS_PRECISION, auto_precision, detect_platform, gpu_facts, precision_for
+from .remote import is_url
 
 COLAB_DRIVE = Path("/content/drive/MyDrive")
 KAGGLE_WORKING = Path("/kaggle/working")
@@ -160,7 +161,8 @@ def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[
             "-Name LongPathsEnabled -Value 1 -PropertyType DWORD -Force)"
         )
     kept = {"output_dir": path}
-    if mirror_dir:
+    remote = is_url(mirror_dir)  # a remote store (s3://, hf://...) outlives every session
+    if mirror_dir and not remote:
         mirror = Path(mirror_dir).absolute()
         if mirror.is_relative_to(path) or path.is_relative_to(mirror):
             raise ValueError(f"mirror_dir {mirror_dir} and output_dir {output_dir} overlap: use two folders")
@@ -174,7 +176,7 @@ def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[
                 "`from google.colab import drive; drive.mount('/content/drive')` first, or pass "
                 "--mirror_dir '' to keep the run on the session disk only (lost when it ends)"
             )
-        if on_drive:
+        if on_drive or remote:
             return []
         return [
             f"neither output_dir {output_dir} nor mirror_dir is on Google Drive: checkpoints are lost when "

@@ -9,13 +9,25 @@ failing copy never stops it: the error is reported once, the copy retried every 
 each checkpoint, and its recovery reported. `finish` completes the copy at the end of training and after a
 stop signal. Resume (runs.py) takes the newest checkpoint that verifies among output_dir and the mirror,
 so a checkpoint the mirror holds only in part (the runtime died mid-upload) is skipped, and named.
+
+A URL as mirror_dir (s3://, hf://, gs://, utils/remote.py) keeps the same promises with `RemoteMirror`.
+Object stores cannot rename: a checkpoint is uploaded to a staging prefix, downloaded back and verified
+against its checksums (its bytes cross the network twice: the price of knowing the copy is whole), then
+published by copying it (server-side on S3 and GCS) to `checkpoints/step_<N>/` with loop_state.json, the
+seal that lists every file's checksum, copied last. A folder without it is a publication cut off, which
+resume skips and names. Exports are staged the same way; while one is published (a few server-side
+copies), its folder holds part of it. The remote run folder's lock is a lease (run_dir.RemoteLease).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +42,10 @@ from .checkpoint import (
     list_checkpoints,
     remove_folder,
 )
-from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RunError, set_aside
-from .runs import is_run_file, newest_readable
+from .config import TrainConfig
+from .remote import access_problem, is_url, load_secrets, open_store
+from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RemoteLease, RunError, set_aside
+from .runs import is_run_file, newest_readable, remote_sealed
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
@@ -103,6 +117,8 @@ class Mirror:
     def finish(self) -> None:
         """Copy once more, wait for it (up to FINISH_TIMEOUT_S), say what the mirror holds, release it."""
         if not self.enabled or self._thread is None:
+            if self._locked:  # refused at start (the mirror holds another run): nothing was copied
+                self._lock.release()
             return
         self._closing = True
         self._wake.set()
@@ -135,10 +151,13 @@ class Mirror:
                 return
 
     def _sync(self) -> None:
-        # Chosen before the other files are copied, so that the mirror's metrics reach at least this step.
-        readable = [path for path in list_checkpoints(self.source) if checkpoint_problem(path, False) is None]
-        checkpoint = readable[-1] if readable else None
         try:
+            # Chosen before the other files are copied, so that the mirror's metrics reach at least this
+            # step. Inside the try: rotation may remove a checkpoint while it is looked at.
+            readable = [
+                path for path in list_checkpoints(self.source) if checkpoint_problem(path, False) is None
+            ]
+            checkpoint = readable[-1] if readable else None
             if not self._locked:
                 self._lock.acquire()
                 self._locked = True
@@ -236,6 +255,193 @@ class Mirror:
                 f"{self.source}; retrying every {RETRY_S:.0f} s and after each checkpoint"
             )
         self._failing = error
+
+
+def open_mirror(output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> Mirror:
+    """The mirror of `mirror_dir`: a folder, or a URL of a remote store."""
+    if is_url(mirror_dir):
+        return RemoteMirror(output_dir, mirror_dir, keep, enabled)
+    return Mirror(output_dir, mirror_dir, keep, enabled)
+
+
+def check_stores(accelerator: Any, config: TrainConfig) -> None:
+    """Before anything is written: every URL in mirror_dir and import_from can be read with the
+    credentials at hand (loaded from the platform's secrets where the environment lacks them), or every
+    process raises one line that says what to set. The main process asks; the others do not need them."""
+    outcome: list[Any] = [[]]
+    if accelerator.is_main_process:
+        notes, problems = [], []
+        for field in ("mirror_dir", "import_from"):
+            url = getattr(config, field)
+            if is_url(url):
+                notes += load_secrets(url)
+                if problem := access_problem(url, field):
+                    problems.append(problem)
+        outcome = [RunError("; ".join(problems)) if problems else notes]
+    outcome = broadcast_object_list(outcome)
+    if isinstance(outcome[0], RunError):
+        raise outcome[0]
+    for note in outcome[0]:
+        accelerator.print(note)
+
+
+class RemoteMirror(Mirror):
+    """A Mirror whose mirror_dir is a URL: the same thread, reports and end line; uploads and a lease
+    instead of copies, renames and a file lock."""
+
+    def __init__(self, output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> None:
+        super().__init__(output_dir, mirror_dir, keep, enabled)
+        self.url = mirror_dir
+        self.target = mirror_dir  # for the messages of the base class
+        if self.enabled:
+            self.fs, self.root = open_store(mirror_dir)
+            self._lock = RemoteLease(self.fs, self.root, mirror_dir)
+
+    def _claim(self, run_id: str, start_over: bool) -> None:
+        try:
+            with _store_errors():
+                for note in self._lock.acquire():
+                    _say(note)
+            self._locked = True
+        except FolderInUse:
+            raise
+        except (OSError, RunError, MirrorError) as error:  # unreachable now: the thread retries
+            self._report(str(error))
+            return
+        try:
+            with _store_errors():
+                sealed = remote_sealed(self.fs, self.root)
+        except (OSError, MirrorError) as error:
+            self._report(str(error))
+            return
+        held = sealed[-1] if sealed else None
+        if held is not None and held[1] != run_id:
+            if not start_over:
+                raise RunError(
+                    f"mirror_dir {self.url} holds another run (run {held[1] or '(unnamed)'}, step "
+                    f"{held[0]}): choose another mirror_dir, or pass --start_over true to set it aside"
+                )
+            folder = f"{self.root}/{SET_ASIDE}/{time.strftime('%Y%m%d-%H%M%S')}"
+            for path in self.fs.ls(self.root, detail=False):
+                if path.rsplit("/", 1)[-1] not in (LOCK_FILE, SET_ASIDE):
+                    self._move(path, f"{folder}/{path.rsplit('/', 1)[-1]}")
+            _say(f"start_over: moved the mirror's earlier run to {self.fs.unstrip_protocol(folder)}")
+        self.newest_step = held[0] if held is not None and held[1] == run_id else -1
+
+    def _sync(self) -> None:
+        try:
+            self._lock.check()
+        except FolderInUse as error:
+            self._report(f"{error}; not mirroring")
+            return
+        try:
+            with _store_errors():  # the lease's own calls (a lease not taken at start) included
+                super()._sync()
+        except MirrorError as error:
+            self._report(str(error))
+
+    def _copy_entry(self, entry: Path) -> None:
+        with _store_errors():
+            if entry.is_file():
+                self._upload(entry, f"{self.root}/{entry.name}")
+            elif entry.is_dir() and entry.name in EXPORTS:
+                self._upload_export(entry)
+            elif entry.is_dir():
+                for path in sorted(entry.rglob("*")):
+                    if path.is_file():
+                        self._upload(path, f"{self.root}/{path.relative_to(self.source).as_posix()}")
+
+    def _upload(self, source: Path, target: str) -> None:
+        stat = source.stat()
+        if self._copied.get(source) == (stat.st_size, stat.st_mtime_ns):
+            return
+        self.fs.put_file(str(source), target)  # one object, replaced whole
+        self._copied[source] = (stat.st_size, stat.st_mtime_ns)
+
+    def _upload_export(self, folder: Path) -> None:
+        before = _snapshot(folder)
+        if all(self._copied.get(path) == seen for path, seen in before.items()):
+            return
+        staging, final = f"{self.root}/{STAGING_PREFIX}{folder.name}", f"{self.root}/{folder.name}"
+        self._remove(staging)
+        for path in sorted(before):
+            self.fs.put_file(str(path), f"{staging}/{path.relative_to(folder).as_posix()}")
+        if _snapshot(folder) != before:  # replaced by a newer export meanwhile: copy that one next time
+            self._remove(staging)
+            self._wake.set()
+            return
+        self._remove(final)
+        for path in sorted(before):
+            name = path.relative_to(folder).as_posix()
+            self.fs.copy(f"{staging}/{name}", f"{final}/{name}")
+        self._remove(staging)
+        self._copied.update(before)
+
+    def _copy_checkpoint(self, checkpoint: Path) -> None:
+        with _store_errors():
+            final = f"{self.root}/checkpoints/{checkpoint.name}"
+            seal = f"{final}/{LOOP_STATE_FILE}"
+            if self._exists(seal) and self.fs.cat_file(seal) == (checkpoint / LOOP_STATE_FILE).read_bytes():
+                self.newest_step = checkpoint_step(checkpoint)  # already there, e.g. the one resumed from
+                return
+            staging = f"{self.root}/checkpoints/{STAGING_PREFIX}{checkpoint.name}"
+            self._remove(staging)
+            names = sorted(path.name for path in checkpoint.iterdir() if path.is_file())
+            for name in names:
+                self.fs.put_file(str(checkpoint / name), f"{staging}/{name}")
+            with tempfile.TemporaryDirectory(prefix="mirror-verify-") as folder:
+                for name in names:
+                    self.fs.get_file(f"{staging}/{name}", os.path.join(folder, name))
+                if problem := checkpoint_problem(Path(folder)):
+                    self._remove(staging)
+                    raise MirrorError(
+                        f"the copy of {checkpoint.name} in {self.url} does not verify: {problem}"
+                    )
+            if self._exists(final):  # a publication cut off in a session that died: kept for a person
+                aside = f"{self.root}/{SET_ASIDE}/{time.strftime('%Y%m%d-%H%M%S')}/checkpoints"
+                self._move(final, f"{aside}/{checkpoint.name}")
+            for name in [*(name for name in names if name != LOOP_STATE_FILE), LOOP_STATE_FILE]:
+                self.fs.copy(f"{staging}/{name}", f"{final}/{name}")
+            self._remove(staging)
+            self.newest_step = checkpoint_step(checkpoint)
+
+    def _rotate(self) -> None:
+        """Keep the newest `keep` sealed checkpoints; remove older sealed ones and this run's staging
+        copies. A checkpoint folder without its seal stays for a person to look at."""
+        with _store_errors():
+            sealed = [step for step, _ in remote_sealed(self.fs, self.root) if step <= self.newest_step]
+            for step in sealed[: max(0, len(sealed) - self.keep)]:
+                self._remove(f"{self.root}/checkpoints/step_{step:08d}")
+            for path in self.fs.ls(f"{self.root}/checkpoints", detail=False):
+                if path.rsplit("/", 1)[-1].startswith(STAGING_PREFIX):
+                    self._remove(path)
+
+    def _move(self, source: str, target: str) -> None:
+        """Copy every object under `source` (a file or a folder) to `target`, then remove them."""
+        for path in self.fs.find(source):
+            self.fs.copy(path, f"{target}{path[len(source) :]}")
+        self.fs.rm(source, recursive=True)
+
+    def _exists(self, path: str) -> bool:
+        self.fs.invalidate_cache()
+        return self.fs.exists(path)
+
+    def _remove(self, path: str) -> None:
+        if self._exists(path):
+            self.fs.rm(path, recursive=True)
+
+
+@contextlib.contextmanager
+def _store_errors() -> Iterator[None]:
+    """A store's own exception types (botocore's, aiohttp's, the Hub's) as a MirrorError, which the thread
+    reports."""
+    try:
+        yield
+    except (OSError, RunError, MirrorError):
+        raise
+    except Exception as error:
+        text = str(error).strip().splitlines()
+        raise MirrorError(f"{type(error).__name__}: {text[0] if text else ''}") from error
 
 
 def _say(text: str) -> None:

@@ -7,6 +7,8 @@
   machines (NFS v4, or v3 with lockd) should hold it across them, untested. Where locks are not shared
   between machines (NFS mounted `nolock`, Google Drive seen from two Colab sessions), the lock file's
   heartbeat (its modification time, renewed every 30 s) stops a second run while the first is alive.
+- `RemoteLease`: the same for a run folder in an object store (mirror_dir s3://..., hf://...), which has
+  neither locks nor an atomic rename: a lease object, described at the class.
 - `earlier_outputs`: what an earlier run left in the folder.
 - `set_aside`: moves files into `<output_dir>/set_aside/<time>/`. The code deletes only what it has
   superseded itself (older checkpoints of this run, its own unfinished writes); everything else it
@@ -23,6 +25,7 @@ import shutil
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,11 @@ SET_ASIDE = "set_aside"
 HEARTBEAT_S = 30.0
 # A lock file whose heartbeat is older than this belongs to a run that is gone.
 STALE_AFTER_S = 300.0
+# A remote run folder's lease (RemoteLease): how long it lasts, how often it is renewed, how long a
+# session waits to read its own write back.
+LEASE_S = 120.0
+LEASE_RENEW_S = 30.0
+LEASE_SETTLE_S = 2.0
 # Less free space than this after a failed write: the disk was full (torch does not say so itself).
 FULL_BELOW_BYTES = 16 * 2**20
 # The holder's name follows one space: Windows's lock of byte 0 keeps others from reading that byte, so a
@@ -194,6 +202,111 @@ class OutputLock:
             if self.created_dir and [path.name for path in self.output_dir.iterdir()] == [LOCK_FILE]:
                 self.path.unlink()
                 self.output_dir.rmdir()
+
+
+class RemoteLease:
+    """The exclusive right to write to a run folder in an object store: the object `<folder>/.lock` names
+    its owner (a random token, host, pid) and an expiry, renewed every LEASE_RENEW_S by a thread.
+
+    Object stores offer no lock and no rename, but S3, GCS and the Hub read back what was just written
+    (strong read-after-write consistency). So: read the lease; if it is someone else's and has not expired,
+    refuse; else write ours, wait LEASE_SETTLE_S, and read it back: whoever finds their own token holds it.
+    Two sessions that both passed the first read both write, the later write wins, and the earlier writer
+    reads the winner's token back, provided each session's read-then-write took less than LEASE_SETTLE_S
+    (if A wrote first and still read its own token back, B's write came after A's read-back, so B's read
+    preceded A's write by more than LEASE_SETTLE_S). A session that took longer tries again.
+    A lease left by a session that died runs out after LEASE_S (at once on the same machine, when its
+    process is gone). Expiry compares the clocks of two machines: a skew of minutes shortens or lengthens it.
+    A renewal that finds another owner (this session could not renew for LEASE_S) marks the lease `lost`.
+    """
+
+    def __init__(self, fs: Any, folder: str, url: str, name: str = "mirror_dir") -> None:
+        self.fs, self.path, self.url, self.name = fs, f"{folder}/{LOCK_FILE}", url, name
+        self._token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self.lost = ""
+
+    def acquire(self) -> list[str]:
+        """Take the lease; return notes to print (a lease taken over from a session that is gone)."""
+        for _ in range(3):
+            began, notes = time.monotonic(), []
+            held = self._read()
+            if held and held.get("owner") != self._token:
+                if problem := self._alive(held):
+                    raise FolderInUse(problem)
+                notes.append(
+                    f"note: {self.url} was left by a session that is gone ({_describe(held)}): taking it over"
+                )
+            self._write()
+            if time.monotonic() - began >= LEASE_SETTLE_S:
+                continue  # too slow to be sure no one wrote in between: again
+            time.sleep(LEASE_SETTLE_S)
+            if (self._read() or {}).get("owner") != self._token:
+                raise FolderInUse(
+                    f"{self.name} {self.url} was taken by another session at the same moment: wait for it to "
+                    f"end, or choose another --{self.name}"
+                )
+            self._stop.clear()
+            self._renewer = threading.Thread(target=self._renew, name="remote-lease", daemon=True)
+            self._renewer.start()
+            return notes
+        raise RunError(f"{self.name} {self.url} answers too slowly to take its lease safely: try again later")
+
+    def check(self) -> None:
+        if self.lost:
+            raise FolderInUse(self.lost)
+
+    def _alive(self, held: dict) -> str | None:
+        mine = _holder()
+        if held.get("host") == mine["host"] and not _pid_alive(int(held.get("pid", 0) or 0)):
+            return None
+        left = float(held.get("expires", 0)) - time.time()
+        if left <= 0:
+            return None
+        return (
+            f"{self.name} {self.url} is in use by another session ({_describe(held)}; its lease runs "
+            f"{left:.0f} s more unless renewed): wait for it to end; if it is gone, rerun after "
+            f"{left:.0f} s, or choose another --{self.name}"
+        )
+
+    def _read(self) -> dict:
+        try:
+            held = json.loads(self.fs.cat_file(self.path))
+        except FileNotFoundError:
+            return {}
+        except ValueError:
+            return {"host": "?", "pid": "?", "started": "? (unreadable)", "expires": time.time() + LEASE_S}
+        return held if isinstance(held, dict) else {}
+
+    def _write(self) -> None:
+        record = {**_holder(), "owner": self._token, "expires": time.time() + LEASE_S}
+        self.fs.pipe_file(self.path, json.dumps(record).encode())
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            try:
+                held = self._read()
+                if held.get("owner") != self._token:
+                    self.lost = (
+                        f"{self.name} {self.url} was taken over by another session ({_describe(held)}) while "
+                        "this one could not renew its lease"
+                    )
+                    return
+                self._write()
+            except Exception:  # the store is unreachable for now: the mirror reports that; try again
+                continue
+
+    def release(self) -> None:
+        """Give the lease back (remove it, if still ours); a no-op if not held."""
+        if self._renewer is None:
+            return
+        self._stop.set()
+        self._renewer.join()
+        self._renewer = None
+        with contextlib.suppress(Exception):
+            if self._read().get("owner") == self._token:
+                self.fs.rm_file(self.path)
 
 
 def claim(accelerator: Accelerator, lock: OutputLock) -> None:

@@ -10,6 +10,11 @@ The run id in each checkpoint's loop state tells copies of one run from other ru
 never merged (only the newest checkpoint that verifies is taken), and when two different runs could both
 be continued by this config, none is chosen: the error names them.
 
+mirror_dir and import_from may be URLs of a remote store (utils/remote.py): its run folders are found in
+one listing, their checkpoints downloaded and verified the same way. A checkpoint folder there without its
+loop_state.json is a publication that was cut off: it is named and skipped. Packed runs (.tar) are found
+in folders only.
+
 Pack a run to move it (its newest valid checkpoint, config, metrics, exported models, tracker logs, in
 one .tar file to upload as a Kaggle dataset or to Drive):
 
@@ -27,6 +32,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from .checkpoint import (
     LOOP_STATE_FILE,
@@ -39,6 +45,7 @@ from .checkpoint import (
     read_loop_state,
 )
 from .config import ConfigError, TrainConfig
+from .remote import is_url, open_store
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RunError, set_aside
 
 PACK_SUFFIX = ".tar"
@@ -53,11 +60,13 @@ NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
 class Copy:
     """One checkpoint of a run found outside output_dir: in a run folder, or in a packed run."""
 
-    source: Path  # the run folder, or the .tar file
+    source: Path | str  # the run folder, the .tar file, or the URL of a remote run folder
     step: int
     run_id: str
     config_yaml: str
     member: str = ""  # in a .tar: the run folder's path inside it
+    store: Any = None  # a remote run folder's fsspec filesystem (source is then its URL)
+    path: str = ""  # and the run folder's path in it
 
     @property
     def checkpoint(self) -> str:
@@ -70,20 +79,24 @@ class Copy:
 def bring_in_newest_copy(config: TrainConfig) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
     output_dir, when it is newer than output_dir's own; return what to print. Main process only."""
-    places = [Path(place) for place in (config.mirror_dir, config.import_from) if place]
+    places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
     output_dir = Path(config.output_dir)
     own = newest_readable(output_dir)
     notes: list[str] = []
     candidates: list[Copy] = []
-    seen: set[Path] = {output_dir.resolve()}
+    seen: set[Path | str] = {output_dir.resolve()}
     for place in places:
-        if not place.exists():
-            if str(place) == config.import_from:
+        if is_url(place):
+            copies = _remote_copies(place, seen, notes)
+        elif not Path(place).exists():
+            if place == config.import_from:
                 notes.append(f"import_from {place} does not exist: no copies of this run looked for there")
             continue
-        for copy in find_copies(place, seen):
+        else:
+            copies = find_copies(Path(place), seen)
+        for copy in copies:
             if changed := changed_settings(copy.config_yaml, config):
                 notes.append(f"not continuing {copy}: other settings ({changed})")
             elif own is not None and copy.run_id != own[1]:
@@ -120,7 +133,59 @@ def newest_readable(run_folder: Path) -> tuple[int, str] | None:
     return None
 
 
-def find_copies(place: Path, seen: set[Path]) -> Iterator[Copy]:
+def remote_sealed(store: Any, run_folder: str) -> list[tuple[int, str]]:
+    """(step, run id) of the checkpoints in a remote run folder that hold their seal, oldest first."""
+    store.invalidate_cache()
+    sealed = []
+    for path in store.glob(f"{run_folder}/checkpoints/step_*/{LOOP_STATE_FILE}"):
+        step = path.split("/")[-2][5:]
+        if step.isdigit():
+            record = json.loads(store.cat_file(path))
+            sealed.append((int(step), record.get("loop_state", {}).get("run_id", "")))
+    return sorted(sealed)
+
+
+def _remote_copies(url: str, seen: set[Path | str], notes: list[str]) -> list[Copy]:
+    """Checkpoints of the run folders at `url` or below it (SEARCH_DEPTH), from one listing; those cut
+    off mid-upload are named in `notes`."""
+    store, root = open_store(url)
+    try:
+        store.invalidate_cache()
+        files = store.find(root) if store.isdir(root) else []
+        folders: dict[str, dict[str, set[str]]] = {}  # run folder -> checkpoint folder name -> files
+        for path in files:
+            parts = path[len(root) :].strip("/").split("/")
+            if len(parts) < 3 or parts[-3] != "checkpoints" or len(parts) - 3 > SEARCH_DEPTH:
+                continue
+            if any(part == SET_ASIDE or part.startswith(".") for part in parts[:-3]):
+                continue
+            run = "/".join([root, *parts[:-3]])
+            folders.setdefault(run, {}).setdefault(parts[-2], set()).add(parts[-1])
+        copies = []
+        for run, checkpoints in sorted(folders.items()):
+            if store.unstrip_protocol(run) in seen:
+                continue
+            seen.add(store.unstrip_protocol(run))
+            for name, names in sorted(checkpoints.items()):
+                where = store.unstrip_protocol(f"{run}/checkpoints/{name}")
+                if name.startswith(STAGING_PREFIX):
+                    notes.append(f"WARNING: skipping {where}: an upload that did not finish")
+                elif not (name.startswith("step_") and name[5:].isdigit()):
+                    continue
+                elif LOOP_STATE_FILE not in names:
+                    notes.append(f"WARNING: skipping {where}: no {LOOP_STATE_FILE}: its upload was cut off")
+                else:
+                    record = json.loads(store.cat_file(f"{run}/checkpoints/{name}/{LOOP_STATE_FILE}"))
+                    config_yaml = store.cat_file(f"{run}/checkpoints/{name}/config.yaml").decode()
+                    run_id = record.get("loop_state", {}).get("run_id", "")
+                    source = store.unstrip_protocol(run)
+                    copies.append(Copy(source, int(name[5:]), run_id, config_yaml, store=store, path=run))
+        return copies
+    except (OSError, ValueError) as error:
+        raise RunError(f"cannot look for copies of this run in {url}: {error}") from error
+
+
+def find_copies(place: Path, seen: set[Path | str]) -> Iterator[Copy]:
     """Checkpoints of run folders and packed runs at `place` or below it, each place once (`seen`)."""
     if place.resolve() in seen:
         return
@@ -135,7 +200,7 @@ def find_copies(place: Path, seen: set[Path]) -> Iterator[Copy]:
     yield from _search(place, SEARCH_DEPTH, seen)
 
 
-def _search(folder: Path, depth: int, seen: set[Path]) -> Iterator[Copy]:
+def _search(folder: Path, depth: int, seen: set[Path | str]) -> Iterator[Copy]:
     try:
         entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
     except OSError:  # unreadable, or gone (a mount that dropped): nothing to find there
@@ -203,37 +268,53 @@ def import_copy(copy: Copy, output_dir: Path) -> str | None:
         if staging.exists():
             shutil.rmtree(staging)  # an import of this run cut off earlier
         staging.parent.mkdir(parents=True, exist_ok=True)
-        if copy.source.is_dir():
-            shutil.copytree(copy.source / copy.checkpoint, staging)
-        else:
-            _extract(copy, copy.checkpoint, staging)
+        _bring(copy, copy.checkpoint, staging)
         if problem := checkpoint_problem(staging):
             shutil.rmtree(staging)
             return problem
         # The run's other files (metrics up to at least this checkpoint, exports, tracker logs) replace
         # output_dir's older ones, which are set aside, not deleted.
-        if copy.source.is_dir():
+        if copy.store is not None:
+            tops = copy.store.ls(copy.path, detail=False)
+            names = sorted(name for name in (top.rsplit("/", 1)[-1] for top in tops) if is_run_file(name))
+        elif isinstance(copy.source, Path) and copy.source.is_dir():
             names = [entry.name for entry in copy.source.iterdir() if is_run_file(entry.name)]
         else:
             names = _packed_names(copy)
         if replaced := [output_dir / name for name in names if (output_dir / name).exists()]:
             set_aside(replaced, output_dir)
         for name in names:
-            if copy.source.is_dir():
-                source = copy.source / name
-                if source.is_dir():
-                    shutil.copytree(source, output_dir / name)
-                else:
-                    shutil.copy2(source, output_dir / name)
-            else:
-                _extract(copy, name, output_dir / name)
+            _bring(copy, name, output_dir / name)
         if final.exists():
             set_aside([final], output_dir)
         os.replace(staging, final)
-    except (OSError, tarfile.TarError) as error:
+    except Exception as error:
+        if copy.store is None and not isinstance(error, OSError | tarfile.TarError):
+            raise
+        # A remote store raises its package's own types (botocore's, aiohttp's, the Hub's) as well.
         shutil.rmtree(staging, ignore_errors=True)
-        return f"copying it failed ({error})"
+        return f"copying it failed ({type(error).__name__}: {error})"
     return None
+
+
+def _bring(copy: Copy, name: str, destination: Path) -> None:
+    """Copy the run's file or folder `name` (relative to the run folder) to `destination`."""
+    if copy.store is not None:
+        source = f"{copy.path}/{name}"
+        if not copy.store.isdir(source):
+            copy.store.get_file(source, str(destination))
+            return
+        for path in copy.store.find(source):
+            target = destination / path[len(source) :].strip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copy.store.get_file(path, str(target))
+    elif isinstance(copy.source, Path) and copy.source.is_dir():
+        if (copy.source / name).is_dir():
+            shutil.copytree(copy.source / name, destination)
+        else:
+            shutil.copy2(copy.source / name, destination)
+    else:
+        _extract(copy, name, destination)
 
 
 def is_run_file(name: str) -> bool:

@@ -1,0 +1,169 @@
+"""Remote stores for `mirror_dir` and `import_from`: S3, the Hugging Face Hub, GCS, any fsspec protocol.
+
+    --mirror_dir s3://bucket/runs/run1   --import_from hf://datasets/<you>/runs   --mirror_dir gs://bucket/x
+
+A URL's package is an optional extra of this project, installed by the launchers when the config names
+such a URL: s3:// needs s3fs (`pip install -e '.[s3]'`), gs:// gcsfs (`.[gcs]`); hf:// comes with
+huggingface_hub, which Accelerate already needs. Anything else fsspec knows works once its package is
+installed; a protocol fsspec does not know is refused with one line (before, `s3://bucket/run` became a
+local folder named `s3:`).
+
+Credentials are read as each package reads them, from the environment: AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for an S3-compatible store other than AWS: R2, MinIO...),
+HF_TOKEN; gcsfs uses Google's default credentials (on Colab: `google.colab.auth.authenticate_user()`).
+Names missing from the environment are looked up in Kaggle's secrets and in Colab's, and put into this
+process's environment, nowhere else: config.yaml, logs and checkpoints hold the URL only. Colab's secrets
+can be read only by the notebook's own kernel, so the notebook calls `export_secrets` in a cell before it
+starts training; the training processes inherit the environment.
+
+This module imports no torch: train.py checks URLs before it loads torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..launch import STORE_EXTRAS
+from .config import ConfigError, TrainConfig
+
+# The secrets each protocol's package reads from the environment.
+SECRETS = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"),
+    "hf": ("HF_TOKEN",),
+}
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def is_url(text: str) -> bool:
+    return bool(_URL.match(text))
+
+
+def protocol(url: str) -> str:
+    match = _URL.match(url)
+    return match.group(1).lower() if match else ""
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be used as a store, without touching the network; None if it can."""
+    from fsspec.registry import known_implementations, registry
+
+    name = protocol(url)
+    if re.match(r"^[^/]*://[^/@]*:[^/@]*@", url):
+        return "holds a credential: remove it from the URL and set it as a secret (see utils/remote.py)"
+    if name not in known_implementations and name not in registry:
+        return (
+            f"fsspec knows no protocol '{name}://': use a folder, or s3://, gs://, hf:// or another protocol "
+            "fsspec lists (fsspec.available_protocols())"
+        )
+    if name in registry:
+        return None
+    package = known_implementations[name]["class"].split(".")[0]
+    if importlib.util.find_spec(package) is None:
+        extra = STORE_EXTRAS.get(name)
+        install = f"pip install -e '.[{extra}]'" if extra else f"pip install {package}"
+        return f"{name}:// needs {package}, which is not installed: {install} (the launchers in scripts/ do)"
+    return None
+
+
+def check_urls(config: TrainConfig, source: str | Path) -> None:
+    """Raise a ConfigError naming `source` for a URL in mirror_dir or import_from that cannot work."""
+    for name in ("mirror_dir", "import_from"):
+        url = getattr(config, name)
+        if is_url(url) and (problem := url_problem(url)):
+            shown = re.sub(r"://[^/]*@", "://***@", url)  # never echo a credential
+            raise ConfigError(f"{source}: {name}={shown}: {problem}")
+
+
+def open_store(url: str) -> tuple[Any, str]:
+    """(the fsspec filesystem, the path inside it) of `url`."""
+    from fsspec.core import url_to_fs
+
+    # No cached listings: another session (or this one's other thread) changes the folder meanwhile.
+    fs, path = url_to_fs(url, use_listings_cache=False)
+    return fs, path.rstrip("/")
+
+
+def load_secrets(url: str) -> list[str]:
+    """Put the secrets `url`'s protocol needs into this process's environment from Kaggle's or Colab's
+    secrets where the environment lacks them; return a note naming where each came from (never a value)."""
+    found: dict[str, list[str]] = {}
+    for name in SECRETS.get(protocol(url), ()):
+        if os.environ.get(name):
+            continue
+        for where, read in (("Kaggle's secrets", _kaggle_secret), ("Colab's secrets", _colab_secret)):
+            if value := read(name):
+                os.environ[name] = value
+                found.setdefault(where, []).append(name)
+                break
+    return [f"credentials: {', '.join(names)} from {where}" for where, names in found.items()]
+
+
+def export_secrets(*urls: str) -> None:
+    """For a notebook cell: load the secrets these URLs need into the kernel's environment, which the
+    training processes it starts inherit (Colab's secrets cannot be read from those processes)."""
+    for url in urls:
+        if is_url(url):
+            for note in load_secrets(url):
+                print(note)
+            missing = [name for name in SECRETS.get(protocol(url), ())[:2] if not os.environ.get(name)]
+            if missing:
+                print(f"{url}: no {', '.join(missing)} in the environment or the notebook's secrets")
+
+
+def _kaggle_secret(name: str) -> str | None:
+    if importlib.util.find_spec("kaggle_secrets") is None:
+        return None
+    from kaggle_secrets import UserSecretsClient
+
+    try:
+        return UserSecretsClient().get_secret(name)
+    except Exception:  # a secret that is not attached raises; its type is Kaggle's internal one
+        return None
+
+
+def _colab_secret(name: str) -> str | None:
+    try:
+        from google.colab import userdata
+    except ImportError:
+        return None
+    try:
+        return userdata.get(name)
+    except Exception:  # not granted to this notebook, absent, or read outside the notebook's kernel
+        return None
+
+
+def access_problem(url: str, field: str) -> str | None:
+    """One line if `url` cannot be read with the credentials at hand (asks the store once), else None."""
+    parent = ""
+    try:
+        fs, path = open_store(url)
+        # The folder itself may not exist yet (a new mirror): its parent, or the bucket, must.
+        parent = fs.unstrip_protocol(path.rsplit("/", 1)[0] if "/" in path else path)
+        fs.ls(parent, detail=False)
+    except FileNotFoundError:
+        return f"{field} {url}: {parent or url} does not exist: create it first"
+    except PermissionError as error:
+        return f"{field} {url}: the store refused the credentials ({_first_line(error)}): {_hint(url)}"
+    except Exception as error:  # each package raises its own types (botocore, aiohttp, huggingface_hub)
+        text = _first_line(error)
+        if "credential" in text.lower() or "token" in text.lower():
+            return f"{field} {url}: no usable credentials ({text}): {_hint(url)}"
+        return f"{field} {url}: cannot reach the store ({type(error).__name__}: {text})"
+    return None
+
+
+def _hint(url: str) -> str:
+    names = SECRETS.get(protocol(url))
+    if not names:
+        return "check the credentials its fsspec package reads"
+    needed = " and ".join(names[:2]) if protocol(url) == "s3" else names[0]
+    return f"set {needed} in the environment, or as a Colab or Kaggle secret"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
