@@ -26,15 +26,20 @@ FINE_TUNING_RUN = ["--max_steps", "24", "--log_every", "2", "--checkpoint_every"
 FINE_TUNING_MODES = ("lora",)
 
 # What transformers.pipeline is asked for, and an input: an exported model/ is a pipeline's model.
-PIPELINE = ("image-classification", str(Path(__file__).resolve().parents[1] / "data" / "val" / "ring" / "000.png"))
+PIPELINE = ("image-classification", str(Path(__file__).resolve().parents[1] / "data/val/ring/000.png"))
 
 
 def save_pretrained_model(folder: Path) -> None:
     import transformers
 
     config = transformers.ViTConfig(
-        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, num_labels=2,  # the checkpoint's own head: train.py puts a new one in its place
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=2,  # the checkpoint's own head: train.py puts a new one in its place
     )
     transformers.ViTForImageClassification(config).save_pretrained(folder)
     processor = transformers.ViTImageProcessor(

@@ -57,7 +57,7 @@ class Config(FineTuningConfig):
     crop_padding: int = setting(4, "augmentation: random crops of the image padded by this many pixels")
     flip: bool = setting(True, "augmentation: mirror left to right half of the time")
     channels: int = setting(16, "width of the CNN's first stage (then 2x, 4x)")
-    dropout: float = setting(0.1, "dropout before the classifier (a pretrained ViT's hidden and attention dropout)")
+    dropout: float = setting(0.1, "dropout before the classifier (a pretrained ViT's: hidden and attention)")
     # TrainConfig's defaults that this task sets otherwise.
     num_epochs: int = 40  # 480 optimizer steps of 64 images
     learning_rate: float = 1e-2
@@ -79,7 +79,12 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     from .data.image_folder import image_folder_splits
 
     _, train_set, eval_set = image_folder_splits(
-        config.data_dir, config.image_size, config.crop_padding, config.flip, config.seed, normalization(config)
+        config.data_dir,
+        config.image_size,
+        config.crop_padding,
+        config.flip,
+        config.seed,
+        normalization(config),
     )
     return train_set, eval_set
 
@@ -164,7 +169,7 @@ def export(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], folder: 
 
 
 def load_export(folder: Path, config: Config) -> torch.nn.Module:
-    """What `export` wrote: the CNN's weights, an adapter on this machine's pretrained_model, or a whole model."""
+    """What `export` wrote: the CNN's weights, an adapter on this machine's pretrained_model, or a model."""
     if not config.pretrained_model:
         from safetensors.torch import load_model
 
