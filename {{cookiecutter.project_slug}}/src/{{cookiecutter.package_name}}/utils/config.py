@@ -260,9 +260,14 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not a UTF-8 text file (byte {error.object[error.start]:#04x} at offset {error.start}): "
+            "save it as UTF-8"
+        ) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of field: value, got {type(raw).__name__}")
     types = _field_types(config_class)
@@ -274,6 +279,15 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
         values[key] = _coerce(key, value, types[key], str(path), text_forms.get(key, ""))
     return values
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A parser's several-line message as one line: what is wrong, and where (line and column)."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context = getattr(error, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def check_values(config: TrainConfig, sources: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ so a checkpoint the mirror holds only in part (the runtime died mid-upload) is s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -84,6 +85,10 @@ class Mirror:
             raise
         except RunError as error:  # cannot write there now (a mount that dropped): the thread retries
             self._report(str(error))
+            # What it holds may still be read: the end of the run then names that step, not "none".
+            with contextlib.suppress(OSError):
+                if (held := newest_readable(self.target)) is not None and held[1] == run_id:
+                    self.newest_step = held[0]
             return
         if (held := newest_readable(self.target)) is not None and held[1] != run_id:
             if not start_over:
