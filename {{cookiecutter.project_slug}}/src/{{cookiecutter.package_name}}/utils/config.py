@@ -297,6 +297,13 @@ def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
         if not is_valid(value):
             where = sources.get(key, "default")
             raise ConfigError(f"{where}: {key}={value!r} is invalid: it must be {expected}")
+    for name, goal in config.METRIC_GOALS.items():
+        if goal not in ("max", "min"):  # a typo would silently pick the worst model as best_model/
+            hint = _nearest(str(goal), ("max", "min"))
+            raise ConfigError(
+                f"task.py: METRIC_GOALS[{name!r}] is {goal!r}: it must be 'max' (higher is better) or "
+                f"'min'{hint}"
+            )
     if config.best_metric not in config.METRIC_GOALS:
         where = sources.get("best_metric", "default")
         hint = _nearest(config.best_metric, config.METRIC_GOALS)
