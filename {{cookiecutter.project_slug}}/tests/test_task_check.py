@@ -47,6 +47,11 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         lambda model, batch: original_loss(model, batch).detach(),
         "loss(model, batch) returned a tensor that does not require grad",
     ),
+    "loss that raises": (
+        "loss",
+        lambda model, batch: 1 // 0,
+        "task.py's loss(model, batch) raised ZeroDivisionError",
+    ),
     "scalar eval_step": (
         "eval_step",
         lambda model, batch: {name: v.sum() for name, v in original_eval_step(model, batch).items()},

@@ -4,8 +4,8 @@ A mistake in task.py otherwise ends in a traceback from deep inside train.py, so
 (a per-sample loss, a scalar from eval_step, a metric that METRIC_GOALS names but `metrics` does not
 return). Here each function of the contract runs once, on two training and two eval samples and a freshly
 built model on the CPU, and a breach stops the run with one line: the function, what it returned, what
-the contract wants. An exception raised inside a task function keeps its traceback (it points at the
-line to fix), with a note naming the function and the samples it was called with.
+the contract wants. An exception raised inside a task function is one line too: the function, the
+exception and the line of the project's code it came from.
 
 Every run does this before anything is written (a fraction of a second for the presets: one more
 `build_model`), `predict_inputs` and `predict` aside; after editing task.py, `python train.py --check_task`
@@ -18,7 +18,9 @@ import contextlib
 import math
 import random
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -219,21 +221,29 @@ def _changed_buffers(model: torch.nn.Module, before: dict[str, torch.Tensor]) ->
     if not changed:
         return []
     return [
-        f"the model's forward changes the buffer(s) {changed[:5]}: under several processes each keeps its "
-        "own until DDP copies the main process's, so 1 and N processes train differently unless they are "
-        "updated from all processes' data (as train.py does for BatchNorm)"
+        f"the model's forward changes the buffer(s) {changed[:5]}: each process updates its own from its "
+        "micro-batches until DDP copies the main process's, so 1 and N processes train differently (train.py "
+        "keeps BatchNorm's running statistics equal on any layout, not other buffers)"
     ]
 
 
 def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
-    """`function(*args)`; an exception it raises gets a note naming the contract's function."""
+    """`function(*args)`; an exception it raises becomes a TaskError naming the contract's function and the
+    line of the project's code it came from (`--check_task` prints the whole traceback too)."""
     try:
         return function(*args)
-    except TaskError:
+    except ConfigError:  # the task's own one-line errors (a missing data file) are already worded
         raise
     except Exception as error:
-        error.add_note(f"(raised by task.py's {what}, in the task check before training)")
-        raise
+        package = Path(task.__file__).parent
+        frames = traceback.extract_tb(error.__traceback__)
+        ours = [frame for frame in frames if Path(frame.filename).is_relative_to(package)]
+        where = f" at {Path(ours[-1].filename).relative_to(package.parent)}:{ours[-1].lineno}" if ours else ""
+        text = (str(error).splitlines() or [""])[0]
+        raise TaskError(
+            f"task.py's {what} raised {type(error).__name__}{where}: {text} (in the task check on "
+            f"{SAMPLES} samples; python train.py --check_task shows the traceback)"
+        ) from error
 
 
 def _describe(value: Any) -> str:
@@ -273,6 +283,8 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
         built = time.monotonic()
         warnings = check_task(config, train_set, eval_set, predict=True)
     except ConfigError as error:
+        if isinstance(error, TaskError) and error.__cause__ is not None:
+            traceback.print_exception(error.__cause__)
         return f"config error: {error}"
     for warning in warnings:
         print(f"WARNING: {warning}")
