@@ -30,7 +30,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     list_checkpoints,
     seal,
 )
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
+from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, set_aside
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
@@ -143,6 +143,16 @@ def test_a_restart_before_the_first_checkpoint_sets_earlier_outputs_aside(copy_o
     (aside,) = (copy_of / SET_ASIDE).iterdir()
     assert snapshot(aside) == {name: sha for name, sha in before.items() if name != "config.yaml"}
     assert "best_model/model.safetensors" in snapshot(aside)
+
+
+def test_two_set_asides_within_one_second_keep_both(tmp_path: Path) -> None:
+    """A run killed before its first checkpoint and restarted at once sets its files aside twice in one
+    second: the second set-aside must not replace the first one's files."""
+    for text in ("first", "second"):
+        (tmp_path / "metrics.jsonl").write_text(text)
+        set_aside([tmp_path / "metrics.jsonl"], tmp_path, stamp="20260101-000000")
+    kept = sorted(path.read_text() for path in (tmp_path / SET_ASIDE).glob("*/metrics.jsonl"))
+    assert kept == ["first", "second"]
 
 
 def test_explicit_resume_with_other_settings_is_refused(finished: Path, tmp_path: Path) -> None:
