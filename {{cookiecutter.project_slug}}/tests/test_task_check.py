@@ -115,6 +115,7 @@ def test_a_wrapper_that_hides_set_epoch_is_warned_about(setup: tuple) -> None:
     assert check_task(config, Augmented(train_set), eval_set) == []
 
 
+@pytest.mark.slow
 def test_train_py_checks_before_writing_and_check_task_alone(tmp_path: Path) -> None:
     """A per-sample loss stops train.py with one line before the output folder exists; `--check_task`
     checks this task, predict included, and writes nothing."""
