@@ -1,6 +1,7 @@
 """Train a model with Hugging Face Accelerate: the whole loop, top to bottom.
 
     python train.py [--config configs/local.yaml] [--field value ...]
+    python train.py --check_task [--config ...]   # after editing task.py: its contract, nothing written
     scripts/run_local.sh | run_colab.sh | run_kaggle.sh | sbatch scripts/run_slurm.sh
 
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
