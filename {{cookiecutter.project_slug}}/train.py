@@ -301,6 +301,10 @@ def train(
     progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
     parameters = list(model.parameters())  # for clipping: walking the modules at every step costs
     norms = running_stats_layers(model)
+    # DDP starts every training forward from the main process's buffers: only its updates count there.
+    # FSDP and DeepSpeed copy no buffers, so each process keeps its own statistics up to date.
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    stats_here = accelerator.is_main_process or not ddp
     while state.step < total_steps and not stopping and not state.stopped_early and not diverged:
         model.train()
         train_loader.set_epoch(state.epoch)  # the data order of this epoch
@@ -320,9 +324,10 @@ def train(
                     micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
                 with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
                     # BatchNorm's running statistics follow the step's first micro-batch alone (the main
-                    # process's): the same samples on any number of processes, so they end up equal.
+                    # process's): the same samples on any number of processes with the same per-device
+                    # batch, so 1 and N processes end with the same statistics.
                     for layer in norms:
-                        layer.track_running_stats = accelerator.is_main_process and micro == 0
+                        layer.track_running_stats = stats_here and micro == 0
                     loss = task.loss(forward, micro_batch)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
