@@ -100,7 +100,9 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
         return f"{LOOP_STATE_FILE} was written by another version of this project ({error})"
     except (OSError, ValueError, KeyError) as error:
         return f"{LOOP_STATE_FILE} is damaged ({error!r})"
-    if record.get("seal") != seal(record):
+    if "seal" not in record:
+        return f"{LOOP_STATE_FILE} has no seal: written by an earlier version of this project"
+    if record["seal"] != seal(record):
         return f"{LOOP_STATE_FILE} does not match its seal: it was edited after the save"
     for name, expected in files.items():
         file = path / name
