@@ -1,6 +1,7 @@
 """Train a model with Hugging Face Accelerate: the whole loop, top to bottom.
 
     python train.py [--config configs/local.yaml] [--field value ...]
+    python train.py --check_task [--config ...]   # after editing task.py: its contract, nothing written
     scripts/run_local.sh | run_colab.sh | run_kaggle.sh | sbatch scripts/run_slurm.sh
 
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
@@ -82,6 +83,11 @@ def check_config_first() -> None:
 
 
 if __name__ == "__main__":
+    if "--check_task" in sys.argv[1:]:  # after editing task.py: its contract on two samples, nothing written
+        from {{ cookiecutter.package_name }}.utils.task_check import command
+
+        sys.argv.remove("--check_task")
+        sys.exit(command(read_config))
     check_config_first()
 
 import torch
@@ -106,6 +112,7 @@ from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.progress import Progress
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, ignore_stop_signals
+from {{ cookiecutter.package_name }}.utils.task_check import check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
 from {{ cookiecutter.package_name }}.utils.tracking import (
     metrics_size,
@@ -245,6 +252,8 @@ def train(
         )
     schedule_steps = steps_per_epoch * config.num_epochs
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
+    for warning in check_task(config, train_set, eval_set):  # task.py's contract, on two samples
+        accelerator.print(f"WARNING: {warning}")
 
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
@@ -307,6 +316,11 @@ def train(
     micro_size = config.per_device_batch_size
     metrics: dict[str, float] | None = None
     progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
+    norms = running_stats_layers(model)
+    # DDP starts every training forward from the main process's buffers: only its updates count there.
+    # FSDP and DeepSpeed copy no buffers, so each process keeps its own statistics up to date.
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    stats_here = accelerator.is_main_process or not ddp
     while state.step < total_steps and not stopping and not state.stopped_early and not diverged:
         model.train()
         train_loader.set_epoch(state.epoch)  # the data order of this epoch
@@ -325,6 +339,11 @@ def train(
                 if accumulation > 1:
                     micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
                 with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
+                    # BatchNorm's running statistics follow the step's first micro-batch alone (the main
+                    # process's): the same samples on any number of processes with the same per-device
+                    # batch, so 1 and N processes end with the same statistics.
+                    for layer in norms:
+                        layer.track_running_stats = stats_here and micro == 0
                     loss = task.loss(forward, micro_batch)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
@@ -374,7 +393,7 @@ def train(
             if (config.eval_every and state.step % config.eval_every == 0) or (
                 not config.eval_every and end_of_epoch
             ):
-                metrics = evaluate(accelerator, forward, eval_loader)
+                metrics = evaluate(accelerator, forward, eval_loader, config)
                 if not all(math.isfinite(value) for value in metrics.values()):
                     diverged = f"the eval metrics at step {state.step} are {metrics}"
                     break
@@ -438,7 +457,7 @@ def train(
             raise RunError(diverged_message(why, config, last_saved))
         log_train_loss(accelerator, progress, loss_total, running_batches, state, scheduler)
     if metrics is None or state.last_eval_step != state.step:
-        metrics = evaluate(accelerator, forward, eval_loader)
+        metrics = evaluate(accelerator, forward, eval_loader, config)
         if not all(math.isfinite(value) for value in metrics.values()):
             raise RunError(diverged_message(f"the final eval metrics are {metrics}", config, last_saved))
         if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
@@ -461,7 +480,9 @@ def train(
 
 
 @torch.no_grad()
-def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
+def evaluate(
+    accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader, config: TrainConfig
+) -> dict[str, float]:
     """The task's metrics over the whole eval set: the same numbers on any number of processes.
 
     gather_for_metrics returns the per-sample values in dataset order and drops the samples repeated
@@ -474,7 +495,7 @@ def evaluate(accelerator: Accelerator, model: torch.nn.Module, loader: DataLoade
         for name, values in accelerator.gather_for_metrics(task.eval_step(model, batch)).items():
             gathered.setdefault(name, []).append(values)
     model.train()
-    return task.metrics({name: torch.cat(parts) for name, parts in gathered.items()})
+    return task.metrics({name: torch.cat(parts) for name, parts in gathered.items()}, config)
 
 
 def track_best(
@@ -511,6 +532,15 @@ def log_train_loss(
         },
         step=state.step,
     )
+
+
+def running_stats_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The normalization layers that keep running statistics (BatchNorm with track_running_stats)."""
+    return [
+        module
+        for module in model.modules()
+        if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.track_running_stats
+    ]
 
 
 def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:

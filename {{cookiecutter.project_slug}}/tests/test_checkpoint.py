@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
+    seal,
 )
 from {{ cookiecutter.package_name }}.utils.config import TrainConfig
 
@@ -30,7 +31,7 @@ def fake_checkpoint(root: Path, step: int, valid: bool) -> Path:
     path.mkdir(parents=True)
     if valid:
         state = {"loop_state": {"step": step}, "files": {}}
-        (path / "loop_state.json").write_text(json.dumps(state))
+        (path / "loop_state.json").write_text(json.dumps({**state, "seal": seal(state)}))
     return path
 
 

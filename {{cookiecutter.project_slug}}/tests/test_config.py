@@ -134,6 +134,25 @@ def test_bad_config_stops_train_py_before_training(tmp_path: Path) -> None:
     assert result.stdout.startswith(f"config {path} checked: loading PyTorch and Accelerate\n")
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"learning_rate: [0.1\n", "not valid YAML: line 2, column 1: expected ',' or ']', but got"),
+        (b"a: 1\n  b: 2\n", "not valid YAML: line 2, column 4: mapping values are not allowed here"),
+        ("output_dir: caf\u00e9\n".encode("latin-1"), "not a UTF-8 text file (byte 0xe9 at offset 15)"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path: Path, content: bytes, expected: str) -> None:
+    """Bad YAML and a file saved in another encoding: one line naming the file, the place and the fix."""
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    command = [sys.executable, "train.py", "--config", str(path)]
+    result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"config error: {path}: {expected}"), line
+
+
 # Runs a script as `python <script> <args>` does, then prints the top-level packages it imported.
 IMPORTS_OF = (
     "import runpy, sys\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,8 +24,13 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, checkpoint_problem, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
+from {{ cookiecutter.package_name }}.utils.checkpoint import (
+    LOOP_STATE_FILE,
+    checkpoint_problem,
+    list_checkpoints,
+    seal,
+)
+from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, set_aside
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
@@ -124,6 +130,31 @@ def test_refused_runs_write_nothing(copy_of: Path) -> None:
     assert {row["step"] for row in read_metrics(copy_of)} == {2, 4, 6}
 
 
+def test_a_restart_before_the_first_checkpoint_sets_earlier_outputs_aside(copy_of: Path) -> None:
+    """No checkpoints/ and no model/ (deleted), the same settings: the run starts again, as one stopped
+    before its first checkpoint, but first moves best_model/, the metrics and the curves it would overwrite
+    to set_aside/, byte for byte."""
+    shutil.rmtree(copy_of / "checkpoints")
+    shutil.rmtree(copy_of / "model")
+    before = snapshot(copy_of)
+    result = run_training(copy_of, *FAST)
+    restarted = "holds this run stopped before its first checkpoint: starting it again; its outputs so far"
+    assert restarted in result.stdout
+    (aside,) = (copy_of / SET_ASIDE).iterdir()
+    assert snapshot(aside) == {name: sha for name, sha in before.items() if name != "config.yaml"}
+    assert "best_model/model.safetensors" in snapshot(aside)
+
+
+def test_two_set_asides_within_one_second_keep_both(tmp_path: Path) -> None:
+    """A run killed before its first checkpoint and restarted at once sets its files aside twice in one
+    second: the second set-aside must not replace the first one's files."""
+    for text in ("first", "second"):
+        (tmp_path / "metrics.jsonl").write_text(text)
+        set_aside([tmp_path / "metrics.jsonl"], tmp_path, stamp="20260101-000000")
+    kept = sorted(path.read_text() for path in (tmp_path / SET_ASIDE).glob("*/metrics.jsonl"))
+    assert kept == ["first", "second"]
+
+
 def test_explicit_resume_with_other_settings_is_refused(finished: Path, tmp_path: Path) -> None:
     """--resume <checkpoint> follows the rules of automatic resume, and a refused run leaves no folder."""
     checkpoint = list_checkpoints(finished)[0]
@@ -140,19 +171,25 @@ def test_explicit_resume_with_other_settings_is_refused(finished: Path, tmp_path
         ("random_states_0.pkl", "flip", "random_states_0.pkl does not match its checksum"),
         ("model.safetensors", "flip", "model.safetensors does not match its checksum"),
         ("config.yaml", "garble", "config.yaml does not match its checksum"),
+        # The file that holds the others' checksums: a same-size edit of the position in the data.
+        (LOOP_STATE_FILE, "edit", f"{LOOP_STATE_FILE} does not match its seal"),
     ],
 )
 def test_damage_of_the_right_size_is_caught_by_checksums(
     copy_of: Path, name: str, damage: str, message: str
 ) -> None:
-    """A byte flipped in the RNG state, the weights or the config: that checkpoint is skipped, with the file
-    named, the older one continues, and the damaged one is set aside intact."""
+    """A byte flipped in the RNG state, the weights or the config, or a digit of samples_seen changed in the
+    loop state: that checkpoint is skipped, with the file named, the older one continues, and the damaged
+    one is set aside intact."""
     shutil.rmtree(copy_of / "model")
     newest, older = list_checkpoints(copy_of)[::-1]
     target = newest / name
     data = bytearray(target.read_bytes())
     if damage == "flip":
         data[len(data) // 2] ^= 0xFF
+    elif damage == "edit":
+        digit = re.search(rb'"samples_seen": \d*(\d)', data).start(1)  # its last digit
+        data[digit] = ord("0") + (data[digit] - ord("0") + 1) % 10
     else:
         data[:6] = b"{[:]}\n"
     target.write_bytes(bytes(data))
@@ -193,7 +230,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
         "bytes": weights.stat().st_size,
         "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
     }
-    (older / LOOP_STATE_FILE).write_text(json.dumps(record))
+    (older / LOOP_STATE_FILE).write_text(json.dumps({**record, "seal": seal(record)}))
     before = snapshot(copy_of)
     result = run_training(copy_of, *FAST, check=False)
     refused(result, "training diverged", f"the last checkpoint, {older}")

@@ -19,6 +19,7 @@ import pytest
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, checkpoint_problem, list_checkpoints
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
+from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 
 from .conftest import PROJECT, assert_same_run, read_metrics, run_training
 from .task_settings import QUICK
@@ -145,6 +146,27 @@ def test_training_goes_on_while_the_mirror_cannot_be_written(single_run: tuple, 
     assert "done: 88 optimizer steps" in result.stdout
     behind = f"mirror: WARNING: {mirror} is behind (newest verified checkpoint: none; output_dir: step 88)"
     assert behind in result.stdout
+
+
+def test_an_unwritable_mirror_still_names_the_step_it_holds(
+    first_session: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An earlier session's mirror holds step 20 of this run, and cannot be written now (its lock file is a
+    folder): the end of the run says the mirror is behind at step 20, not that it holds none."""
+    local = tmp_path / "local"
+    shutil.copytree(first_session / "outputs" / "run", local)
+    target = tmp_path / "drive"
+    shutil.copytree(local, target)
+    shutil.rmtree(target / "checkpoints" / "step_00000040")  # the mirror had not caught up
+    (target / LOCK_FILE).unlink(missing_ok=True)
+    (target / LOCK_FILE).mkdir()
+    mirror = Mirror(local, str(target), keep=2, enabled=True)
+    mirror.start(run_id(local), start_over=False)
+    mirror.finish()
+    out = capsys.readouterr().out
+    assert out.count("mirror: WARNING: cannot copy") == 1, out
+    behind = f"mirror: WARNING: {target} is behind (newest verified checkpoint: step 20; output_dir: step 40)"
+    assert behind in out
 
 
 def wait_for(output: pytest.CaptureFixture[str], text: str, seen: list[str]) -> None:

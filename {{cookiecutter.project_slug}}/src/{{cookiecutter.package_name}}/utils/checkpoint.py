@@ -2,9 +2,10 @@
 
 Layout of `<output_dir>/checkpoints/step_<N>/`: what `save_state` writes (model, optimizer, scheduler,
 grad scaler, sampler, one RNG file per process), `config.yaml`, `meta.json` (platform, versions, time)
-and `loop_state.json`, written last, which also lists the size and SHA-256 of every other file. Everything
-is written into a hidden staging folder that is renamed to `step_<N>` once complete, so a `step_<N>`
-folder is always whole; the checksums catch files damaged afterwards (a resume checks them all).
+and `loop_state.json`, written last, which also lists the size and SHA-256 of every other file and is
+sealed by a SHA-256 of its own contents. Everything is written into a hidden staging folder that is
+renamed to `step_<N>` once complete, so a `step_<N>` folder is always whole; the checksums and the seal
+catch files damaged or edited afterwards (a resume checks them all).
 
 Nothing that cannot be read is deleted: rotation removes only readable checkpoints older than the one
 this run has just written, and unreadable ones met on resume are set aside (run_dir.set_aside).
@@ -34,7 +35,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
-from .config import ConfigError, TrainConfig, run_defining_fields, save_config
+from .config import ConfigError, TrainConfig, run_defining_fields, save_config, yaml_problem
 from .devices import detect_platform
 from .run_dir import RunError, earlier_outputs, set_aside, write_error
 
@@ -143,6 +144,10 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
         return f"{LOOP_STATE_FILE} was written by another version of this project ({error})"
     except (OSError, ValueError, KeyError) as error:
         return f"{LOOP_STATE_FILE} is damaged ({error!r})"
+    if "seal" not in record:
+        return f"{LOOP_STATE_FILE} has no seal: written by an earlier version of this project"
+    if record["seal"] != seal(record):
+        return f"{LOOP_STATE_FILE} does not match its seal: it was edited after the save"
     for name, expected in files.items():
         file = path / name
         if not file.is_file():
@@ -160,6 +165,14 @@ def _sha256(path: Path) -> str:
         while chunk := file.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def seal(record: dict[str, Any]) -> str:
+    """The SHA-256 of a loop_state.json record's loop state and file list, stored in it as "seal": the file
+    that holds the other files' checksums is covered by one too (a same-size edit of `epoch_samples` would
+    otherwise resume at another position in the data, silently)."""
+    body = json.dumps({"loop_state": record["loop_state"], "files": record["files"]}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def checkpoint_step(path: Path) -> int:
@@ -218,6 +231,7 @@ def _publish(
             _fsync(path)
             files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     record = {"loop_state": dataclasses.asdict(state), "files": files}
+    record["seal"] = seal(record)
     _write_durably(staging / LOOP_STATE_FILE, json.dumps(record, indent=2))
     _fsync(staging)
     if final.exists():  # never overwrite: resume set newer checkpoints aside, so this one is a stranger
@@ -392,7 +406,9 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
     """Notes for a fresh start in output_dir; raise if an earlier run's outputs are there without start_over.
 
     Allowed without asking: an empty folder, and the same run stopped before its first checkpoint (same
-    settings, nothing exported): starting it again repeats it exactly.
+    settings, nothing exported): starting it again repeats it. What that run wrote besides its config
+    (metrics, best_model/, curves, tracker logs) is set aside all the same: the folder may also hold an
+    earlier run's, whose checkpoints and model/ were deleted, and nothing proves which.
     """
     output_dir = Path(config.output_dir)
     earlier = earlier_outputs(output_dir)
@@ -401,7 +417,11 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
     saved = output_dir / "config.yaml"
     unfinished = not list_checkpoints(output_dir) and not (output_dir / "model").exists()
     if unfinished and saved.is_file() and not _changed_fields(output_dir, config):
-        return [f"note: {output_dir} holds this run stopped before its first checkpoint: starting it again"]
+        note = f"note: {output_dir} holds this run stopped before its first checkpoint: starting it again"
+        if outputs := [name for name in earlier if name != "config.yaml"]:
+            folder = set_aside([output_dir / name for name in outputs], output_dir)
+            note += f"; its outputs so far ({', '.join(outputs)}) moved to {folder}"
+        return [note]
     if not config.start_over:
         raise ConfigError(
             f"output_dir {output_dir} holds an earlier run ({', '.join(earlier)}) that this one cannot "
@@ -415,8 +435,8 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 def _changed_fields(folder: Path, config: TrainConfig) -> str:
     """The run-defining fields whose value in `folder`/config.yaml differs from `config` ("" if none)."""
     try:
-        text = (folder / "config.yaml").read_text()
-    except OSError as error:
+        text = (folder / "config.yaml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
         return f"its config.yaml cannot be read: {error}"
     return changed_settings(text, config)
 
@@ -426,7 +446,7 @@ def changed_settings(config_yaml: str, config: TrainConfig) -> str:
     try:
         saved = yaml.safe_load(config_yaml)
     except yaml.YAMLError as error:
-        return f"its config.yaml cannot be read: {error}"
+        return f"its config.yaml cannot be read: {yaml_problem(error)}"
     if not isinstance(saved, dict):
         return "its config.yaml is not a mapping"
     changes = [

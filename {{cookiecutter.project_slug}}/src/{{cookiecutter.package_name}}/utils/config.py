@@ -261,8 +261,13 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not a UTF-8 text file (byte {error.object[error.start]:#04x} at offset {error.start}): "
+            "save it as UTF-8"
+        ) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from error
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(error)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of field: value, got {type(raw).__name__}")
     types = _field_types(config_class)
@@ -276,6 +281,15 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     return values
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A parser's several-line message as one line: what is wrong, and where (line and column)."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context = getattr(error, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
 def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
     """Reject values of the right type but outside their range, naming where each came from."""
     for key, is_valid, expected in config.CHECKS:
@@ -283,6 +297,13 @@ def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
         if not is_valid(value):
             where = sources.get(key, "default")
             raise ConfigError(f"{where}: {key}={value!r} is invalid: it must be {expected}")
+    for name, goal in config.METRIC_GOALS.items():
+        if goal not in ("max", "min"):  # a typo would silently pick the worst model as best_model/
+            hint = _nearest(str(goal), ("max", "min"))
+            raise ConfigError(
+                f"task.py: METRIC_GOALS[{name!r}] is {goal!r}: it must be 'max' (higher is better) or "
+                f"'min'{hint}"
+            )
     if config.best_metric not in config.METRIC_GOALS:
         where = sources.get("best_metric", "default")
         hint = _nearest(config.best_metric, config.METRIC_GOALS)

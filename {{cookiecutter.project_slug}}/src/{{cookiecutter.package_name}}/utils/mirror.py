@@ -98,6 +98,10 @@ class Mirror:
             raise
         except RunError as error:  # cannot write there now (a mount that dropped): the thread retries
             self._report(str(error))
+            # What it holds may still be read: the end of the run then names that step, not "none".
+            with contextlib.suppress(OSError):
+                if (held := newest_readable(self.target)) is not None and held[1] == run_id:
+                    self.newest_step = held[0]
             return
         if (held := newest_readable(self.target)) is not None and held[1] != run_id:
             if not start_over:

@@ -360,7 +360,13 @@ def set_aside(paths: list[Path], output_dir: str | Path, stamp: str | None = Non
     """Move `paths` (inside `output_dir`) to `<output_dir>/set_aside/<time>/`, keeping their relative
     paths; return that folder."""
     folder = Path(output_dir)
-    target = folder / SET_ASIDE / (stamp or time.strftime("%Y%m%d-%H%M%S"))
+    first = target = folder / SET_ASIDE / (stamp or time.strftime("%Y%m%d-%H%M%S"))
+    # A second set-aside within the same second (a run killed again at once) gets a folder of its own: a
+    # file moved onto an earlier one's would replace it.
+    number = 1
+    while target.exists():
+        number += 1
+        target = first.with_name(f"{first.name}-{number}")
     for path in paths:
         destination = target / path.relative_to(folder)
         destination.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,296 @@
+"""The task's contract (task.py), checked on two real samples before a run takes its folder.
+
+A mistake in task.py otherwise ends in a traceback from deep inside train.py, some only after a whole epoch
+(a per-sample loss, a scalar from eval_step, a metric that METRIC_GOALS names but `metrics` does not
+return). Here each function of the contract runs once, on two training and two eval samples and a freshly
+built model on the CPU, and a breach stops the run with one line: the function, what it returned, what
+the contract wants. An exception raised inside a task function is one line too: the function, the
+exception and the line of the project's code it came from.
+
+Every run does this before anything is written (a fraction of a second for the presets: one more
+`build_model`), `predict_inputs` and `predict` aside; after editing task.py, `python train.py --check_task`
+checks all of it alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .. import task
+from .config import ConfigError, TrainConfig
+
+SAMPLES = 2  # a batch of two: enough to tell a per-sample value from a per-batch one
+
+
+class TaskError(ConfigError):
+    """A breach of task.py's contract, in one line."""
+
+
+def check_task(
+    config: TrainConfig, train_set: Dataset, eval_set: Dataset, predict: bool = False
+) -> list[str]:
+    """Run task.py's functions on a few samples; raise TaskError on a breach, return warnings to print.
+
+    `predict`: also `predict_inputs` and `predict`, which training does not use (the language model's
+    `predict` writes text for seconds): `--check_task` checks them, a training run does not.
+    The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check.
+    """
+    with _kept_random_state():
+        warnings = _check_training(config, train_set, eval_set)
+        if predict:
+            _check_predict(config)
+        return warnings
+
+
+def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) -> list[str]:
+    for name, dataset in (("train", train_set), ("eval", eval_set)):
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TaskError(
+                f"build_datasets returned a {type(dataset).__name__} as the {name} set: the contract wants "
+                "a map-style dataset (with __len__ and __getitem__)"
+            )
+    warnings = [hidden] if (hidden := _hidden_set_epoch(train_set)) else []
+    train_batch = _first_batch(train_set, "training")
+    eval_batch = _first_batch(eval_set, "eval")
+    _rows(train_batch)
+    rows = _rows(eval_batch)
+
+    model = _call("build_model(config)", task.build_model, config)
+    if not isinstance(model, torch.nn.Module):
+        raise TaskError(
+            f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
+        )
+    model.train()
+    buffers = {name: value.clone() for name, value in model.named_buffers()}
+    loss = _call("loss(model, batch)", task.loss, model, train_batch)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        raise TaskError(
+            f"loss(model, batch) returned {_describe(loss)} for a batch of {SAMPLES} samples: the contract "
+            "wants the batch's mean loss, a scalar floating-point tensor (shape []); for per-sample losses "
+            "take their .mean()"
+        )
+    if not loss.requires_grad:
+        raise TaskError(
+            "loss(model, batch) returned a tensor that does not require grad: compute it from the model's "
+            "output, outside torch.no_grad()"
+        )
+    if not math.isfinite(loss.item()):
+        raise TaskError(f"loss(model, batch) is {loss.item()} on {SAMPLES} samples with the initial weights")
+    loss.backward()
+    warnings += _changed_buffers(model, buffers)
+
+    model.eval()
+    with torch.no_grad():
+        values = _call("eval_step(model, batch)", task.eval_step, model, eval_batch)
+    if not isinstance(values, Mapping) or not values:
+        raise TaskError(
+            f"eval_step(model, batch) returned {_describe(values)}: the contract wants a dict of named "
+            "tensors with one value per sample, e.g. {'loss': per_sample_losses}"
+        )
+    for name, value in values.items():
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows,):
+            raise TaskError(
+                f"eval_step(model, batch) returned {_describe(value)} as {name!r} for a batch of {rows} "
+                f"samples: the contract wants one value per sample, a tensor of shape [{rows}]"
+            )
+
+    results = _call("metrics(values, config)", task.metrics, dict(values), config)
+    if not isinstance(results, Mapping):
+        raise TaskError(
+            f"metrics(values, config) returned {_describe(results)}: the contract wants a dict of metric "
+            "name -> number"
+        )
+    for name, value in results.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise TaskError(
+                f"metrics(values, config) returned {_describe(value)} as {name!r}: the contract wants a "
+                "Python number (a tensor's .item())"
+            )
+    if missing := [name for name in config.METRIC_GOALS if name not in results]:
+        raise TaskError(
+            f"metrics(values, config) returned {sorted(results)}, without {missing}, which METRIC_GOALS "
+            "names (best_metric is one of them): return every metric of METRIC_GOALS, or remove it there"
+        )
+    return warnings
+
+
+def _check_predict(config: TrainConfig) -> None:
+    model = task.build_model(config).eval()
+    inputs = _call("predict_inputs(config, None)", task.predict_inputs, config, None)
+    if not (hasattr(inputs, "__len__") and hasattr(inputs, "__getitem__")) or len(inputs) == 0:
+        raise TaskError(
+            f"predict_inputs(config, None) returned {_describe(inputs)}: the contract wants the eval split, "
+            "a map-style dataset that is not empty"
+        )
+    count = min(SAMPLES, len(inputs))
+    batch = _call("collate(items of predict_inputs)", task.collate, [inputs[i] for i in range(count)])
+    with torch.no_grad():
+        predicted = _call("predict(model, batch, config)", task.predict, model, batch, config)
+    if not isinstance(predicted, list) or len(predicted) != count:
+        raise TaskError(
+            f"predict(model, batch, config) returned {_describe(predicted)} for a batch of {count} inputs: "
+            f"the contract wants a list of {count} rows (dicts of column -> value), one per input"
+        )
+    if bad := next((row for row in predicted if not isinstance(row, Mapping)), None):
+        raise TaskError(
+            f"predict(model, batch, config) returned a row that is {_describe(bad)}: the contract wants a "
+            "dict of column -> value per input"
+        )
+
+
+def _first_batch(dataset: Dataset, split: str) -> Any:
+    """What the training loop would get: the first items, through the dataset's `__getitems__` if it has
+    one, collated by task.collate."""
+    loader = DataLoader(dataset, batch_size=SAMPLES, collate_fn=task.collate)
+    batch = _call(f"collate(the first {SAMPLES} {split} samples)", lambda: next(iter(loader)))
+    tensors = list(_tensors(batch))
+    if not tensors:
+        raise TaskError(
+            f"collate(samples) returned {_describe(batch)}: the contract wants a tensor, a tuple/list or a "
+            "mapping of tensors, each with one row per sample"
+        )
+    return batch
+
+
+def _rows(batch: Any) -> int:
+    """The number of samples in a collated batch; TaskError if its tensors disagree."""
+    sizes = {tuple(t.shape[:1]) for t in _tensors(batch)}
+    if len(sizes) != 1 or () in sizes:
+        shapes = [list(t.shape) for t in _tensors(batch)]
+        raise TaskError(
+            f"collate(samples) returned tensors of shapes {shapes}: the contract wants one row per sample in "
+            "each (train.py cuts micro-batches along the first dimension)"
+        )
+    return sizes.pop()[0]
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _tensors(value)
+    elif isinstance(batch, list | tuple):
+        for value in batch:
+            yield from _tensors(value)
+
+
+def _hidden_set_epoch(dataset: Dataset) -> str:
+    """A warning if the train set wraps a dataset with `set_epoch` (augmentation) but has none itself."""
+    if hasattr(dataset, "set_epoch"):
+        return ""
+    inner = [getattr(dataset, "dataset", None), *getattr(dataset, "datasets", [])]
+    for wrapped in inner:
+        if wrapped is not None and (hasattr(wrapped, "set_epoch") or _hidden_set_epoch(wrapped)):
+            return (
+                f"the train set, a {type(dataset).__name__}, wraps a {type(wrapped).__name__} that has "
+                "set_epoch (its augmentation changes each epoch) but has no set_epoch itself: train.py can "
+                "reach only the outer one, so the augmentation repeats every epoch; give the wrapper a "
+                "set_epoch(epoch) that calls the wrapped dataset's"
+            )
+    return ""
+
+
+# Running statistics of normalization layers: train.py makes them agree on any number of processes.
+_NORM_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _changed_buffers(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> list[str]:
+    """A warning naming buffers other than normalization statistics that a training forward changed."""
+    norms = {
+        f"{prefix}.{stat}" if prefix else stat
+        for prefix, module in model.named_modules()
+        if isinstance(module, torch.nn.modules.batchnorm._NormBase)
+        for stat in _NORM_STATS
+    }
+    changed = [
+        name
+        for name, value in model.named_buffers()
+        if name not in norms and name in before and not torch.equal(value, before[name])
+    ]
+    if not changed:
+        return []
+    return [
+        f"the model's forward changes the buffer(s) {changed[:5]}: each process updates its own from its "
+        "micro-batches until DDP copies the main process's, so 1 and N processes train differently (train.py "
+        "keeps BatchNorm's running statistics equal on any layout, not other buffers)"
+    ]
+
+
+def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)`; an exception it raises becomes a TaskError naming the contract's function and the
+    line of the project's code it came from (`--check_task` prints the whole traceback too)."""
+    try:
+        return function(*args)
+    except ConfigError:  # the task's own one-line errors (a missing data file) are already worded
+        raise
+    except Exception as error:
+        package = Path(task.__file__).parent
+        frames = traceback.extract_tb(error.__traceback__)
+        ours = [frame for frame in frames if Path(frame.filename).is_relative_to(package)]
+        where = f" at {Path(ours[-1].filename).relative_to(package.parent)}:{ours[-1].lineno}" if ours else ""
+        text = (str(error).splitlines() or [""])[0]
+        raise TaskError(
+            f"task.py's {what} raised {type(error).__name__}{where}: {text} (in the task check on "
+            f"{SAMPLES} samples; python train.py --check_task shows the traceback)"
+        ) from error
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    if isinstance(value, list | tuple) and len(value) <= 4:
+        return f"a {type(value).__name__} of {[_describe(item) for item in value]}"
+    if isinstance(value, list | tuple | Mapping):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return f"{value!r}"[:80] if isinstance(value, int | float | str | None) else f"a {type(value).__name__}"
+
+
+@contextlib.contextmanager
+def _kept_random_state() -> Iterator[None]:
+    python_state = random.getstate()
+    numpy_random = None
+    with contextlib.suppress(ImportError):
+        import numpy
+
+        numpy_random = numpy.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):  # CPU only: the check builds its model there
+            yield
+    finally:
+        random.setstate(python_state)
+        if numpy_random is not None:
+            numpy.random.set_state(numpy_random)
+
+
+def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, list[str]]]) -> int | str:
+    """`python train.py --check_task [--config FILE] [--field value ...]`: check task.py, predict included;
+    write nothing."""
+    try:
+        config = read_config(None)[0]
+        started = time.monotonic()
+        train_set, eval_set = task.build_datasets(config)
+        built = time.monotonic()
+        warnings = check_task(config, train_set, eval_set, predict=True)
+    except ConfigError as error:
+        if isinstance(error, TaskError) and error.__cause__ is not None:
+            traceback.print_exception(error.__cause__)
+        return f"config error: {error}"
+    for warning in warnings:
+        print(f"WARNING: {warning}")
+    print(
+        f"task.py follows the contract: datasets of {len(train_set)} and {len(eval_set)} samples built in "
+        f"{built - started:.2f} s, every function checked on {SAMPLES} samples in "
+        f"{time.monotonic() - built:.2f} s"
+    )
+    return 0

@@ -1,0 +1,147 @@
+"""The task check: this task passes it, and each breach of the contract, made from this task's own
+functions, is one line naming the function, what it returned and what the contract wants."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset, Subset
+
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.utils.task_check import TaskError, check_task
+
+from .conftest import PROJECT
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[task.Config, Dataset, Dataset]:
+    config, _ = load_config([], PROJECT / "configs" / "local.yaml", task.Config)
+    return (config, *task.build_datasets(config))
+
+
+def test_this_task_follows_the_contract_and_the_random_streams_are_kept(setup: tuple) -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert check_task(*setup, predict=True) == []
+    assert torch.equal(torch.rand(3), expected)  # the run's weights and dropout are as without the check
+
+
+original_loss, original_eval_step, original_metrics = task.loss, task.eval_step, task.metrics
+BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
+    "per-sample loss": (
+        "loss",
+        lambda model, batch: original_loss(model, batch).repeat(2),
+        "loss(model, batch) returned a torch.float32 tensor of shape [2] for a batch of 2 samples: the "
+        "contract wants the batch's mean loss, a scalar floating-point tensor (shape [])",
+    ),
+    "loss without gradient": (
+        "loss",
+        lambda model, batch: original_loss(model, batch).detach(),
+        "loss(model, batch) returned a tensor that does not require grad",
+    ),
+    "loss that raises": (
+        "loss",
+        lambda model, batch: 1 // 0,
+        "task.py's loss(model, batch) raised ZeroDivisionError",
+    ),
+    "scalar eval_step": (
+        "eval_step",
+        lambda model, batch: {name: v.sum() for name, v in original_eval_step(model, batch).items()},
+        "for a batch of 2 samples: the contract wants one value per sample, a tensor of shape [2]",
+    ),
+    "metrics without best_metric": (
+        "metrics",
+        lambda values, config: {
+            name: value
+            for name, value in original_metrics(values, config).items()
+            if name != config.best_metric
+        },
+        "which METRIC_GOALS names (best_metric is one of them)",
+    ),
+    "a tensor as metric": (
+        "metrics",
+        lambda values, config: {name: torch.tensor(0.5) for name in original_metrics(values, config)},
+        "the contract wants a Python number (a tensor's .item())",
+    ),
+}
+
+
+@pytest.mark.parametrize("breach", BREACHES)
+def test_each_breach_is_one_line(setup: tuple, monkeypatch: pytest.MonkeyPatch, breach: str) -> None:
+    function, broken, message = BREACHES[breach]
+    monkeypatch.setattr(task, function, broken)
+    with pytest.raises(TaskError) as caught:
+        check_task(*setup)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_typo_in_metric_goals_is_refused_with_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo, "maximum" for "max", would pick the worst evaluation as best_model/ and stop early wrongly."""
+    best = task.Config.best_metric
+    monkeypatch.setattr(task.Config, "METRIC_GOALS", {**task.Config.METRIC_GOALS, best: "maximum"})
+    with pytest.raises(ConfigError, match=rf"METRIC_GOALS\['{best}'\] is 'maximum': it must be 'max'"):
+        load_config([], PROJECT / "configs" / "local.yaml", task.Config)
+
+
+class Augmented(Dataset):
+    """This task's train set with a set_epoch, as a dataset with augmentation has."""
+
+    def __init__(self, inner: Dataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.inner[index]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+def test_a_wrapper_that_hides_set_epoch_is_warned_about(setup: tuple) -> None:
+    config, train_set, eval_set = setup
+    (warning,) = check_task(config, Subset(Augmented(train_set), range(64)), eval_set)
+    assert warning.startswith("the train set, a Subset, wraps a Augmented that has set_epoch")
+    assert check_task(config, Augmented(train_set), eval_set) == []
+
+
+@pytest.mark.slow
+def test_train_py_checks_before_writing_and_check_task_alone(tmp_path: Path) -> None:
+    """A per-sample loss stops train.py with one line before the output folder exists; `--check_task`
+    checks this task, predict included, and writes nothing."""
+    output_dir = tmp_path / "run"
+    patched = (
+        "import runpy, sys\n"
+        "from {{ cookiecutter.package_name }} import task\n"
+        "loss = task.loss\n"
+        "task.loss = lambda model, batch: loss(model, batch).repeat(2)\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+    )
+    args = ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir)]
+    result = subprocess.run(
+        [sys.executable, "-c", patched, *args], cwd=PROJECT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1].startswith("config error: loss(model, batch) returned a "), (
+        result.stderr[-3000:]
+    )
+    assert "Traceback" not in result.stderr
+    assert not output_dir.exists()
+
+    result = subprocess.run(
+        [sys.executable, *args, "--check_task"], cwd=PROJECT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "task.py follows the contract" in result.stdout
+    assert not output_dir.exists()
