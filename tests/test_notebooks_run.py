@@ -37,7 +37,8 @@ from nbclient.exceptions import CellExecutionError
 
 from .conftest import DEFAULT_SLUG, Render, explain, run
 
-pytestmark = pytest.mark.slow
+# One xdist worker for all of them: they make the machine's /content and /kaggle links.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform_roots")]
 
 PLATFORMS = ("colab", "kaggle")
 STANDINS = Path(__file__).parent / "platform_standins"

@@ -30,7 +30,8 @@ import pytest
 
 from .conftest import Render, run
 
-pytestmark = pytest.mark.slurm
+# One xdist worker for all of them: one SLURM daemon for the machine.
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 SETUP = Path(__file__).parent / "slurm" / "setup_slurm.sh"
 # 440 optimizer steps of the digits example, checkpoints every 20: long enough to signal mid-run.

@@ -39,7 +39,13 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import FINE_TUNING_MODES, FINE_TUNING_RUN, PIPELINE, save_pretrained_model
+from .task_settings import (
+    FINE_TUNING_MODES,
+    FINE_TUNING_RUN,
+    PIPELINE,
+    SAME_ON_EVERY_PROCESS,
+    save_pretrained_model,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +112,7 @@ def test_one_and_two_processes_end_at_the_same_eval_metrics(
     pretrained: Path, tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
-    args = [*fine_tuning(pretrained, mode), "--dropout", "0", "--per_device_batch_size", "32"]
+    args = [*fine_tuning(pretrained, mode), *SAME_ON_EVERY_PROCESS, "--per_device_batch_size", "32"]
     args += ["--eval_every", "10"]
     runs = {n: run_training(tmp_path / str(n), *args, processes=n) for n in (1, 2)}
     assert "x 2 processes x 1 accumulation = global batch 64" in runs[2].stdout
