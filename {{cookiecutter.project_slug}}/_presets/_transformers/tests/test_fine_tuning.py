@@ -25,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.models.pretrained import HEADS
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
@@ -163,8 +164,9 @@ def test_a_resume_against_other_base_weights_is_refused_with_nothing_written(
     weights = next(other.glob("*.safetensors"))
     with safe_open(weights, framework="pt") as file:
         state = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118 (not a dict)
-    name = next(name for name, tensor in state.items() if tensor.is_floating_point() and tensor.dim() == 2)
-    state[name] = state[name] + 1e-3  # one frozen weight changed: the same name, another base
+    # One weight of the base changed (not of the head, which is replaced): the same name, another base.
+    name = next(name for name, tensor in state.items() if tensor.dim() >= 2 and not name.startswith(HEADS))
+    state[name] = state[name] + 1e-3
     from safetensors.torch import save_file
 
     save_file(state, weights, metadata={"format": "pt"})
