@@ -9,28 +9,51 @@ Replace the file (task.py: `data_file`) with any UTF-8 text; task.py is the only
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 
-@dataclass(frozen=True)
-class Corpus:
-    vocab: str  # character i of the vocabulary has id i
-    ids: torch.Tensor  # the whole text as ids, int64
+class Chars:
+    """The character tokenizer: character i of `chars` (sorted by code point) has id i."""
+
+    def __init__(self, chars: str) -> None:
+        self.chars = chars
+        self.size = len(chars)
+        self.line_break = chars.find("\n")  # -1 where the text has no line breaks
+        self.digest = hashlib.sha256(chars.encode("utf-8")).hexdigest()
 
     def encode(self, text: str) -> torch.Tensor:
-        return encode(self.vocab, text)
+        return encode(self.chars, text)
 
     def decode(self, ids: torch.Tensor) -> str:
-        return "".join(self.vocab[i] for i in ids.tolist())
+        return "".join(self.chars[i] for i in ids.tolist())
+
+
+@dataclass(frozen=True)
+class Corpus:
+    tokenizer: Any  # Chars, or shards.BytePairs for a folder prepared with --tokenizer bpe
+    ids: Any  # the whole text as ids: an int64 tensor, or shards.TokenShards read through np.memmap
+
+    def encode(self, text: str) -> torch.Tensor:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        return self.tokenizer.decode(ids)
 
 
 def encode(vocab: str, text: str) -> torch.Tensor:
     """The ids of `text`; ValueError naming the first character that is not in `vocab` (sorted)."""
+    return torch.from_numpy(encode_array(vocab, text).astype(np.int64))
+
+
+def encode_array(vocab: str, text: str) -> np.ndarray:
+    """`encode` as a numpy array of uint32 ids (prepare.py writes them as uint16)."""
     table = np.frombuffer(vocab.encode("utf-32-le"), dtype=np.uint32)
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     ids = np.minimum(np.searchsorted(table, codes), len(table) - 1)  # vectorized: 1 MB in milliseconds
@@ -38,7 +61,7 @@ def encode(vocab: str, text: str) -> torch.Tensor:
     if not known.all():
         column = int(np.argmin(known))
         raise ValueError(f"character {text[column]!r} (column {column + 1}) is not in the vocabulary")
-    return torch.from_numpy(ids.astype(np.int64))
+    return ids.astype(np.uint32)
 
 
 @functools.lru_cache(maxsize=4)
@@ -46,14 +69,17 @@ def load_corpus(path: Path) -> Corpus:
     """The file's vocabulary and ids, read once per process (train.py and predict.py ask several times)."""
     text = path.read_text(encoding="utf-8")
     vocab = "".join(sorted(set(text)))
-    return Corpus(vocab, encode(vocab, text))
+    return Corpus(Chars(vocab), encode(vocab, text))
 
 
-def split_ids(ids: torch.Tensor, eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def split_ids(ids: Any, eval_fraction: float) -> tuple[Any, Any]:
     """The first (1 - eval_fraction) of the text for training, the rest for evaluation, as nanoGPT does:
-    a held-out stretch of the text, not scattered lines that share scenes with the training text."""
+    a held-out stretch of the text, not scattered lines that share scenes with the training text.
+    `ids`: a tensor, or token shards (then two views of them, read lazily)."""
     cut = int(len(ids) * (1 - eval_fraction))
-    return ids[:cut], ids[cut:]
+    if isinstance(ids, torch.Tensor):
+        return ids[:cut], ids[cut:]
+    return ids.part(0, cut), ids.part(cut, len(ids))
 
 
 class TrainWindows(Dataset):
