@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .data.chars import encode_array
-from .data.shards import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, file_sha256
+from .data.token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, char_ids, file_sha256
 from .utils.progress import clock
 
 SEPARATOR = "\n\n"  # between two documents
@@ -129,7 +128,7 @@ def build_tokenizer(
             )
         meta["chars"] = vocab = "".join(sorted(chars))
         meta["vocab_size"] = len(vocab)
-        return lambda text: encode_array(vocab, text)
+        return lambda text: char_ids(vocab, text)
     bpe = train_bpe(pieces, vocab_size)
     bpe.save(str(folder / TOKENIZER_FILE))
     meta["tokenizer_sha256"] = file_sha256(folder / TOKENIZER_FILE)

@@ -136,8 +136,8 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     eval_set = EvalWindows(eval_ids, config.block_size, config.eval_windows)
     if not len(eval_set):
         raise ConfigError(
-            f"data_file {data_path(config)}: its held-out end ({len(eval_ids)} characters) is shorter "
-            f"than one window of block_size + 1 = {config.block_size + 1} characters"
+            f"data_file {data_path(config)}: its held-out end ({len(eval_ids)} tokens) is shorter "
+            f"than one window of block_size + 1 = {config.block_size + 1} tokens"
         )
     return train_set, eval_set
 

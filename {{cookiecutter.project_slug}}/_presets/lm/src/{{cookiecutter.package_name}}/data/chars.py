@@ -1,9 +1,10 @@
 """A plain text file as a character-level corpus: its vocabulary, the train/eval split and the windows.
 
 The vocabulary is every distinct character of the file, sorted by code point, so it is rebuilt
-identically from the same file by train.py, predict.py and every process: nothing is saved next to the
-model, which therefore needs this file (or one with the same characters) to read prompts and write text.
-Replace the file (task.py: `data_file`) with any UTF-8 text; task.py is the only caller of this module.
+identically from the same file by train.py, predict.py and every process. The model keeps only its
+SHA-256 (task.keep_vocabulary), so it needs this file (or one with the same characters) to read prompts
+and write text. Replace the file (task.py: `data_file`) with any UTF-8 text; a corpus larger than memory
+goes through prepare.py into token shards (data/shards.py), which the windows below read alike.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from .token_format import char_ids
 
 
 class Chars:
@@ -49,19 +52,7 @@ class Corpus:
 
 def encode(vocab: str, text: str) -> torch.Tensor:
     """The ids of `text`; ValueError naming the first character that is not in `vocab` (sorted)."""
-    return torch.from_numpy(encode_array(vocab, text).astype(np.int64))
-
-
-def encode_array(vocab: str, text: str) -> np.ndarray:
-    """`encode` as a numpy array of uint32 ids (prepare.py writes them as uint16)."""
-    table = np.frombuffer(vocab.encode("utf-32-le"), dtype=np.uint32)
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    ids = np.minimum(np.searchsorted(table, codes), len(table) - 1)  # vectorized: 1 MB in milliseconds
-    known = table[ids] == codes
-    if not known.all():
-        column = int(np.argmin(known))
-        raise ValueError(f"character {text[column]!r} (column {column + 1}) is not in the vocabulary")
-    return ids.astype(np.uint32)
+    return torch.from_numpy(char_ids(vocab, text).astype(np.int64))
 
 
 @functools.lru_cache(maxsize=4)

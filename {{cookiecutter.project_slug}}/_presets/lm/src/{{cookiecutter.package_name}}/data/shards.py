@@ -19,15 +19,7 @@ import numpy as np
 import torch
 
 from .chars import Chars
-
-META_FILE = "meta.json"
-TOKENIZER_FILE = "tokenizer.json"
-DTYPE = np.dtype("<u2")  # 65,536 ids at most: a character vocabulary or a BPE of up to 64k tokens
-FORMAT = "uint16 token shards, version 1"
-
-
-class DataError(ValueError):
-    """The shard folder cannot be trained from: the message names the file and what to do."""
+from .token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, file_sha256
 
 
 class BytePairs:
@@ -138,11 +130,3 @@ def open_shards(folder: Path, verify: bool = True) -> tuple[Any, TokenShards]:
         if tokenizer.digest != meta["tokenizer_sha256"]:
             raise DataError(f"{folder / TOKENIZER_FILE} does not match its checksum in meta.json; {again}")
     return tokenizer, TokenShards(shards)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
