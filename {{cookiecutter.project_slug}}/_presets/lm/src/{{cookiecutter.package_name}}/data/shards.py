@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,12 @@ import torch
 
 from .chars import Chars
 from .token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, file_sha256
+
+# The pages a memory map has read count as the process's resident memory until it is closed (page cache
+# that the kernel may drop, but counted), and a read fault maps far more than a window's 130 bytes (up to
+# a large folio, measured here as ~1.5 MB): 300 steps of random windows had mapped 980 MB of a 1 GB corpus.
+# Maps reopened every REOPEN_AFTER reads keep that near 100 MB (docs/benchmarks.md of the template).
+REOPEN_AFTER = 64
 
 
 class BytePairs:
@@ -58,6 +65,7 @@ class TokenShards:
         self.ends = np.cumsum([shard.tokens for shard in shards]).tolist()
         self.start, self.stop = start, self.ends[-1] if stop is None else stop
         self._maps: dict[int, np.memmap] = {}
+        self._reads = 0
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -67,6 +75,10 @@ class TokenShards:
 
     def __getitem__(self, where: slice) -> torch.Tensor:
         first, last, _ = where.indices(len(self))
+        self._reads += 1
+        if self._reads > REOPEN_AFTER:
+            self._maps.clear()  # closes them: the ids handed out are copies
+            self._reads = 1
         first, last = self.start + first, self.start + max(first, last)
         pieces = []
         index = bisect.bisect_right(self.ends, first)
@@ -81,6 +93,8 @@ class TokenShards:
     def _map(self, index: int) -> np.memmap:
         if index not in self._maps:
             self._maps[index] = np.memmap(self.shards[index].path, dtype=DTYPE, mode="r")
+            if hasattr(mmap, "MADV_RANDOM"):  # not on Windows
+                self._maps[index].base.madvise(mmap.MADV_RANDOM)
         return self._maps[index]
 
     def __getstate__(self) -> dict[str, Any]:
