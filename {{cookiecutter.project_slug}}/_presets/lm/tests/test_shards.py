@@ -117,8 +117,8 @@ def test_shards_of_the_shipped_text_hold_its_ids_and_train_on_the_same_windows(t
 def test_on_a_terminal_prepare_draws_a_progress_bar(tmp_path: Path) -> None:
     primary, secondary = os.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 rows, 100 columns
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.prepare", "--input", str(SHAKESPEARE)]
-    command += ["--output", str(tmp_path / "tokens")]
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.prepare"]
+    command += ["--input", str(SHAKESPEARE), "--output", str(tmp_path / "tokens")]
     process = subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=secondary, text=True)
     os.close(secondary)  # the child holds it: reading ends when the child exits
     drawn = b""

@@ -51,8 +51,8 @@ class Config(TrainConfig):
     # A relative data_file is taken from the project folder.
     data_file: str = setting(
         "data/tinyshakespeare.txt",
-        "the training text, UTF-8, or a folder of token shards made by python -m "
-        "{{ cookiecutter.package_name }}.prepare (a corpus of any size, read through np.memmap)",
+        "the training text, UTF-8, or a folder of token shards made by prepare.py (a corpus of any size, "
+        "read through np.memmap)",
     )
     eval_fraction: float = setting(0.1, "share of the text, at its end, held out for evaluation")
     eval_windows: int = setting(500, "evaluate on this many windows spread over the held-out text")

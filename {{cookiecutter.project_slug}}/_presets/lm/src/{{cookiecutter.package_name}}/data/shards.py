@@ -1,4 +1,4 @@
-"""A folder of token shards, as `python -m {{ cookiecutter.package_name }}.prepare` writes it, read through np.memmap.
+"""A folder of token shards, as prepare.py writes it, read through np.memmap.
 
 Layout: `shard_000000.bin`, `shard_000001.bin`, ...: the token ids of the whole text, in order, as
 little-endian uint16, the shards one after the other; `meta.json`: the tokenizer, the token counts and
@@ -27,6 +27,7 @@ from .token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, f
 # a large folio, measured here as ~1.5 MB): 300 steps of random windows had mapped 980 MB of a 1 GB corpus.
 # Maps reopened every REOPEN_AFTER reads keep that near 100 MB (docs/benchmarks.md of the template).
 REOPEN_AFTER = 64
+PREPARE = f"python -m {__package__.rsplit('.', 1)[0]}.prepare"  # the command that makes a folder
 
 
 class BytePairs:
@@ -102,7 +103,7 @@ class TokenShards:
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
-    how = f"make it with python -m {{ cookiecutter.package_name }}.prepare --input FILE... --output {folder}"
+    how = f"make it with {PREPARE} --input FILE... --output {folder}"
     try:
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -118,7 +119,7 @@ def open_shards(folder: Path, verify: bool = True) -> tuple[Any, TokenShards]:
     """The tokenizer and the tokens of a prepared folder. Every shard's size is checked against meta.json
     and, with `verify`, its SHA-256 (reads every shard once: about a second per GB)."""
     meta = read_meta(folder)
-    again = "prepare the folder again (python -m {{ cookiecutter.package_name }}.prepare)"
+    again = f"prepare the folder again ({PREPARE})"
     shards = []
     for entry in meta["shards"]:
         path = folder / entry["file"]
