@@ -111,6 +111,9 @@ def test_shards_of_the_shipped_text_hold_its_ids_and_train_on_the_same_windows(t
         crossing = 400_000 // 64 - 1  # the window around the first shard boundary
         for index in (0, crossing, crossing + 1, len(from_file[0]) - 1):
             assert torch.equal(from_shards[0][index], from_file[0][index])
+        # Hundreds of reads in random order: past the reopening of the memory maps (REOPEN_AFTER).
+        for index in torch.randperm(len(from_file[0]), generator=torch.Generator().manual_seed(epoch))[:300]:
+            assert torch.equal(from_shards[0][int(index)], from_file[0][int(index)])
     assert all(torch.equal(from_shards[1][i], from_file[1][i]) for i in range(len(from_file[1])))
 
 
