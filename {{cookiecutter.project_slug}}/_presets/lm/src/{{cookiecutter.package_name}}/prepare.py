@@ -105,7 +105,10 @@ def prepare(
             raise DataError(f"the input ({', '.join(map(str, files))}) holds no text")
         meta |= {"tokens": writer.tokens, "shards": writer.entries, "inputs": [str(path) for path in files]}
         (staging / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False), encoding="utf-8")
-        os.replace(staging, output)  # fails, naming it, if another prepare made `output` meanwhile
+        try:
+            os.replace(staging, output)
+        except OSError as error:  # another prepare made `output` meanwhile
+            raise DataError(f"--output {output} appeared meanwhile ({error.strerror}); kept") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # this run's own, unfinished folder
         raise
@@ -218,7 +221,10 @@ def parquet_texts(path: Path, field: str, advance: Callable[[int], None]) -> Ite
 
 def train_bpe(pieces: Iterator[str], vocab_size: int) -> Any:
     """A byte-level BPE (as GPT-2's): any text encodes, no unknown characters."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise DataError("--tokenizer bpe needs the tokenizers package: pip install -e '.[data]'") from None
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
