@@ -62,3 +62,18 @@ def test_quick_benchmark_prints_every_row() -> None:
             assert cells[1].startswith("0 / "), f"the plain loop has syncs: {cells[1]}"
     assert "Sync call sites at logging steps: train.py:" in result.stdout
     assert "Data wait: the generated train.py as is" in result.stdout
+
+
+@pytest.mark.slow
+def test_quick_shard_benchmark_prints_every_row() -> None:
+    """bench/shards.py --quick: a 16 MB corpus prepared and trained from; every row holds a number."""
+    result = run([sys.executable, "bench/shards.py", "--quick"], cwd=TEMPLATE, timeout=900)
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0] == "| measurement | value | target |", result.stdout
+    names = [row.split("|")[1].strip() for row in rows[1:]]
+    assert len(names) == 11 and all(name.startswith(("prepare: ", "train from ")) for name in names), names
+    for row in rows[1:]:
+        assert number(row.split("|")[2]) > 0, row
+    peak = next(row for row in rows if row.startswith("| prepare: peak resident memory"))
+    assert number(peak.split("|")[2]) < 1500, peak

@@ -4,6 +4,7 @@ data and its generator, the quality its README states, and a clear message when 
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -56,6 +57,36 @@ def test_class_folders_give_sorted_labels_and_sorted_files(tmp_path: Path) -> No
     expected = [("apple/nested/c.png", 0), ("zebra/a.jpg", 1), ("zebra/b.png", 1)]
     for split, dataset in (("train", train_set), ("val", eval_set)):
         assert [(str(p.relative_to(tmp_path / split)), label) for p, label in dataset.samples] == expected
+
+
+def resident_kb() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads open files and memory in /proc (Linux)")
+def test_a_large_folder_is_decoded_batch_by_batch_never_held(tmp_path: Path) -> None:
+    """3,072 images of 96 x 96, 340 MB as the model's float tensors: a shuffled pass of a DataLoader over
+    the task's train set keeps at most one image file open and grows by far less than the decoded folder."""
+    count, size = 3_072, 96
+    for index in range(count):
+        pixels = np.full((size, size, 3), index % 251, dtype=np.uint8)  # flat: small files, fast to write
+        path = tmp_path / "train" / f"class{index % 4}" / f"{index:05d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(path)
+    for label in range(4):
+        write_image(tmp_path / "val" / f"class{label}" / "0.png", (size, size))
+    _, train_set, _ = image_folder_splits(str(tmp_path), size, padding=4, flip=True, seed=0)
+    loader = torch.utils.data.DataLoader(train_set, batch_size=64, shuffle=True, collate_fn=task.collate)
+    open_files = len(os.listdir("/proc/self/fd"))
+    before, peak, seen = resident_kb(), 0, 0
+    for images, _ in loader:
+        seen += len(images)
+        peak = max(peak, resident_kb())
+        assert len(os.listdir("/proc/self/fd")) <= open_files + 1  # + 1: listdir's own
+    assert seen == count
+    held = count * 3 * size * size * 4 // 1024  # the whole folder as float32 tensors, in kB
+    assert peak - before < held // 4, f"memory grew by {(peak - before) // 1024} MB during one pass"
 
 
 def test_any_size_and_colour_mode_becomes_a_square_rgb_image(tmp_path: Path) -> None:

@@ -37,13 +37,13 @@ def test_vocabulary_is_the_sorted_characters_of_the_text(tmp_path: Path) -> None
     config = task.Config()
     text = task.data_path(config).read_text(encoding="utf-8")
     corpus = task.corpus(config)
-    assert corpus.vocab == "".join(sorted(set(text))) and len(corpus.vocab) == 65
+    assert corpus.tokenizer.chars == "".join(sorted(set(text))) and corpus.tokenizer.size == 65
     assert corpus.decode(corpus.ids) == text
     # Rebuilt from a copy of the file (another process, another machine): the same ids.
     copy = tmp_path / "copy.txt"
     shutil.copyfile(task.data_path(config), copy)
     again = load_corpus(copy)
-    assert again.vocab == corpus.vocab and torch.equal(again.ids, corpus.ids)
+    assert again.tokenizer.digest == corpus.tokenizer.digest and torch.equal(again.ids, corpus.ids)
 
 
 def offsets(windows: TrainWindows, epochs: range) -> list[int]:

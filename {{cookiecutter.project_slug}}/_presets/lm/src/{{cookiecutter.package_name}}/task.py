@@ -37,6 +37,7 @@ The contract (README, "Bring your own task"); every run checks it on two samples
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -61,7 +62,11 @@ NUM_EVAL_PROMPTS = 8  # predict.py without --input: prompts cut from the eval te
 class Config(TrainConfig):
     # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
     # A relative data_file is taken from the project folder.
-    data_file: str = setting("data/tinyshakespeare.txt", "the training text, UTF-8")
+    data_file: str = setting(
+        "data/tinyshakespeare.txt",
+        "the training text, UTF-8, or a folder of token shards made by prepare.py (a corpus of any size, "
+        "read through np.memmap)",
+    )
     eval_fraction: float = setting(0.1, "share of the text, at its end, held out for evaluation")
     eval_windows: int = setting(500, "evaluate on this many windows spread over the held-out text")
     block_size: int = setting(64, "characters of context")
@@ -90,7 +95,7 @@ class Config(TrainConfig):
     )
     CHECKS: ClassVar[list[Check]] = [
         *TrainConfig.CHECKS,
-        ("data_file", lambda v: v.strip() != "", "a path to a text file"),
+        ("data_file", lambda v: v.strip() != "", "a path to a text file or a folder of token shards"),
         ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
         ("eval_windows", lambda v: v >= 0, ">= 0 (0 means all)"),
         ("block_size", lambda v: v > 0, "> 0"),
@@ -110,16 +115,31 @@ def data_path(config: Config) -> Path:
 
 
 def corpus(config: Config) -> Corpus:
-    """The text of data_file as ids, and its vocabulary (its characters, sorted)."""
+    """The text of data_file as ids, and its tokenizer: a text file's sorted characters, or what a folder
+    of token shards was prepared with (its tokens then stay on disk)."""
     from .data.chars import load_corpus
 
     path = data_path(config)
+    if path.is_dir():
+        return shard_corpus(path)
     if not path.is_file():
         raise ConfigError(f"data_file {path} does not exist")
     try:
         return load_corpus(path)
     except UnicodeDecodeError as error:
         raise ConfigError(f"data_file {path} is not UTF-8 text: {error}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def shard_corpus(folder: Path) -> Corpus:
+    """The shards' checksums are read once per process: train.py and predict.py ask for the corpus often."""
+    from .data.chars import Corpus
+    from .data.shards import DataError, open_shards
+
+    try:
+        return Corpus(*open_shards(folder))
+    except DataError as error:
+        raise ConfigError(f"data_file: {error}") from None
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
@@ -130,8 +150,8 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     eval_set = EvalWindows(eval_ids, config.block_size, config.eval_windows)
     if not len(eval_set):
         raise ConfigError(
-            f"data_file {data_path(config)}: its held-out end ({len(eval_ids)} characters) is shorter "
-            f"than one window of block_size + 1 = {config.block_size + 1} characters"
+            f"data_file {data_path(config)}: its held-out end ({len(eval_ids)} tokens) is shorter "
+            f"than one window of block_size + 1 = {config.block_size + 1} tokens"
         )
     return train_set, eval_set
 
@@ -160,16 +180,30 @@ def build_model(config: Config) -> torch.nn.Module:
         )
     from .models.gpt import build_gpt
 
-    vocab_size = len(corpus(config).vocab)
-    return build_gpt(
-        vocab_size,
-        config.block_size,
-        config.num_layers,
-        config.num_heads,
-        config.embed_dim,
-        config.dropout,
-        config.tie_embeddings,
-    )
+    tokenizer = corpus(config).tokenizer
+    sizes = config.block_size, config.num_layers, config.num_heads, config.embed_dim, config.dropout
+    model = build_gpt(tokenizer.size, *sizes, config.tie_embeddings)
+    keep_vocabulary(model, tokenizer.digest, config.data_file)
+    return model
+
+
+def keep_vocabulary(model: torch.nn.Module, digest: str, source: str) -> None:
+    """Save the vocabulary's SHA-256 with the weights (a buffer, in checkpoints and exports alike), and
+    refuse weights saved with another one: the same number of ids would otherwise load without a word
+    and read every id as the wrong character."""
+    import torch
+
+    model.register_buffer("vocabulary_sha256", torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8))
+
+    def check(module: torch.nn.Module, state_dict: dict, prefix: str, *_: Any) -> None:
+        saved = state_dict.get(f"{prefix}vocabulary_sha256")
+        if saved is not None and not torch.equal(saved.cpu(), module.vocabulary_sha256.cpu()):
+            raise ConfigError(
+                f"these weights were trained on another vocabulary than data_file {source}'s: give the "
+                "data_file they were trained on, or prepare the new data with the same tokenizer"
+            )
+
+    model.register_load_state_dict_pre_hook(check)
 
 
 def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -211,7 +245,7 @@ def predict_inputs(config: Config, path: Path | None) -> list[dict[str, Any]]:
     _, ids = split_ids(text.ids, config.eval_fraction)
     length, follow = config.block_size, config.sample_chars
     room = max(0, len(ids) - length - follow)
-    newline = text.vocab.find("\n")
+    newline = text.tokenizer.line_break
     items = []
     for index in range(NUM_EVAL_PROMPTS):
         start = index * room // NUM_EVAL_PROMPTS

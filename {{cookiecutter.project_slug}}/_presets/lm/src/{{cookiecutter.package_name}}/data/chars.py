@@ -1,44 +1,58 @@
 """A plain text file as a character-level corpus: its vocabulary, the train/eval split and the windows.
 
 The vocabulary is every distinct character of the file, sorted by code point, so it is rebuilt
-identically from the same file by train.py, predict.py and every process: nothing is saved next to the
-model, which therefore needs this file (or one with the same characters) to read prompts and write text.
-Replace the file (task.py: `data_file`) with any UTF-8 text; task.py is the only caller of this module.
+identically from the same file by train.py, predict.py and every process. The model keeps only its
+SHA-256 (task.keep_vocabulary), so it needs this file (or one with the same characters) to read prompts
+and write text. Replace the file (task.py: `data_file`) with any UTF-8 text; a corpus larger than memory
+goes through prepare.py into token shards (data/shards.py), which the windows below read alike.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .token_format import char_ids
+
+
+class Chars:
+    """The character tokenizer: character i of `chars` (sorted by code point) has id i."""
+
+    def __init__(self, chars: str) -> None:
+        self.chars = chars
+        self.size = len(chars)
+        self.line_break = chars.find("\n")  # -1 where the text has no line breaks
+        self.digest = hashlib.sha256(chars.encode("utf-8")).hexdigest()
+
+    def encode(self, text: str) -> torch.Tensor:
+        return encode(self.chars, text)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        return "".join(self.chars[i] for i in ids.tolist())
+
 
 @dataclass(frozen=True)
 class Corpus:
-    vocab: str  # character i of the vocabulary has id i
-    ids: torch.Tensor  # the whole text as ids, int64
+    tokenizer: Any  # Chars, or shards.BytePairs for a folder prepared with --tokenizer bpe
+    ids: Any  # the whole text as ids: an int64 tensor, or shards.TokenShards read through np.memmap
 
     def encode(self, text: str) -> torch.Tensor:
-        return encode(self.vocab, text)
+        return self.tokenizer.encode(text)
 
     def decode(self, ids: torch.Tensor) -> str:
-        return "".join(self.vocab[i] for i in ids.tolist())
+        return self.tokenizer.decode(ids)
 
 
 def encode(vocab: str, text: str) -> torch.Tensor:
     """The ids of `text`; ValueError naming the first character that is not in `vocab` (sorted)."""
-    table = np.frombuffer(vocab.encode("utf-32-le"), dtype=np.uint32)
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    ids = np.minimum(np.searchsorted(table, codes), len(table) - 1)  # vectorized: 1 MB in milliseconds
-    known = table[ids] == codes
-    if not known.all():
-        column = int(np.argmin(known))
-        raise ValueError(f"character {text[column]!r} (column {column + 1}) is not in the vocabulary")
-    return torch.from_numpy(ids.astype(np.int64))
+    return torch.from_numpy(char_ids(vocab, text).astype(np.int64))
 
 
 @functools.lru_cache(maxsize=4)
@@ -46,14 +60,17 @@ def load_corpus(path: Path) -> Corpus:
     """The file's vocabulary and ids, read once per process (train.py and predict.py ask several times)."""
     text = path.read_text(encoding="utf-8")
     vocab = "".join(sorted(set(text)))
-    return Corpus(vocab, encode(vocab, text))
+    return Corpus(Chars(vocab), encode(vocab, text))
 
 
-def split_ids(ids: torch.Tensor, eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def split_ids(ids: Any, eval_fraction: float) -> tuple[Any, Any]:
     """The first (1 - eval_fraction) of the text for training, the rest for evaluation, as nanoGPT does:
-    a held-out stretch of the text, not scattered lines that share scenes with the training text."""
+    a held-out stretch of the text, not scattered lines that share scenes with the training text.
+    `ids`: a tensor, or token shards (then two views of them, read lazily)."""
     cut = int(len(ids) * (1 - eval_fraction))
-    return ids[:cut], ids[cut:]
+    if isinstance(ids, torch.Tensor):
+        return ids[:cut], ids[cut:]
+    return ids.part(0, cut), ids.part(cut, len(ids))
 
 
 class TrainWindows(Dataset):

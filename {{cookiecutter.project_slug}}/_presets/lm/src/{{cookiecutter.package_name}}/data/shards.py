@@ -1,0 +1,147 @@
+"""A folder of token shards, as prepare.py writes it, read through np.memmap.
+
+Layout: `shard_000000.bin`, `shard_000001.bin`, ...: the token ids of the whole text, in order, as
+little-endian uint16, the shards one after the other; `meta.json`: the tokenizer, the token counts and
+each shard's SHA-256; `tokenizer.json` for a byte-level BPE. The shards are never loaded whole: a window
+reads its few tokens from the page cache, so memory stays small whatever the size of the corpus.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .chars import Chars
+from .token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, file_sha256
+
+# The pages a memory map has read count as the process's resident memory until it is closed (page cache
+# that the kernel may drop, but counted), and a read fault maps far more than a window's 130 bytes (up to
+# a large folio, measured here as ~1.5 MB): 300 steps of random windows had mapped 980 MB of a 1 GB corpus.
+# Maps reopened every REOPEN_AFTER reads keep that near 100 MB (docs/benchmarks.md of the template).
+REOPEN_AFTER = 64
+PREPARE = f"python -m {__package__.rsplit('.', 1)[0]}.prepare"  # the command that makes a folder
+
+
+class BytePairs:
+    """A byte-level BPE of the `tokenizers` library, trained by prepare.py and saved in the folder."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.size = self.tokenizer.get_vocab_size()
+        line_break = self.tokenizer.encode("\n").ids
+        self.line_break = line_break[0] if len(line_break) == 1 else -1
+        self.digest = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.tensor(self.tokenizer.encode(text).ids, dtype=torch.int64)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        return self.tokenizer.decode(ids.tolist())
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: Path
+    tokens: int
+
+
+class TokenShards:
+    """The tokens of all shards as one sequence (or the part [start, stop) of it): len() and slices.
+
+    A slice returns an int64 tensor and may span shards. The memory maps are opened on first use in each
+    process and never pickled, so DataLoader workers open their own."""
+
+    def __init__(self, shards: list[Shard], start: int = 0, stop: int | None = None) -> None:
+        self.shards = shards
+        self.ends = np.cumsum([shard.tokens for shard in shards]).tolist()
+        self.start, self.stop = start, self.ends[-1] if stop is None else stop
+        self._maps: dict[int, np.memmap] = {}
+        self._reads = 0
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def part(self, start: int, stop: int) -> TokenShards:
+        return TokenShards(self.shards, self.start + start, self.start + stop)
+
+    def __getitem__(self, where: slice) -> torch.Tensor:
+        first, last, _ = where.indices(len(self))
+        self._reads += 1
+        if self._reads > REOPEN_AFTER:
+            self._maps.clear()  # closes them: the ids handed out are copies
+            self._reads = 1
+        first, last = self.start + first, self.start + max(first, last)
+        pieces = []
+        index = bisect.bisect_right(self.ends, first)
+        while first < last:
+            begin = self.ends[index] - self.shards[index].tokens
+            end = min(last, self.ends[index])
+            pieces.append(self._map(index)[first - begin : end - begin])
+            first, index = end, index + 1
+        ids = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
+        return torch.from_numpy(ids.astype(np.int64))
+
+    def _map(self, index: int) -> np.memmap:
+        if index not in self._maps:
+            self._maps[index] = np.memmap(self.shards[index].path, dtype=DTYPE, mode="r")
+            if hasattr(mmap, "MADV_RANDOM"):  # not on Windows
+                self._maps[index].base.madvise(mmap.MADV_RANDOM)
+        return self._maps[index]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": {}}
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    how = f"make it with {PREPARE} --input FILE... --output {folder}"
+    try:
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{folder} is no prepared token folder: it has no {META_FILE}; {how}") from None
+    except (OSError, ValueError) as error:
+        raise DataError(f"{folder / META_FILE} cannot be read ({error}); {how}") from None
+    if meta.get("format") != FORMAT:
+        raise DataError(f"{folder / META_FILE}: format {meta.get('format')!r}, expected {FORMAT!r}; {how}")
+    return meta
+
+
+def open_shards(folder: Path, verify: bool = True) -> tuple[Any, TokenShards]:
+    """The tokenizer and the tokens of a prepared folder. Every shard's size is checked against meta.json
+    and, with `verify`, its SHA-256 (reads every shard once: about a second per GB)."""
+    meta = read_meta(folder)
+    again = f"prepare the folder again ({PREPARE})"
+    shards = []
+    for entry in meta["shards"]:
+        path = folder / entry["file"]
+        size = path.stat().st_size if path.is_file() else None
+        expected = entry["tokens"] * DTYPE.itemsize
+        if size is None:
+            raise DataError(f"shard {path} is missing; {again}")
+        if size == 0 or entry["tokens"] == 0:
+            raise DataError(f"shard {path} is empty (meta.json: {entry['tokens']} tokens); {again}")
+        if size != expected:
+            raise DataError(
+                f"shard {path} has {size} bytes, meta.json says {expected}: truncated or replaced; {again}"
+            )
+        if verify and file_sha256(path) != entry["sha256"]:
+            raise DataError(f"shard {path} does not match its checksum in meta.json: damaged; {again}")
+        shards.append(Shard(path, entry["tokens"]))
+    if not shards:
+        raise DataError(f"{folder / META_FILE} lists no shards; {again}")
+    if meta["tokenizer"] == "char":
+        tokenizer: Any = Chars(meta["chars"])
+    else:
+        tokenizer = BytePairs(folder / TOKENIZER_FILE)
+        if tokenizer.digest != meta["tokenizer_sha256"]:
+            raise DataError(f"{folder / TOKENIZER_FILE} does not match its checksum in meta.json; {again}")
+    return tokenizer, TokenShards(shards)
