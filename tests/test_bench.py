@@ -77,3 +77,15 @@ def test_quick_shard_benchmark_prints_every_row() -> None:
         assert number(row.split("|")[2]) > 0, row
     peak = next(row for row in rows if row.startswith("| prepare: peak resident memory"))
     assert number(peak.split("|")[2]) < 1500, peak
+
+
+@pytest.mark.slow
+def test_quick_memory_benchmark_prints_both_settings() -> None:
+    """bench/memory.py --quick: a tiny BERT with and without gradient checkpointing, a number in each cell."""
+    result = run([sys.executable, "bench/memory.py", "--quick"], cwd=TEMPLATE, timeout=600)
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0] == "| gradient_checkpointing | peak memory (RSS), MiB | step, s |", result.stdout
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["false", "true"], result.stdout
+    for row in rows[1:]:
+        assert number(row.split("|")[2]) > 0 and number(row.split("|")[3]) > 0, row
