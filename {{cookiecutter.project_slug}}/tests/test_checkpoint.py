@@ -11,14 +11,17 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
     LoopState,
     _rotate,
     checkpoint_problem,
+    frozen_weights,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
+    save_trained_weights_only,
     seal,
 )
 from {{ cookiecutter.package_name }}.utils.config import TrainConfig
@@ -81,6 +84,33 @@ def test_fp16_resume_of_a_checkpoint_without_scaler_state(accelerator: Accelerat
     assert (fp16_path / "scaler.pt").exists()
     accelerator.scaler = None
     assert load_checkpoint(accelerator, fp16_path).step == 4
+
+
+def test_frozen_weights_stay_out_and_a_load_before_prepare_is_refused(
+    accelerator: Accelerator, tmp_path: Path
+) -> None:
+    """A frozen layer is not saved and a load checks that the rest is all there; loading before prepare,
+    which Accelerate would do silently and without effect, raises."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].requires_grad_(False)
+    assert frozen_weights(model)[0] and frozen_weights(torch.nn.Linear(4, 2)) == ("", "")
+    fresh = Accelerator(cpu=True)
+    with pytest.raises(RuntimeError, match="call accelerator.prepare first"):
+        load_checkpoint(fresh, tmp_path)
+    save_trained_weights_only(accelerator)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    model, optimizer = accelerator.prepare(model, optimizer)
+    path = save_checkpoint(accelerator, TrainConfig(output_dir=str(tmp_path)), LoopState(step=1))
+    assert set(load_file(path / "model.safetensors")) == {"1.weight", "1.bias"}
+    trained = model[1].weight.detach().clone()
+    with torch.no_grad():
+        model[1].weight.zero_()
+    load_checkpoint(accelerator, path)
+    assert torch.equal(model[1].weight, trained)
+    model[0].requires_grad_(True)  # now the file lacks a weight the model trains: refused, not skipped
+    with pytest.raises(RuntimeError, match="lacks trained weights of the model: 0.bias, 0.weight"):
+        load_checkpoint(accelerator, path)
 
 
 @pytest.mark.slow
