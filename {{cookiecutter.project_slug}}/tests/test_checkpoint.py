@@ -96,7 +96,7 @@ def test_frozen_weights_stay_out_and_a_load_before_prepare_is_refused(
     model[0].requires_grad_(False)
     assert frozen_weights(model)[0] and frozen_weights(torch.nn.Linear(4, 2)) == ("", "")
     fresh = Accelerator(cpu=True)
-    with pytest.raises(RuntimeError, match="call accelerator.prepare first"):
+    with pytest.raises(RuntimeError, match=r"call accelerator\.prepare first"):
         load_checkpoint(fresh, tmp_path)
     save_trained_weights_only(accelerator)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
@@ -109,7 +109,7 @@ def test_frozen_weights_stay_out_and_a_load_before_prepare_is_refused(
     load_checkpoint(accelerator, path)
     assert torch.equal(model[1].weight, trained)
     model[0].requires_grad_(True)  # now the file lacks a weight the model trains: refused, not skipped
-    with pytest.raises(RuntimeError, match="lacks trained weights of the model: 0.bias, 0.weight"):
+    with pytest.raises(RuntimeError, match=r"lacks trained weights of the model: 0\.bias, 0\.weight"):
         load_checkpoint(accelerator, path)
 
 
