@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterator
@@ -80,6 +81,28 @@ def test_fp16_resume_of_a_checkpoint_without_scaler_state(accelerator: Accelerat
     assert (fp16_path / "scaler.pt").exists()
     accelerator.scaler = None
     assert load_checkpoint(accelerator, fp16_path).step == 4
+
+
+def test_checksums_of_either_kind_catch_a_flipped_byte(accelerator: Accelerator, tmp_path: Path) -> None:
+    """Checkpoints record XXH3-128 checksums; those written before recorded SHA-256 and are still checked."""
+    model = torch.nn.Linear(4, 2)
+    accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    path = save_checkpoint(accelerator, TrainConfig(output_dir=str(tmp_path)), LoopState(step=1))
+    record = json.loads((path / "loop_state.json").read_text())
+    older = json.loads(json.dumps(record))
+    for name, entry in older["files"].items():
+        del entry["xxh3_128"]
+        entry["sha256"] = hashlib.sha256((path / name).read_bytes()).hexdigest()
+    weights = path / "model.safetensors"
+    intact = weights.read_bytes()
+    damaged = bytearray(intact)
+    damaged[-1] ^= 1
+    for written in (record, older):
+        (path / "loop_state.json").write_text(json.dumps(written))
+        assert checkpoint_problem(path) is None
+        weights.write_bytes(bytes(damaged))
+        assert checkpoint_problem(path).startswith("model.safetensors does not match its checksum")
+        weights.write_bytes(intact)
 
 
 @pytest.mark.slow
