@@ -10,9 +10,10 @@ On one CPU process, through the freshly rendered project's own `save_checkpoint`
   (`attn.c_attn`, `attn.c_proj`), AdamW over the adapter only, and a checkpoint that holds only the
   trainable parameters and the buffers.
 Each after one optimizer step (the AdamW moments exist). A save is timed against `torch.save` + `fsync`
-of the same state to one file, a resume against `torch.load` + `load_state_dict`. Each variant runs in
-a process of its own (a fresh Accelerate state), saves and resumes alternate with the plain baseline;
-the figures are medians. The newest checkpoint's size is what its folder holds on disk.
+of the same state (model, optimizer, scheduler) to a new file, and to one file overwritten in place; a
+resume against `torch.load` + `load_state_dict`. Each variant runs in a process of its own (a fresh
+Accelerate state); within a rep the order of the writes turns; the figures are medians. The newest
+checkpoint's size is what its folder holds on disk.
 
 The script renders the template itself; it needs requirements-dev.txt's packages (peft, transformers).
 """
@@ -74,7 +75,7 @@ def report(results: dict[str, dict[str, Any]], quick: bool) -> str:
     import torch
 
     rows = [
-        "| variant | checkpoint, MB | save, ms | torch.save + fsync, ms | ratio | resume, ms "
+        "| variant | checkpoint, MB | save, ms | torch.save + fsync (new file), ms | ratio | resume, ms "
         "| torch.load, ms | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -88,6 +89,9 @@ def report(results: dict[str, dict[str, Any]], quick: bool) -> str:
             f"| {plain_load * 1000:.0f} | {load / plain_load:.2f} |"
         )
     full, lora = results["full"]["bytes"], results["lora"]["bytes"]
+    in_place = {
+        variant: statistics.median(result["torch_save_fsync_in_place"]) for variant, result in results.items()
+    }
     parts = {variant: result["parts"] for variant, result in results.items()}
     notes = [
         "",
@@ -95,6 +99,10 @@ def report(results: dict[str, dict[str, Any]], quick: bool) -> str:
         f"LoRA checkpoint size: {100 * lora / full:.2f}% of the full one. Medians of "
         f"{len(results['full']['save'])} alternating runs per variant, 1 process, {os.cpu_count()} CPUs "
         f"({torch.get_num_threads()} torch threads), load average {os.getloadavg()[0]:.2f} at the end.",
+        "torch.save + fsync overwriting one file in place (as bench.py's checkpoint rows do; a crash "
+        "during that write loses the only copy), ms: "
+        + ", ".join(f"{variant} {seconds * 1000:.0f}" for variant, seconds in in_place.items())
+        + ".",
         "Save, mean of its parts, ms: "
         + "; ".join(
             f"{variant}: " + ", ".join(f"{part} {seconds * 1000:.0f}" for part, seconds in shares.items())
@@ -212,23 +220,32 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
     accelerator.save_state = timed(accelerator.save_state, "save_state")
     checkpoint._publish = timed(checkpoint._publish, "publish (fsync, checksums, rename)")
     checkpoint._rotate = timed(checkpoint._rotate, "rotation")
-    times: dict[str, list[float]] = {"save": [], "torch_save_fsync": [], "resume": [], "torch_load": []}
-    plain = scratch / "plain.pt"
+    times: dict[str, list[float]] = {
+        name: [] for name in ("save", "torch_save_fsync", "torch_save_fsync_in_place", "resume", "torch_load")
+    }
     for rep in range(reps):
         state = checkpoint.LoopState(step=rep + 1)
-        actions = [
+        writes = [
             ("save", lambda state=state: checkpoint.save_checkpoint(accelerator, config, state)),
-            ("torch_save_fsync", lambda: torch_save(plain)),
-            ("resume", lambda: checkpoint.resume(accelerator, config)),
-            ("torch_load", lambda: torch_load(plain)),
+            # The baseline: a new file per save, as a save that a crash cannot take the last copy from
+            # must write; the one before is deleted after the rep, untimed.
+            ("torch_save_fsync", lambda rep=rep: torch_save(scratch / f"plain_{rep}.pt")),
+            ("torch_save_fsync_in_place", lambda: torch_save(scratch / "in_place.pt")),
         ]
-        if rep % 2:  # each pair in the other order: a slow moment of the disk must not favour one side
-            actions = [actions[1], actions[0], actions[3], actions[2]]
-        for name, action in actions:
+        reads = [
+            ("resume", lambda: checkpoint.resume(accelerator, config)),
+            ("torch_load", lambda rep=rep: torch_load(scratch / f"plain_{rep}.pt")),
+        ]
+        # On this shared disk the second of two large writes in a row is often the slower: the order
+        # turns from rep to rep, so that no side is always second.
+        order = writes[rep % 3 :] + writes[: rep % 3] + (reads if rep % 2 == 0 else reads[::-1])
+        for name, action in order:
             with contextlib.redirect_stdout(io.StringIO()):
                 start = time.perf_counter()
                 action()
                 times[name].append(time.perf_counter() - start)
+        with contextlib.suppress(FileNotFoundError):
+            (scratch / f"plain_{rep - 1}.pt").unlink()
     # The resume restored what was saved: trained parameters overwritten, resumed, compared.
     trained = [(name, value) for name, value in model.named_parameters() if value.requires_grad]
     saved = {name: value.clone() for name, value in trained}
