@@ -103,6 +103,13 @@ def report(results: dict[str, dict[str, Any]], quick: bool) -> str:
         "during that write loses the only copy), ms: "
         + ", ".join(f"{variant} {seconds * 1000:.0f}" for variant, seconds in in_place.items())
         + ".",
+        "Reading back and hashing the newest checkpoint (the project's _checksum, from the page cache), ms: "
+        + "; ".join(
+            f"{variant}: "
+            + ", ".join(f"{name} {seconds * 1000:.0f}" for name, seconds in result["hashing"].items())
+            for variant, result in results.items()
+        )
+        + ".",
         "Save, mean of its parts, ms: "
         + "; ".join(
             f"{variant}: " + ", ".join(f"{part} {seconds * 1000:.0f}" for part, seconds in shares.items())
@@ -257,7 +264,14 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
     for name, value in trained:
         assert torch.equal(value, saved[name]), f"{name} was not restored by resume"
     newest = checkpoint.list_checkpoints(config.output_dir)[-1]
+    hashing = {}  # reading the newest checkpoint back (from the page cache) and hashing it, per checksum
+    for algorithm in (checkpoint.CHECKSUM, "sha256"):
+        start = time.perf_counter()
+        for path in newest.iterdir():
+            checkpoint._checksum(path, algorithm)
+        hashing[algorithm] = time.perf_counter() - start
     output = {
+        "hashing": hashing,
         **times,
         "parts": {part: seconds / reps for part, seconds in parts.items()},
         "bytes": sum(path.stat().st_size for path in newest.iterdir()),

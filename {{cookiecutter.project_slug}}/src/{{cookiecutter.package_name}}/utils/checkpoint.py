@@ -45,8 +45,8 @@ STAGING_PREFIX = ".incomplete_"
 # The checksum of every file: XXH3-128. It guards against damage (a flipped bit, a truncated copy, a sync
 # that stopped half-way), not against an attacker, who could rewrite loop_state.json too; for that 128
 # bits of a non-cryptographic hash serve as well as SHA-256, at about 25 GB/s instead of 1.8 (SHA-NI): a
-# 1.5 GB checkpoint is hashed in 0.1 s instead of 0.9, at its save and again at its resume, against 1.8 s
-# to write it (docs/benchmarks.md). Checkpoints written before record "sha256", still checked.
+# 1.5 GB checkpoint is read back and hashed in 0.1 s instead of 0.9, at its save and again at its resume
+# (docs/benchmarks.md). Checkpoints written before record "sha256" and are still checked.
 CHECKSUM = "xxh3_128"
 
 
@@ -179,7 +179,7 @@ def _publish(
     _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
     paths = [path for path in sorted(staging.iterdir()) if path.is_file()]
     # The checksums are computed from the page cache by a second thread while this one waits for the disk
-    # in fsync (both release the GIL): on a 1.5 GB checkpoint they then add nothing to the save's time.
+    # in fsync (both release the GIL), so that they hide behind the fsyncs.
     with ThreadPoolExecutor(max_workers=1) as pool:
         checksums = pool.map(_checksum, paths)
         for path in paths:  # the loop state is the seal: the files it vouches for must be on disk first
