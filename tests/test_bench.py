@@ -89,3 +89,24 @@ def test_quick_memory_benchmark_prints_both_settings() -> None:
     assert [row.split("|")[1].strip() for row in rows[1:]] == ["false", "true"], result.stdout
     for row in rows[1:]:
         assert number(row.split("|")[2]) > 0 and number(row.split("|")[3]) > 0, row
+
+
+@pytest.mark.slow
+def test_quick_checkpoint_benchmark_saves_and_resumes_both_variants() -> None:
+    """bench/checkpoints.py --quick: the full and the LoRA checkpoint are saved, resumed (the worker checks
+    that the trained parameters come back) and timed, and the LoRA one is the smaller."""
+    result = run([sys.executable, "bench/checkpoints.py", "--quick"], cwd=TEMPLATE, timeout=300)
+    assert result.returncode == 0, explain(result)
+    rows = {
+        line.split("|")[1].split()[0]: [number(cell) for cell in line.split("|")[2:-1]]
+        for line in result.stdout.splitlines()
+        if line.startswith("| full (") or line.startswith("| lora (")
+    }
+    assert set(rows) == {"full", "lora"}, result.stdout
+    for megabytes, save, plain_save, save_ratio, load, plain_load, load_ratio in rows.values():
+        assert megabytes > 0 and save > 0 and load > 0
+        for ours, plain, ratio in ((save, plain_save, save_ratio), (load, plain_load, load_ratio)):
+            low, high = (ours - 0.5) / (plain + 0.5), (ours + 0.5) / max(plain - 0.5, 1e-9)
+            assert low - 0.01 <= ratio <= high + 0.01, (ours, plain, ratio)
+    assert rows["lora"][0] < rows["full"][0]
+    assert re.search(r"LoRA checkpoint size: [0-9.]+% of the full one", result.stdout), result.stdout

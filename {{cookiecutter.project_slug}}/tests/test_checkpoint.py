@@ -113,6 +113,19 @@ def test_frozen_weights_stay_out_and_a_load_before_prepare_is_refused(
         load_checkpoint(accelerator, path)
 
 
+def test_a_flipped_byte_fails_the_checksum(accelerator: Accelerator, tmp_path: Path) -> None:
+    """Checkpoints record an XXH3-128 checksum of every file: one byte changed in the weights is caught."""
+    model = torch.nn.Linear(4, 2)
+    accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    path = save_checkpoint(accelerator, TrainConfig(output_dir=str(tmp_path)), LoopState(step=1))
+    assert checkpoint_problem(path) is None
+    weights = path / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[-1] ^= 1
+    weights.write_bytes(bytes(damaged))
+    assert checkpoint_problem(path).startswith("model.safetensors does not match its checksum")
+
+
 @pytest.mark.slow
 def test_bf16_checkpoint_resumes_in_fp32_and_back(tmp_path: Path) -> None:
     output_dir = tmp_path / "run"
