@@ -169,11 +169,8 @@ def export(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], folder: 
         save_file(state_dict, folder / "model.safetensors", metadata={"format": "pt"})
         return
     from .models.pretrained import save_folder
-    from .utils.config import save_config
 
-    save_folder(model, state_dict, folder, image_processor(config), config.merge_lora)
-    if (folder / "merged").is_dir():
-        save_config(config, folder / "merged" / "config.yaml")  # predict.py --model_dir <folder>/merged
+    save_folder(model, state_dict, folder, image_processor(config), config)
 
 
 def load_export(folder: Path, config: Config) -> torch.nn.Module:

@@ -195,12 +195,9 @@ def export(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], folder: 
     pipeline("text-classification", model=folder) read them (under LoRA: the adapter, and with merge_lora
     the merged model in folder/merged)."""
     from .models.pretrained import save_folder
-    from .utils.config import save_config
 
     train, _, _ = read_splits(config)
-    save_folder(model, state_dict, folder, build_tokenizer(config, train), config.merge_lora)
-    if (folder / "merged").is_dir():
-        save_config(config, folder / "merged" / "config.yaml")  # predict.py --model_dir <folder>/merged
+    save_folder(model, state_dict, folder, build_tokenizer(config, train), config)
 
 
 def load_export(folder: Path, config: Config) -> torch.nn.Module:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from ..utils.config import ConfigError
+from ..fine_tuning import FineTuningConfig
+from ..utils.config import ConfigError, save_config
 from ..utils.packages import require
 
 transformers = require("transformers", "transformers>=4.46")
@@ -167,18 +168,20 @@ def quiet() -> Iterator[None]:
 
 
 def save_folder(
-    model: torch.nn.Module, state_dict: dict[str, Any], folder: Path, processor: Any, merge: bool
+    model: torch.nn.Module, state_dict: dict[str, Any], folder: Path, processor: Any, config: FineTuningConfig
 ) -> None:
     """`model` as a Hugging Face folder, with its tokenizer or image processor: the whole model, or under
-    LoRA the adapter in peft's format (PeftModel.from_pretrained(base, folder)), and with `merge` also
-    `folder/merged`, the base with the adapter added in (AutoModel...from_pretrained, pipeline)."""
+    LoRA the adapter in peft's format (PeftModel.from_pretrained(base, folder)), and with merge_lora also
+    `folder/merged`, the base with the adapter added in (AutoModel...from_pretrained, pipeline), with the
+    run's config.yaml for predict.py."""
     model.save_pretrained(folder, state_dict=state_dict)
     processor.save_pretrained(folder)
-    if merge and hasattr(model, "merge_and_unload"):
+    if config.merge_lora and hasattr(model, "merge_and_unload"):
         # A copy: the model may still be training (best_model/ is exported mid-run).
         merged = copy.deepcopy(model).merge_and_unload()
         merged.save_pretrained(folder / "merged")
         processor.save_pretrained(folder / "merged")
+        save_config(config, folder / "merged" / "config.yaml")
 
 
 def load_folder(auto_class: Any, folder: Path, base: Callable[[], PreTrainedModel]) -> torch.nn.Module:
