@@ -25,7 +25,9 @@ from safetensors.torch import load_file, save_file
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
+    CHECKSUM,
     LOOP_STATE_FILE,
+    _checksum,
     checkpoint_problem,
     list_checkpoints,
     seal,
@@ -228,7 +230,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     record = json.loads((older / LOOP_STATE_FILE).read_text())
     record["files"]["model.safetensors"] = {
         "bytes": weights.stat().st_size,
-        "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        CHECKSUM: _checksum(weights),
     }
     (older / LOOP_STATE_FILE).write_text(json.dumps({**record, "seal": seal(record)}))
     before = snapshot(copy_of)

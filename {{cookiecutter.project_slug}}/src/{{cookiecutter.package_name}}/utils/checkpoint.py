@@ -162,6 +162,8 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
             return f"{name} is missing"
         if file.stat().st_size != expected["bytes"]:
             return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} were written"
+        if CHECKSUM not in expected:
+            return f"{name} has no {CHECKSUM} checksum: written by another version of this project"
         if contents and _checksum(file) != expected[CHECKSUM]:
             return f"{name} does not match its checksum: its contents changed after the save"
     return None
