@@ -25,19 +25,22 @@ import torch
 from accelerate.utils import find_batch_size
 import train
 
-class LimitedMemory(torch.nn.Module):
-    def __init__(self, inner, limit):
-        super().__init__()
-        self.inner, self.limit = inner, limit
+def build_limited(config):
+    # The task's own model, its forward limited in place: exports (a Hugging Face folder) still see it.
+    model = build(config)
+    forward = model.forward
 
-    def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled() and find_batch_size([*args, *kwargs.values()]) > self.limit:
+    def limited(*args, **kwargs):
+        if torch.is_grad_enabled() and find_batch_size([*args, *kwargs.values()]) > limit:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        return self.inner(*args, **kwargs)
+        return forward(*args, **kwargs)
+
+    model.forward = limited
+    return model
 
 limit = int(sys.argv[1])
 build = train.task.build_model
-train.task.build_model = lambda config: LimitedMemory(build(config), limit)
+train.task.build_model = build_limited
 sys.exit(train.main(sys.argv[2:]))
 """
 

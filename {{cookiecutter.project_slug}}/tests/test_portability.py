@@ -22,6 +22,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils import hardware
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
     LoopState,
@@ -30,7 +31,6 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     list_checkpoints,
     save_checkpoint,
 )
-from {{ cookiecutter.package_name }}.utils.config import TrainConfig
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
@@ -208,10 +208,10 @@ def test_publishing_never_renames_onto_an_existing_folder(
     """With Windows's renames: a checkpoint saved again at a step that exists (the stranger there is set
     aside first), rotation, an export that replaces the previous one, and the mirror's copies of both,
     a second time over its first: all publish, and every checkpoint reads back whole."""
-    model = torch.nn.Linear(4, 2)
-    model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
     output_dir, mirror_dir = tmp_path / "run", tmp_path / "mirror"
-    config = TrainConfig(output_dir=str(output_dir), keep_checkpoints=2)
+    config = task.Config(output_dir=str(output_dir), keep_checkpoints=2)
+    model = task.build_model(config)  # the task's own: its export (a Hugging Face folder, say) runs
+    model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
     first = save_checkpoint(accelerator, config, LoopState(step=2))
     again = save_checkpoint(accelerator, config, LoopState(step=2, samples_seen=64))
     assert again == first and checkpoint_problem(again) is None
