@@ -214,13 +214,13 @@ def load_model(config: task.Config, model_dir: Path, overrides: list[str]) -> to
     from safetensors import SafetensorError
     from safetensors.torch import load_model as load_weights
 
-    if hasattr(task, "load_export"):
-        return task.load_export(model_dir, config)
     weights = model_dir / "model.safetensors"
-    if not weights.is_file():
+    if not hasattr(task, "load_export") and not weights.is_file():
         raise ConfigError(f"{weights} does not exist: train first (python train.py), or pass --model_dir")
-    model = task.build_model(config)
     try:
+        if hasattr(task, "load_export"):  # the task's own format (it names a missing file itself)
+            return task.load_export(model_dir, config)
+        model = task.build_model(config)
         # safetensors' own loader: it knows that tied weights were saved under one of their names.
         load_weights(model, weights)
     except (SafetensorError, OSError) as error:

@@ -178,8 +178,11 @@ def load_export(folder: Path, config: Config) -> torch.nn.Module:
     if not config.pretrained_model:
         from safetensors.torch import load_model
 
+        weights = folder / "model.safetensors"
+        if not weights.is_file():
+            raise ConfigError(f"{weights} does not exist: train first (python train.py), or pass --model_dir")
         model = build_model(config)
-        load_model(model, folder / "model.safetensors")
+        load_model(model, weights)
         return model
     from .models.pretrained import load_folder, transformers
 

@@ -187,8 +187,15 @@ def save_folder(
 def load_folder(auto_class: Any, folder: Path, base: Callable[[], PreTrainedModel]) -> torch.nn.Module:
     """The model `save_folder` wrote: an adapter on `base()` (the pretrained model on this machine, which
     need not be where training found it), or a whole model."""
+    adapter = (folder / "adapter_config.json").is_file()
+    weights = folder / ("adapter_model.safetensors" if adapter else "model.safetensors")
+    if not weights.is_file() and not weights.with_name(f"{weights.name}.index.json").is_file():
+        raise ConfigError(
+            f"{weights} does not exist: train first (python train.py), or pass --model_dir with a folder "
+            "train.py exported (<output_dir>/model, <output_dir>/best_model or their merged/)"
+        )
     try:
-        if (folder / "adapter_config.json").is_file():
+        if adapter:
             peft = require("peft", PEFT)
             with quiet():
                 return peft.PeftModel.from_pretrained(base(), folder)
