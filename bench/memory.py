@@ -35,6 +35,7 @@ def child(project: Path, shape: str, checkpointing: bool) -> None:
     sys.path.insert(0, str(project / "src"))
     import torch
     import transformers
+    from bench_text.fine_tuning import FineTuningConfig
     from bench_text.models.pretrained import for_training
 
     hidden, layers, heads, batch, length = SHAPES[shape]
@@ -48,7 +49,7 @@ def child(project: Path, shape: str, checkpointing: bool) -> None:
         num_labels=4,
     )
     model = transformers.AutoModelForSequenceClassification.from_config(config)
-    model = for_training(model, checkpointing, 0, 16.0, 0.0, "").train()
+    model = for_training(model, FineTuningConfig(gradient_checkpointing=checkpointing)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, config.vocab_size, (batch, length))
     labels = torch.randint(0, 4, (batch,))

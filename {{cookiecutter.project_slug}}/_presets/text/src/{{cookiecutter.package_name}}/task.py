@@ -161,14 +161,7 @@ def build_model(config: Config) -> torch.nn.Module:
     """The network as it trains: the base model, with LoRA and gradient checkpointing if asked for."""
     from .models.pretrained import for_training
 
-    return for_training(
-        build_base(config),
-        config.gradient_checkpointing,
-        config.lora_rank,
-        config.lora_alpha,
-        config.lora_dropout,
-        config.lora_target_modules,
-    )
+    return for_training(build_base(config), config)
 
 
 def build_base(config: Config) -> PreTrainedModel:

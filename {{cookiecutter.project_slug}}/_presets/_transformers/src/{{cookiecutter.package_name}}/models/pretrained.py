@@ -101,35 +101,28 @@ def cannot_load(name: str, error: OSError) -> str:
     )
 
 
-def for_training(
-    model: PreTrainedModel,
-    gradient_checkpointing: bool,
-    lora_rank: int,
-    lora_alpha: float,
-    lora_dropout: float,
-    lora_target_modules: str,
-) -> torch.nn.Module:
+def for_training(model: PreTrainedModel, config: FineTuningConfig) -> torch.nn.Module:
     """`model` as it is trained: with gradient checkpointing (activations recomputed in the backward pass)
     and, with lora_rank > 0, wrapped once by peft: LoRA adapters on the target modules, the head trained in
     full, every other weight frozen."""
-    if gradient_checkpointing:
+    if config.gradient_checkpointing:
         if not model.supports_gradient_checkpointing:
             name = type(model).__name__
             raise ConfigError(f"gradient_checkpointing: {name} does not support it; pass false")
         # Non-reentrant: it works when the inputs of a layer need no gradient (a frozen embedding under
         # LoRA), and it replays dropout's random draws, so the result is the same as without it.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if lora_rank == 0:
+    if config.lora_rank == 0:
         return model
     peft = require("peft", PEFT)
     if isinstance(model, peft.PeftModel):  # a second wrap would hide the first adapter from the optimizer
         raise RuntimeError("the model is already wrapped by peft: apply LoRA once, in build_model")
-    named = [module.strip() for module in lora_target_modules.split(",") if module.strip()]
+    named = [module.strip() for module in config.lora_target_modules.split(",") if module.strip()]
     targets = named or default_targets(model)
     lora = peft.LoraConfig(
-        r=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
         target_modules=targets,
         modules_to_save=[head for head in HEADS if hasattr(model, head)],
     )
@@ -138,8 +131,9 @@ def for_training(
             return peft.get_peft_model(model, lora)
     except ValueError as error:  # no default targets for this family, or a name that matches nothing
         first = str(error).strip().splitlines()[0]
+        named_here = f"lora_target_modules={config.lora_target_modules!r}"
         raise ConfigError(
-            f"lora_target_modules={lora_target_modules!r} for a {model.config.model_type} model: {first}. "
+            f"{named_here} for a {model.config.model_type} model: {first}. "
             "Name its attention projections, e.g. --lora_target_modules q_proj,v_proj"
         ) from None
 
