@@ -234,31 +234,41 @@ def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tu
 def test_a_kill_in_the_middle_of_an_upload_is_skipped_and_named(
     s3: S3, single_run: tuple, tmp_path: Path
 ) -> None:
-    """kill -9 while the second checkpoint is published (one of its files copied, its seal not): the
-    next session names the cut-off copies, continues from the one before, and ends exactly."""
+    """kill -9 while a checkpoint is published (one of its files copied, its seal not): the next session
+    names the cut-off copies, continues from the one before, and ends exactly."""
     bucket = s3.bucket("killed")
     publish = re.compile(rf"PUT /{bucket}/run/checkpoints/(step_\d+)/")
+    # A first session stops by SIGTERM with its checkpoint sealed in the bucket. Then the session that is
+    # killed has at least one newer checkpoint to publish (its last, which the end of a run waits for),
+    # however slowly its mirror starts on a loaded machine.
+    first = tmp_path / "first" / "run"
+    process = start_training(first, s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run")
+    wait_for_training(first, process, time.time() - 60, step=25)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 75, out + err
+    stopped = re.search(r"stopped by SIGTERM at step (\d+)", out)
+    assert stopped and f"mirror: s3://{bucket}/run holds step {stopped.group(1)} (verified)" in out, out
+    kept, since = f"step_{int(stopped.group(1)):08d}", len(s3.relay.lines)
 
-    def second_file_of_second_checkpoint(line: str, earlier: list[str]) -> bool:
-        if not (match := publish.match(line)):
+    def second_file_of_a_new_checkpoint(line: str, earlier: list[str]) -> bool:
+        if not (match := publish.match(line)) or match.group(1) == kept:
             return False
-        steps = [found.group(1) for text in earlier if (found := publish.match(text))]
-        return bool(steps) and match.group(1) != steps[0] and steps.count(match.group(1)) == 1
+        return [found.group(1) for text in earlier[since:] if (found := publish.match(text))] == [
+            match.group(1)
+        ]
 
-    s3.relay.hold(second_file_of_second_checkpoint)
+    s3.relay.hold(second_file_of_a_new_checkpoint)
     try:
-        process = start_training(
-            tmp_path / "first" / "run", s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run"
-        )
-        assert s3.relay.held.wait(300), "no second checkpoint was published"
+        process = start_training(first, s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run")
+        assert s3.relay.held.wait(300), "no checkpoint after the first was published"
         process.kill()
         process.communicate(timeout=60)
     finally:
         s3.relay.stop()  # drops the held connection
         s3.relay.hold(None)
         s3.relay.start()
-    steps = [found.group(1) for text in s3.relay.lines if (found := publish.match(text))]
-    kept, cut = steps[0], steps[-1]
+    cut = [found.group(1) for text in s3.relay.lines[since:] if (found := publish.match(text))][-1]
 
     output_dir = tmp_path / "second" / "run"
     result = run(output_dir, s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run")
