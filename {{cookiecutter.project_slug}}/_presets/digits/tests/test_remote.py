@@ -197,14 +197,11 @@ def assert_no_credential(s3: S3, texts: list[bytes]) -> None:
         assert s3.secret.encode() not in text and s3.key.encode() not in text
 
 
-def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tuple, tmp_path: Path) -> None:
-    """Mirrored to s3://bucket/run, stopped by SIGTERM, the session's disk gone: a new session with only
-    import_from s3://bucket continues it and ends bitwise equal to the uninterrupted run. No file of the
-    run, local or in the bucket, and no line it printed holds the key."""
-    bucket = s3.bucket("continued")
-    colab = tmp_path / "colab" / "run"
-    process = start_training(colab, s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run")
-    wait_for_training(colab, process, time.time() - 60, step=25)
+def stop_mirrored_run(s3: S3, output_dir: Path, bucket: str) -> tuple[int, str]:
+    """A run mirrored to s3://bucket/run, stopped by SIGTERM mid-run: its step (sealed in the bucket) and
+    everything it printed."""
+    process = start_training(output_dir, s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run")
+    wait_for_training(output_dir, process, time.time() - 60, step=25)
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
     assert process.returncode == 75, out + err
@@ -212,6 +209,16 @@ def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tu
     assert stopped, out
     step = int(stopped.group(1))
     assert f"mirror: s3://{bucket}/run holds step {step} (verified)" in out, out
+    return step, out + err
+
+
+def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tuple, tmp_path: Path) -> None:
+    """Mirrored to s3://bucket/run, stopped by SIGTERM, the session's disk gone: a new session with only
+    import_from s3://bucket continues it and ends bitwise equal to the uninterrupted run. No file of the
+    run, local or in the bucket, and no line it printed holds the key."""
+    bucket = s3.bucket("continued")
+    colab = tmp_path / "colab" / "run"
+    step, printed = stop_mirrored_run(s3, colab, bucket)
     written = [path.read_bytes() for path in colab.rglob("*") if path.is_file()]
     shutil.rmtree(colab.parent)  # the session's disk is gone
 
@@ -227,8 +234,8 @@ def test_a_run_continues_from_the_bucket_in_a_new_session(s3: S3, single_run: tu
     assert json.loads(stored[f"run/checkpoints/step_00000088/{LOOP_STATE_FILE}"])["loop_state"]["step"] == 88
     assert "run/.lock" not in stored  # the lease was given back
     written += [path.read_bytes() for path in laptop.rglob("*") if path.is_file()]
-    printed = (out + err + result.stdout + result.stderr).encode()
-    assert_no_credential(s3, [*written, *stored.values(), printed])
+    printed += result.stdout + result.stderr
+    assert_no_credential(s3, [*written, *stored.values(), printed.encode()])
 
 
 def test_a_kill_in_the_middle_of_an_upload_is_skipped_and_named(
@@ -242,14 +249,8 @@ def test_a_kill_in_the_middle_of_an_upload_is_skipped_and_named(
     # killed has at least one newer checkpoint to publish (its last, which the end of a run waits for),
     # however slowly its mirror starts on a loaded machine.
     first = tmp_path / "first" / "run"
-    process = start_training(first, s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run")
-    wait_for_training(first, process, time.time() - 60, step=25)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=300)
-    assert process.returncode == 75, out + err
-    stopped = re.search(r"stopped by SIGTERM at step (\d+)", out)
-    assert stopped and f"mirror: s3://{bucket}/run holds step {stopped.group(1)} (verified)" in out, out
-    kept, since = f"step_{int(stopped.group(1)):08d}", len(s3.relay.lines)
+    step, _ = stop_mirrored_run(s3, first, bucket)
+    kept, since = f"step_{step:08d}", len(s3.relay.lines)
 
     def second_file_of_a_new_checkpoint(line: str, earlier: list[str]) -> bool:
         if not (match := publish.match(line)) or match.group(1) == kept:
