@@ -3,6 +3,8 @@ and every relative link of the README and of those pages leads to a file and a h
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -57,3 +59,23 @@ def test_every_link_of_readme_and_docs_resolves_and_every_page_is_linked(
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, broken
     assert set(pages(project)[1:]) <= linked, set(pages(project)[1:]) - linked
+
+
+def test_publishing_code_matches_the_installed_huggingface_hub(render: Callable[..., Render]) -> None:
+    """The README's publishing code compiles, and each `api.<method>(...)` it makes binds to the signature
+    of that HfApi method in the installed huggingface_hub (accelerate's dependency). Nothing is uploaded:
+    there is no network here."""
+    from huggingface_hub import HfApi
+
+    readme = (render().path / "README.md").read_text(encoding="utf-8")
+    (code,) = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    calls = [
+        node
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if isinstance(node.func.value, ast.Name) and node.func.value.id == "api"
+    ]
+    assert [call.func.attr for call in calls] == ["create_repo", "upload_folder"]
+    for call in calls:
+        signature = inspect.signature(getattr(HfApi, call.func.attr))
+        signature.bind(HfApi(), *call.args, **{keyword.arg: keyword.value for keyword in call.keywords})
