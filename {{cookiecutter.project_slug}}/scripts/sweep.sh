@@ -27,7 +27,8 @@ while [[ $# -gt 0 && $1 != "--" ]]; do
   shift
 done
 [[ $# -gt 0 ]] && shift # the --
-sweep_dir=${SWEEP_DIR:-outputs/{{ cookiecutter.task }}-sweep}
+default_dir="outputs/{{ cookiecutter.task }}-sweep"
+sweep_dir=${SWEEP_DIR:-$default_dir}
 
 for value in "${values[@]}"; do
   echo "sweep: $field=$value -> $sweep_dir/$field=$value"
@@ -38,6 +39,6 @@ echo "sweep: done. Each run's export.json (step and last evaluation):"
 for value in "${values[@]}"; do
   echo "  $field=$value: $(tr -d '\n' <"$sweep_dir/$field=$value/model/export.json" | tr -s ' ')"
 done
-{%- if cookiecutter.tracker == "tensorboard" %}
-echo "Compare them: tensorboard --logdir $sweep_dir"
-{%- endif %}
+if [[ -d "$sweep_dir/$field=${values[0]}/logs" ]]; then # TensorBoard's folder (tracker: tensorboard)
+  echo "Compare them: tensorboard --logdir $sweep_dir"
+fi
