@@ -1,8 +1,9 @@
 """Put the chosen task preset in place, remove what the chosen options do not need, say what to run next.
 
 Each preset lives in `_presets/<task>/` of the template, laid out like the project: its task.py, data and
-model modules, tests and README section. Its files move into the project (with `_presets/_transformers/`
-for the presets that fine-tune Hugging Face models); the other presets go.
+model modules, tests, its short README section (overview.md, included in README.md) and its long one
+(README.md, which becomes a page under docs/). Its files move into the project (with
+`_presets/_transformers/` for the presets that fine-tune Hugging Face models); the other presets go.
 Tracker code is cut by the templates themselves.
 """
 
@@ -16,6 +17,10 @@ TASK = "{{ cookiecutter.task }}"
 # The presets that fine-tune Hugging Face models: they share _presets/_transformers/ (loading a pretrained
 # model, LoRA, exports as Hugging Face folders, and the tests of these).
 BUILT_ON_TRANSFORMERS = ("text", "images")
+
+# A preset's README.md is its page under docs/ (the project's README.md includes its overview.md instead).
+DOCS_PAGES = {Path("_presets") / TASK: Path("docs") / "task.md"}
+DOCS_PAGES[Path("_presets") / "_transformers"] = Path("docs") / "pretrained.md"
 
 # Printed after a successful render: the project README's quick start, for this folder.
 NEXT_STEPS = """\
@@ -37,7 +42,9 @@ if __name__ == "__main__":
     for preset in chosen:
         for source in sorted(preset.rglob("*")):
             target = source.relative_to(preset)
-            if source.is_file() and target != Path("README.md"):  # README.md is included in README.md
+            if target == Path("README.md"):
+                target = DOCS_PAGES[preset]
+            if source.is_file() and target != Path("overview.md"):  # included in README.md
                 target.parent.mkdir(parents=True, exist_ok=True)
                 source.replace(target)
     shutil.rmtree("_presets")

@@ -26,32 +26,26 @@ CHOICES: dict[str, list[str]] = {
     for key, value in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
     if isinstance(value, list) and not key.startswith("_")
 }
-# The task presets: one folder each under _presets/, the default (cookiecutter.json) first. Folders named
-# _<name> are shared by several presets (post_gen_project.py).
-DEFAULT_TASK = json.loads((TEMPLATE / "cookiecutter.json").read_text())["task"]
-TASKS = [
-    DEFAULT_TASK,
-    *sorted(
-        p.name
-        for p in (TEMPLATE_DIR / "_presets").iterdir()
-        if p.name != DEFAULT_TASK and not p.name.startswith("_")
-    ),
-]
-DEFAULT_ANSWERS = {key: values[0] for key, values in CHOICES.items()} | {"task": DEFAULT_TASK}
-DEFAULT_SLUG = "digits-classifier"
-DEFAULT_PACKAGE = "digits_classifier"
+# The task presets, the default first: cookiecutter.json's choice list (each has a folder under _presets/;
+# folders named _<name> are shared by several presets, post_gen_project.py).
+TASKS = CHOICES["task"]
+DEFAULT_ANSWERS = {key: values[0] for key, values in CHOICES.items()}
+# The default project name follows the task; the slug and the package derive from it.
+TASK_SLUGS = {"digits": "digits-classifier", "images": "image-classifier", "text": "speaker-classifier"}
+TASK_SLUGS |= {"lm": "char-gpt"}
+DEFAULT_SLUG = TASK_SLUGS[TASKS[0]]
+DEFAULT_PACKAGE = DEFAULT_SLUG.replace("-", "_")
 
 # Answers with names of their own: every name is set explicitly, and none is the default.
 CUSTOM_NAMES = {"project_name": "Vision Lab", "project_slug": "vision.lab", "package_name": "vision_core"}
 # Only project_name is set: the slug and the package name are derived from it.
 DERIVED_NAMES = {"project_name": "Protein Folding_v2"}
 
-# Every render the option tests need: the default, each value of each choice option, each task preset,
-# custom names.
+# Every render the option tests need: the default, each value of each choice option (each task preset
+# among them), custom names.
 RENDERS: dict[str, dict[str, str]] = {
     "default": {},
     **{f"{key}={value}": {key: value} for key, values in CHOICES.items() for value in values},
-    **{f"task={task}": {"task": task} for task in TASKS[1:]},
     "custom-names": CUSTOM_NAMES,
     "derived-names": DERIVED_NAMES,
 }

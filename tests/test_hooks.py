@@ -6,15 +6,15 @@ post-generation hook's next steps.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cookiecutter.exceptions import FailedHookException
 
-from hooks.answers import TASKS as CHECKED_TASKS
-
-from .conftest import DEFAULT_SLUG, TASKS, TEMPLATE, explain, render_template, run
+from .conftest import DEFAULT_SLUG, TASK_SLUGS, TASKS, TEMPLATE, TEMPLATE_DIR, explain, render_template, run
 
 # (answers, text the hook's message must contain)
 BAD_ANSWERS: list[tuple[dict[str, str], str]] = [
@@ -51,8 +51,6 @@ BAD_ANSWERS: list[tuple[dict[str, str], str]] = [
     ({"package_name": "torch"}, "package_name 'torch' would shadow"),
     ({"package_name": "accelerate"}, "package_name 'accelerate' would shadow"),
     ({"author_email": "nope"}, "author_email 'nope' is not an email address"),
-    ({"task": "vision"}, "task 'vision' is not a preset: choose one of digits, images, text, lm."),
-    ({"task": "../digits"}, "task '../digits' is not a preset"),
 ]
 
 
@@ -81,7 +79,7 @@ def test_bad_answer_is_refused_and_nothing_is_written(
 
 
 # A few of them through the command line, as a user would meet them.
-CLI_IDS = ("project_slug=../x", "project_slug=a/b", "package_name=match", "author_email=nope", "task=vision")
+CLI_IDS = ("project_slug=../x", "project_slug=a/b", "package_name=match", "author_email=nope")
 CLI_CASES = [case for case in BAD_ANSWERS if ids(case) in CLI_IDS]
 
 
@@ -147,9 +145,46 @@ def test_typed_values_are_not_called_derived(tmp_path: Path, capfd: pytest.Captu
     assert "derived" not in err
 
 
-def test_the_check_knows_exactly_the_presets_of_the_template() -> None:
-    """The check's list of tasks is the list of _presets/ folders (and the default comes first)."""
-    assert CHECKED_TASKS[0] == TASKS[0] and sorted(CHECKED_TASKS) == sorted(TASKS)
+def test_the_task_menu_offers_exactly_the_presets_of_the_template() -> None:
+    """cookiecutter.json's task choices are the _presets/ folders (less the shared _<name> ones), each with
+    a line of its own in the numbered menu, and a default project name of its own."""
+    presets = {p.name for p in (TEMPLATE_DIR / "_presets").iterdir() if not p.name.startswith("_")}
+    assert sorted(TASKS) == sorted(presets)
+    labels = json.loads((TEMPLATE / "cookiecutter.json").read_text())["__prompts__"]["task"]
+    assert set(labels) - {"__prompt__"} == set(TASKS)
+    assert all(labels[task].startswith(f"{task}: ") for task in TASKS)
+    assert sorted(TASK_SLUGS) == sorted(TASKS)
+
+
+@pytest.mark.parametrize("value", ["vision", "../digits"])
+def test_a_task_outside_the_menu_is_refused_and_nothing_is_written(tmp_path: Path, value: str) -> None:
+    """cookiecutter refuses a task that is not one of its choices before it renders anything, in its last
+    line of output naming the value and the choices."""
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", "--default-config", "-o", str(output_dir)]
+    result = run([*command, str(TEMPLATE), f"task={value}"], cwd=tmp_path, timeout=120)
+    assert result.returncode != 0, explain(result)
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"{value} provided for choice variable task, but the choices are {TASKS}" in last, explain(result)
+    assert_nothing_written(tmp_path, output_dir)
+
+
+def test_interactive_menu_numbers_the_tasks_and_names_the_project_after_the_choice(tmp_path: Path) -> None:
+    """Without --no-input, the first question is the numbered task menu with a label per task; the
+    project name's default, asked next, follows the number typed (Enter takes every other default)."""
+    task = TASKS[-1]
+    number = len(TASKS)
+    command = [sys.executable, "-m", "cookiecutter", "--default-config", "-o", str(tmp_path), str(TEMPLATE)]
+    result = subprocess.run(
+        command, input=f"{number}\n" + "\n" * 20, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, explain(result)
+    assert (tmp_path / TASK_SLUGS[task] / "train.py").is_file(), explain(result)
+    menu = " ".join(result.stdout.split())  # the prompt wraps lines at the terminal's width
+    labels = json.loads((TEMPLATE / "cookiecutter.json").read_text())["__prompts__"]["task"]
+    for index, name in enumerate(TASKS, start=1):
+        assert f"{index} - {' '.join(labels[name].split())}" in menu, explain(result)
 
 
 @pytest.mark.parametrize("answers", [{}, {"project_name": "My Lab", "task": "lm"}], ids=["default", "lm"])

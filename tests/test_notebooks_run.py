@@ -12,7 +12,9 @@ Stood in for, and only these, since the platforms themselves provide them:
   session must leave /kaggle/input as it found it) and an empty, writable /kaggle/working.
 Not the platform's, but kept out: a GPU (there is none here: training runs on the CPU) and pip
 (SKIP_INSTALL=1: the launcher must not change this venv). The notebooks run as they are, with one cell
-inserted after their `parameters` cell (papermill's convention) that sets a short run's TRAIN_ARGS.
+inserted after their `parameters` cell (papermill's convention) that sets a short run's TRAIN_ARGS and
+SHOW_TENSORBOARD = False: Colab's inline TensorBoard would start a server that outlives the kernel, so
+that cell runs only its `else` branch here (its magics are still parsed).
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def run_session(
     """Run all cells of the platform's notebook in a new kernel, on the platform's folders as they are."""
     notebook = nbformat.read(render.path / "notebooks" / f"{platform}.ipynb", as_version=4)
     (index,) = [i for i, cell in enumerate(notebook.cells) if "parameters" in cell.metadata.get("tags", [])]
-    injected = nbformat.v4.new_code_cell(f"TRAIN_ARGS = {TRAIN_ARGS!r}")
+    injected = nbformat.v4.new_code_cell(f"TRAIN_ARGS = {TRAIN_ARGS!r}\nSHOW_TENSORBOARD = False")
     injected.metadata["tags"] = ["injected-parameters"]
     notebook.cells.insert(index + 1, injected)
     cwd = roots["content"] if platform == "colab" else roots["kaggle"] / "working"
@@ -280,7 +282,26 @@ def assert_continued_to_the_end(session: Session, project: Render, platform: str
     results = session.output("results")
     assert session.error("results") is None, results
     assert f'"step": {LAST_STEP}' in results and ".safetensors" in results, results
+    assert_results_shown(session, project, platform)
     return output
+
+
+def assert_results_shown(session: Session, project: Render, platform: str) -> None:
+    """The cells after the results: the curves drawn inline (an SVG of the run), TensorBoard's cell
+    (Colab) parsed and skipped as told, and predict.py's first rows, written next to the run."""
+    curves = session.cell("curves")
+    assert session.error("curves") is None, text(curves)
+    shown = [output for output in curves.outputs if output.output_type == "display_data"]
+    (svg,) = [output.data["image/svg+xml"] for output in shown]
+    assert svg.lstrip().startswith("<svg") and "</svg>" in svg
+    if platform == "colab":
+        assert session.error("tensorboard") is None, session.output("tensorboard")
+        assert "TensorBoard: skipped (SHOW_TENSORBOARD is False)" in session.output("tensorboard")
+    predicted = session.output("predict")
+    assert session.error("predict") is None, predicted
+    rows = [line for line in predicted.splitlines() if line.startswith("index: ")]
+    assert [row.split(" | ")[0] for row in rows] == [f"index: {index}" for index in range(5)], predicted
+    assert (output_dir(project, platform) / "predictions.csv").is_file()
 
 
 def test_running_all_cells_again_continues(

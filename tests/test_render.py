@@ -25,6 +25,7 @@ from .conftest import (
     DEFAULT_PACKAGE,
     DEFAULT_SLUG,
     DERIVED_NAMES,
+    TASK_SLUGS,
     TASKS,
     TEMPLATE_DIR,
     Render,
@@ -84,6 +85,17 @@ def test_default_render_uses_the_default_names(render: Callable[..., Render]) ->
     default = render()
     assert default.path.name == DEFAULT_SLUG
     assert [p.name for p in (default.path / "src").iterdir()] == [DEFAULT_PACKAGE]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_default_names_follow_the_task(render: Callable[..., Render], task: str) -> None:
+    """With only the task given, the project is named after it (`task=lm` makes `char-gpt/`, package
+    `char_gpt`, README titled "Char GPT"), not after another preset."""
+    project = render(task=task)
+    assert project.path.name == TASK_SLUGS[task]
+    assert [p.name for p in (project.path / "src").iterdir()] == [TASK_SLUGS[task].replace("-", "_")]
+    title = TASK_SLUGS[task].replace("-", " ").title().replace("Gpt", "GPT")
+    assert (project.path / "README.md").read_text(encoding="utf-8").startswith(f"# {title}\n")
 
 
 @pytest.mark.parametrize("version", CHOICES["python_version"])
@@ -296,10 +308,14 @@ def test_dependencies_are_the_shared_ones_and_the_options(render: Callable[..., 
 
 def test_train_and_predict_are_the_same_for_every_task(render: Callable[..., Render]) -> None:
     """train.py and predict.py hold no task-specific line: they are byte for byte the same in every preset,
-    and name no loss, label or metric."""
-    scripts = {task: render(task=task).path for task in TASKS}
+    and name no loss, label or metric (the package's name aside)."""
+    projects = {task: render(task=task) for task in TASKS}
     for name in ("train.py", "predict.py"):
-        texts = {task: (path / name).read_text(encoding="utf-8") for task, path in scripts.items()}
+        # Each task's default project name is its own: compare with the package's name left out.
+        texts = {
+            task: (project.path / name).read_text(encoding="utf-8").replace(project.package, "PACKAGE")
+            for task, project in projects.items()
+        }
         assert len(set(texts.values())) == 1, f"{name} differs between tasks"
         code = texts[TASKS[0]]
         for word in ("cross_entropy", "accuracy", "logits", "argmax", "inputs, labels", "batch["):

@@ -57,6 +57,12 @@ def readme_commands(readme: Path, language: str = "bash") -> set[str]:
     return {re.sub(r"\s+#.*$", "", line).strip() for block in blocks for line in block.splitlines()}
 
 
+def project_commands(project: Path, language: str = "bash") -> set[str]:
+    """The command lines of a generated project's README and of its docs/ pages, which it links."""
+    pages = [project / "README.md", *sorted((project / "docs").glob("*.md"))]
+    return set().union(*(readme_commands(page, language) for page in pages))
+
+
 def checker_env() -> dict[str, str]:
     """PATH with this venv's tools first: actionlint checks `run:` scripts with the shellcheck it finds."""
     bin_dir = str(Path(tool("shellcheck")).parent)
@@ -135,12 +141,13 @@ def test_template_workflow_runs_the_ci_scripts_of_the_readme() -> None:
 
 
 def test_generated_workflow_runs_the_readme_commands(render: Callable[..., Render]) -> None:
-    """tests.yml runs commands of the project's README only: the CPU torch of the quick start, the dev
-    install, pre-commit, the fast tests and the whole suite; on the project's Python and the newest."""
+    """tests.yml runs commands of the project's README and docs/ only: the CPU torch of the quick start,
+    the dev install, pre-commit, the fast tests and the whole suite; on the project's Python and the
+    newest."""
     project = render()
     workflow = project.path / ".github" / "workflows" / "tests.yml"
     lines = run_lines(workflow)
-    readme = readme_commands(project.path / "README.md")
+    readme = project_commands(project.path)
     assert set(lines) <= readme, set(lines) - readme
     assert {"python -m pytest", 'python -m pytest -m "not slow"', "pre-commit run --all-files"} <= set(lines)
     matrix = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]["tests"]["strategy"]["matrix"]
@@ -150,8 +157,8 @@ def test_generated_workflow_runs_the_readme_commands(render: Callable[..., Rende
 def test_generated_workflow_runs_the_readme_windows_commands_on_windows_and_macos(
     render: Callable[..., Render],
 ) -> None:
-    """tests.yml's platform legs run on windows-latest and macos-latest, with commands the project's README
-    gives in PowerShell (Windows's shell there) and in bash: the install, the fast tests, and the
+    """tests.yml's platform legs run on windows-latest and macos-latest, with commands the project's docs
+    give in PowerShell (Windows's shell there) and in bash: the install, the fast tests, and the
     portability tests with their real training stopped and resumed."""
     project = render()
     workflow = project.path / ".github" / "workflows" / "tests.yml"
@@ -160,9 +167,8 @@ def test_generated_workflow_runs_the_readme_windows_commands_on_windows_and_maco
     runs = [step.get("run", "") for step in job["steps"]]
     lines = {line.strip() for run in runs for line in run.splitlines() if line.strip()}
     assert "python -m pytest tests/test_portability.py" in lines
-    readme = project.path / "README.md"
     for language in ("powershell", "bash"):
-        missing = lines - readme_commands(readme, language)
+        missing = lines - project_commands(project.path, language)
         assert not missing, (language, missing)
 
 

@@ -55,6 +55,19 @@ def test_notebook_runs_the_launcher_and_reads_the_configured_output(platform: st
 
 
 @pytest.mark.parametrize("platform", list(NOTEBOOKS))
+def test_notebook_shows_curves_and_predictions_of_the_configured_run(platform: str) -> None:
+    """After the results, cells show curves.svg inline and run predict.py on the exported model, both in
+    the output_dir of configs/<platform>.yaml (on Colab the session's disk, where training writes)."""
+    cells = {cell.get("id"): cell.source for cell in nbformat.read(NOTEBOOKS[platform], as_version=4).cells}
+    output_dir = yaml.safe_load((PROJECT / "configs" / f"{platform}.yaml").read_text())["output_dir"]
+    assert f'RUN = "{output_dir.rstrip("/")}"' in cells["curves"]
+    assert 'SVG(filename=f"{RUN}/curves.svg")' in cells["curves"]
+    assert '"predict.py", "--model_dir", f"{RUN}/model"' in cells["predict"]
+    order = list(cells)
+    assert order.index("results") < order.index("curves") < order.index("predict")
+
+
+@pytest.mark.parametrize("platform", list(NOTEBOOKS))
 def test_notebook_takes_train_arguments_from_a_parameters_cell(platform: str) -> None:
     """TRAIN_ARGS is set in one cell tagged `parameters`, before the training cell: a user edits it there,
     and a tool (papermill, the template's tests) overrides it with a cell of its own right after it."""
