@@ -36,7 +36,7 @@ from .conftest import (
 )
 from .task_settings import SAME_ON_EVERY_PROCESS
 
-datasets = pytest.importorskip("datasets", reason="data_files streams through datasets (pip install datasets)")
+datasets = pytest.importorskip("datasets", reason="data_files streams with datasets: pip install datasets")
 parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")
 
 # 600 passages in 3 files: about 480 train the model, 7 optimizer steps of 64 per epoch, so 20 steps cross
@@ -119,12 +119,11 @@ def test_two_processes_train_a_stream_as_one_and_hand_it_to_one(
     one = run_training(tmp_path / "one", *args)
     assert "x 1 processes x 2 accumulation = global batch 64" in one.stdout
     hop = tmp_path / "hop"
-    first = run_training(
-        hop, *args, "--log_every", "10", "--time_budget", "0.001s", processes=2, check=False
-    )
+    first = run_training(hop, *args, "--log_every", "10", "--time_budget", "0.001s", processes=2, check=False)
     assert "x 2 processes x 1 accumulation = global batch 64" in first.stdout, first.stdout + first.stderr
     assert "stopped for time; run again to continue: step 10," in first.stdout, first.stdout + first.stderr
-    evals = [[row for row in read_metrics(folder) if "eval/loss" in row] for folder in (tmp_path / "one", hop)]
+    folders = (tmp_path / "one", hop)
+    evals = [[row for row in read_metrics(folder) if "eval/loss" in row] for folder in folders]
     assert [row["step"] for row in evals[1]] == [5, 10]
     assert evals[1] == evals[0][:2]  # the same numbers on 2 processes as on 1
     assert read_loop_state(list_checkpoints(hop)[-1]).epoch == 1

@@ -59,7 +59,7 @@ def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) 
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TaskError(
                 f"build_datasets returned a {type(dataset).__name__} as the {name} set: the contract wants "
-                "a map-style dataset (with __len__ and __getitem__), or for training a stream (IterableDataset)"
+                "a map-style dataset (with __len__ and __getitem__), or to train, a stream (IterableDataset)"
             )
     warnings = [hidden] if (hidden := _hidden_set_epoch(train_set)) else []
     train_batch = _first_batch(train_set, "training")

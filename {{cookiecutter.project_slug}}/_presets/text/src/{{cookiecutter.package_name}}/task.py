@@ -71,7 +71,7 @@ class Config(FineTuningConfig):
     data_file: str = setting("data/shakespeare_speakers.txt", "the texts, one label<TAB>text per line")
     # Streamed instead of read into memory (data/text_files.py): train with max_steps, and num_workers 0.
     data_files: str = setting(
-        "", "local parquet, csv or jsonl files to stream instead of data_file: a glob, or several, comma-separated"
+        "", "local parquet, csv or jsonl files to stream instead of data_file: globs, comma-separated"
     )
     text_column: str = setting("text", "data_files: the column of the texts")
     label_column: str = setting("label", "data_files: the column of the labels")

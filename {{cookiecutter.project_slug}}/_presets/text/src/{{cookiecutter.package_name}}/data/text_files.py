@@ -58,7 +58,7 @@ def resolve(spec: str, project: Path) -> tuple[str, list[str]]:
     kinds = {Path(file).suffix.lower() for file in files}
     if unknown := kinds - FORMATS.keys():
         raise ConfigError(
-            f"data_files: {', '.join(sorted(unknown))} files cannot be read: give .parquet, .csv or .jsonl files"
+            f"data_files: {', '.join(sorted(unknown))} files cannot be read: give .parquet, .csv or .jsonl"
         )
     if len(kinds) > 1:
         raise ConfigError(f"data_files mixes {', '.join(sorted(kinds))} files: stream one format at a time")
