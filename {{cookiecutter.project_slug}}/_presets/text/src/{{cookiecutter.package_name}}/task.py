@@ -14,7 +14,9 @@ The contract (README, "Bring your own task"); every run checks it on two samples
 - `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
   it called before each epoch (maybe more than once): randomness in an item must be a function of
   (seed, epoch, index). A wrapper around such a set (Subset, ConcatDataset) needs a `set_epoch` that
-  calls the wrapped set's, or the augmentation repeats every epoch.
+  calls the wrapped set's, or the augmentation repeats every epoch. The train set may instead be a stream
+  (data_files here): a torch IterableDataset with state_dict, load_state_dict and set_epoch, read in the
+  same order by every process; training then needs max_steps (utils/streams.py).
 - `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
   each with one row per sample (train.py cuts micro-batches along that first dimension).
 - `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
