@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints, read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
 
 from .conftest import (
     PROJECT,
@@ -133,6 +135,37 @@ def test_two_processes_train_a_stream_as_one_and_hand_it_to_one(
     ones, hops = (load_file(folder / "model" / "model.safetensors") for folder in (tmp_path / "one", hop))
     assert [name for name in ones if not torch.equal(ones[name], hops[name])] == []
     assert [row for row in read_metrics(hop) if "eval/loss" in row] == evals[0]
+
+
+def unpadded(batch: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """Each sample of a collated batch: its token ids without padding, then its label."""
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"].bool(), batch["labels"].tolist()
+    return [(*row[keep].tolist(), label) for row, keep, label in zip(ids, mask, labels, strict=True)]
+
+
+def test_each_process_keeps_its_block_and_stands_where_one_process_does(tmp_path: Path) -> None:
+    """The loaders of 1 process and of both ranks of 2, three steps into an epoch: each step's global batch is
+    the same samples, and the stream's state (what a checkpoint holds) is the same in all three."""
+    config = config_for(write_files(tmp_path / "jsonl", ".jsonl"))
+    seen, states = {}, []
+    for world, rank in ((1, 0), (2, 0), (2, 1)):
+        train, _ = task.build_datasets(config)
+        accelerator = SimpleNamespace(num_processes=world, process_index=rank, device=torch.device("cpu"))
+        loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+        loader.set_epoch(1)
+        batches = iter(loader)
+        seen[world, rank] = [unpadded(next(batches)) for _ in range(3)]
+        states.append(loader.state_dict())
+    for step in range(3):
+        assert len(seen[1, 0][step]) == config.global_batch_size
+        assert seen[1, 0][step] == seen[2, 0][step] + seen[2, 1][step]
+    assert states[0] == states[1] == states[2]
+
+
+@pytest.mark.parametrize("flag", [("--num_workers", "2"), ("--auto_batch_size", "true")], ids=lambda f: f[0])
+def test_what_a_stream_cannot_do_is_refused_in_one_line(flag: tuple[str, str], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=flag[0][2:]):
+        task.build_datasets(config_for(str(tmp_path / "never_read.jsonl"), *flag))
 
 
 def config_for(files: str, *flags: str) -> task.Config:

@@ -290,7 +290,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
         return f"config error: {error}"
     for warning in warnings:
         print(f"WARNING: {warning}")
-    train_size = "a stream of" if isinstance(train_set, IterableDataset) else len(train_set)
+    train_size = "a stream" if isinstance(train_set, IterableDataset) else f"{len(train_set)} samples"
     print(
         f"task.py follows the contract: datasets of {train_size} and {len(eval_set)} samples built in "
         f"{built - started:.2f} s, every function checked on {SAMPLES} samples in "
