@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import signal
@@ -63,6 +64,11 @@ def write_files(folder: Path, suffix: str) -> str:
         part, path = rows[index::FILES], folder / f"part{index}{suffix}"
         if suffix == ".parquet":
             parquet.write_table(datasets.Dataset.from_list(part).data.table, path)
+        elif suffix == ".csv":
+            with path.open("w", newline="", encoding="utf-8") as file:
+                writer = csv.DictWriter(file, ["text", "label"])
+                writer.writeheader()
+                writer.writerows(part)
         else:
             path.write_text("".join(json.dumps(row) + "\n" for row in part))
     return str(folder / f"*{suffix}")
@@ -147,10 +153,11 @@ def unpadded(batch: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
     return [(*row[keep].tolist(), label) for row, keep, label in zip(ids, mask, labels, strict=True)]
 
 
-def test_each_process_keeps_its_block_and_stands_where_one_process_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_each_process_keeps_its_block_and_stands_where_one_process_does(suffix: str, tmp_path: Path) -> None:
     """The loaders of 1 process and of both ranks of 2, three steps into an epoch: each step's global batch is
     the same samples, and the stream's state (what a checkpoint holds) is the same in all three."""
-    config = config_for(write_files(tmp_path / "jsonl", ".jsonl"))
+    config = config_for(write_files(tmp_path / "files", suffix))
     seen, states = {}, []
     for world, rank in ((1, 0), (2, 0), (2, 1)):
         train, _ = task.build_datasets(config)
