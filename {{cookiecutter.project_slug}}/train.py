@@ -112,6 +112,7 @@ from {{ cookiecutter.package_name }}.utils.plots import plot_metrics
 from {{ cookiecutter.package_name }}.utils.progress import Progress
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, ignore_stop_signals
+from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
 from {{ cookiecutter.package_name }}.utils.task_check import check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
 from {{ cookiecutter.package_name }}.utils.tracking import (
@@ -221,17 +222,24 @@ def train(
     # number of processes, which is what lets a checkpoint move between world sizes.
     train_set, eval_set = task.build_datasets(config)
     pin_memory = accelerator.device.type == "cuda"  # page-locked batches: faster, asynchronous copies
-    train_loader = DataLoader(
-        train_set,
-        batch_size=config.per_device_batch_size * accumulation,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=task.collate,
-        num_workers=config.num_workers,
-        worker_init_fn=ignore_stop_signals,  # a signal to the whole process group is the main process's
-        pin_memory=pin_memory,
-        generator=torch.Generator().manual_seed(config.seed),
-    )
+    # A stream (an IterableDataset) has no length: max_steps sets the length, epochs end when it runs out,
+    # and its own state, saved with each checkpoint, is where a resume continues (utils/streams.py).
+    stream = isinstance(train_set, torch.utils.data.IterableDataset)
+    if stream:
+        train_loader = StreamLoader(train_set, config, accelerator, task.collate, pin_memory)
+        accelerator.register_for_checkpointing(train_loader)
+    else:
+        train_loader = DataLoader(
+            train_set,
+            batch_size=config.per_device_batch_size * accumulation,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=task.collate,
+            num_workers=config.num_workers,
+            worker_init_fn=ignore_stop_signals,  # a signal to the whole process group is the main process's
+            pin_memory=pin_memory,
+            generator=torch.Generator().manual_seed(config.seed),
+        )
     eval_loader = DataLoader(
         eval_set,
         batch_size=config.per_device_batch_size,
@@ -240,8 +248,8 @@ def train(
         worker_init_fn=ignore_stop_signals,
         pin_memory=pin_memory,
     )
-    steps_per_epoch = len(train_set) // config.global_batch_size
-    if steps_per_epoch == 0:
+    steps_per_epoch = 0 if stream else len(train_set) // config.global_batch_size
+    if steps_per_epoch == 0 and not stream:
         raise ConfigError(
             f"global_batch_size={config.global_batch_size} is larger than the training set ({len(train_set)})"
         )
@@ -250,7 +258,7 @@ def train(
             f"the eval split has {len(eval_set)} sample(s), fewer than the {accelerator.num_processes} "
             "process(es): give it more data (for example a larger eval_fraction)"
         )
-    schedule_steps = steps_per_epoch * config.num_epochs
+    schedule_steps = config.max_steps if stream else steps_per_epoch * config.num_epochs
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
     for warning in check_task(config, train_set, eval_set):  # task.py's contract, on two samples
         accelerator.print(f"WARNING: {warning}")
@@ -327,7 +335,8 @@ def train(
         if hasattr(train_set, "set_epoch"):
             train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
         batches = train_loader
-        if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
+        # Resumed inside this epoch: skip what the checkpoint already saw (a stream starts after it anyway).
+        if state.epoch_samples and not stream:
             batches = accelerator.skip_first_batches(
                 train_loader, state.epoch_samples // config.global_batch_size
             )
@@ -423,6 +432,10 @@ def train(
                 mirror.request()
             if stopping or state.stopped_early or state.step >= total_steps:
                 break
+        else:
+            if stream:  # it ran out: the epoch is over (a map-style epoch ends on its count of steps)
+                state.epoch += 1
+                state.epoch_samples = 0
     progress.close()
     if diverged:
         raise RunError(diverged_message(diverged, config, last_saved))

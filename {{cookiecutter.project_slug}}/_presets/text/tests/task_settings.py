@@ -37,6 +37,5 @@ PIPELINE = ("text-classification", "But, soft! what light through yonder window 
 def save_pretrained_model(folder: Path) -> None:
     config, _ = load_config([], PROJECT / "configs" / "local.yaml", task.Config)
     config.data_file = str(PROJECT / config.data_file)
-    train, _, _ = task.read_splits(config)
-    task.build_tokenizer(config, train).save_pretrained(folder)
+    task.build_tokenizer(config).save_pretrained(folder)
     task.build_base(config).save_pretrained(folder)

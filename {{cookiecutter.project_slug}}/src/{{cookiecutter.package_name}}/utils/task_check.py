@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from .. import task
 from .config import ConfigError, TrainConfig
@@ -54,10 +54,12 @@ def check_task(
 
 def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) -> list[str]:
     for name, dataset in (("train", train_set), ("eval", eval_set)):
+        if name == "train" and isinstance(dataset, IterableDataset):
+            continue  # a stream (utils/streams.py checks what it needs)
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TaskError(
                 f"build_datasets returned a {type(dataset).__name__} as the {name} set: the contract wants "
-                "a map-style dataset (with __len__ and __getitem__)"
+                "a map-style dataset (with __len__ and __getitem__), or to train, a stream (IterableDataset)"
             )
     warnings = [hidden] if (hidden := _hidden_set_epoch(train_set)) else []
     train_batch = _first_batch(train_set, "training")
@@ -288,8 +290,9 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
         return f"config error: {error}"
     for warning in warnings:
         print(f"WARNING: {warning}")
+    train_size = "a stream" if isinstance(train_set, IterableDataset) else f"{len(train_set)} samples"
     print(
-        f"task.py follows the contract: datasets of {len(train_set)} and {len(eval_set)} samples built in "
+        f"task.py follows the contract: datasets of {train_size} and {len(eval_set)} samples built in "
         f"{built - started:.2f} s, every function checked on {SAMPLES} samples in "
         f"{time.monotonic() - built:.2f} s"
     )

@@ -14,7 +14,9 @@ The contract (README, "Bring your own task"); every run checks it on two samples
 - `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
   it called before each epoch (maybe more than once): randomness in an item must be a function of
   (seed, epoch, index). A wrapper around such a set (Subset, ConcatDataset) needs a `set_epoch` that
-  calls the wrapped set's, or the augmentation repeats every epoch.
+  calls the wrapped set's, or the augmentation repeats every epoch. The train set may instead be a stream
+  (data_files here): a torch IterableDataset with state_dict, load_state_dict and set_epoch, read in the
+  same order by every process; training then needs max_steps (utils/streams.py).
 - `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
   each with one row per sample (train.py cuts micro-batches along that first dimension).
 - `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
@@ -39,7 +41,9 @@ The contract (README, "Bring your own task"); every run checks it on two samples
 
 from __future__ import annotations
 
+import functools
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +71,12 @@ class Config(FineTuningConfig):
     # replaces the tiny BERT, whose vocab_size, hidden_size, num_layers and num_heads are then unused.
     # A relative data_file is taken from the project folder (format: data/texts.py).
     data_file: str = setting("data/shakespeare_speakers.txt", "the texts, one label<TAB>text per line")
+    # Streamed instead of read into memory (data/text_files.py): train with max_steps, and num_workers 0.
+    data_files: str = setting(
+        "", "local parquet, csv or jsonl files to stream instead of data_file: globs, comma-separated"
+    )
+    text_column: str = setting("text", "data_files: the column of the texts")
+    label_column: str = setting("label", "data_files: the column of the labels")
     eval_fraction: float = setting(0.2, "share of the texts held out for evaluation")
     max_length: int = setting(64, "tokens per text, [CLS] and [SEP] included; longer texts are truncated")
     # The shipped training texts give 1,389 (words seen twice + special tokens).
@@ -85,6 +95,8 @@ class Config(FineTuningConfig):
     CHECKS: ClassVar[list[Check]] = [
         *FineTuningConfig.CHECKS,
         ("data_file", lambda v: v.strip() != "", "a path"),
+        ("text_column", lambda v: v.strip() != "", "a column name"),
+        ("label_column", lambda v: v.strip() != "", "a column name"),
         ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
         ("max_length", lambda v: v >= 3, ">= 3 ([CLS], a token, [SEP])"),
         # 4: data/texts.py's SPECIAL_TOKENS, the start of every vocabulary
@@ -108,29 +120,62 @@ def read_splits(config: Config) -> tuple[list[tuple[str, str]], list[tuple[str, 
     return train, eval_, sorted({label for _, label in examples})
 
 
-def build_tokenizer(config: Config, train: list[tuple[str, str]]) -> PreTrainedTokenizerBase:
+def summary(config: Config) -> tuple[Counter[str], list[tuple[str, str]], list[str]]:
+    """(the training texts' word counts, the eval examples, the label names sorted: label id i is labels[i]),
+    from data_file, or from one pass over data_files (made once per process)."""
+    from .data.texts import word_counts
+
+    if config.data_files:
+        from .data.text_files import resolve
+
+        builder, files = resolve(config.data_files, PROJECT_DIR)
+        return _scanned(builder, tuple(files), config.text_column, config.label_column, config.eval_fraction)
+    train, eval_, labels = read_splits(config)
+    return word_counts(text for text, _ in train), eval_, labels
+
+
+@functools.cache
+def _scanned(builder: str, files: tuple[str, ...], text: str, label: str, eval_fraction: float) -> tuple:
+    from .data.text_files import scan
+
+    return scan(builder, list(files), text, label, eval_fraction)
+
+
+def build_tokenizer(config: Config) -> PreTrainedTokenizerBase:
     """The pretrained model's tokenizer, or a word-level one built from the training texts (deterministic:
-    train.py and predict.py rebuild the same one from the config and the data file)."""
+    train.py and predict.py rebuild the same one from the config and the data)."""
     from .data.texts import build_word_tokenizer
     from .models.transformer import load_pretrained_tokenizer
 
     if config.pretrained_model:
         return load_pretrained_tokenizer(config.pretrained_model)
-    return build_word_tokenizer([text for text, _ in train], config.vocab_size, config.max_length)
+    return build_word_tokenizer(summary(config)[0], config.vocab_size, config.max_length)
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    """The train set (a stream with data_files) and the eval set, tokenized."""
     from .data.texts import TokenizedTexts
+    from .utils.streams import check_stream_settings
 
-    train, eval_, labels = read_splits(config)
-    tokenizer = build_tokenizer(config, train)
+    if config.data_files:
+        check_stream_settings(config)  # before the scan of the files, which may be long
+    _, eval_, labels = summary(config)
+    tokenizer = build_tokenizer(config)
     collate.use(tokenizer)
 
     def tokenized(part: list[tuple[str, str]]) -> TokenizedTexts:
         texts, ids = [text for text, _ in part], [labels.index(label) for _, label in part]
         return TokenizedTexts(texts, tokenizer, config.max_length, ids)
 
-    return tokenized(train), tokenized(eval_)
+    if config.data_files:
+        from .data.text_files import encoder, resolve, train_stream
+
+        builder, files = resolve(config.data_files, PROJECT_DIR)
+        columns = (config.text_column, config.label_column)
+        encode = encoder(tokenizer, config.max_length, labels)
+        train = train_stream(builder, files, columns, config.eval_fraction, config.seed, encode)
+        return train, tokenized(eval_)
+    return tokenized(read_splits(config)[0]), tokenized(eval_)
 
 
 class PadCollate:
@@ -168,10 +213,10 @@ def build_base(config: Config) -> PreTrainedModel:
     """The pretrained model with a new head over the labels, or the tiny BERT with random weights."""
     from .models.transformer import build_pretrained, build_tiny_bert
 
-    train, _, labels = read_splits(config)
+    labels = summary(config)[2]
     if config.pretrained_model:
         return build_pretrained(config.pretrained_model, labels, config.dropout)
-    vocab_size = len(build_tokenizer(config, train))
+    vocab_size = len(build_tokenizer(config))
     return build_tiny_bert(
         vocab_size,
         labels,
@@ -189,8 +234,7 @@ def export(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], folder: 
     the merged model in folder/merged)."""
     from .models.pretrained import save_folder
 
-    train, _, _ = read_splits(config)
-    save_folder(model, state_dict, folder, build_tokenizer(config, train), config)
+    save_folder(model, state_dict, folder, build_tokenizer(config), config)
 
 
 def load_export(folder: Path, config: Config) -> torch.nn.Module:
@@ -246,8 +290,7 @@ def predict_inputs(config: Config, path: Path | None) -> Dataset:
     if path is None:
         return build_datasets(config)[1]
     texts = read_texts(path)
-    train, _, _ = read_splits(config)
-    tokenizer = build_tokenizer(config, train)
+    tokenizer = build_tokenizer(config)
     collate.use(tokenizer)
     return TokenizedTexts(texts, tokenizer, config.max_length, labels=None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,18 +61,27 @@ def split_examples(
     return [examples[i] for i in order[num_eval:]], [examples[i] for i in order[:num_eval]]
 
 
-def build_word_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerBase:
-    """A word-level tokenizer whose vocabulary is the special tokens, then the words of `texts` seen at least
-    MIN_COUNT times, most frequent first (ties alphabetical), at most `vocab_size` in all.
+# Words are lowercased words and punctuation: "thou'rt" -> thou ' rt
+normalizer = tokenizers.normalizers.Lowercase()
+pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+
+
+def word_counts(texts: Iterable[str]) -> Counter[str]:
+    """How often each word occurs in `texts`, read once (a stream of any length: memory grows with the
+    vocabulary, not with the texts)."""
+    return Counter(
+        word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
+    )
+
+
+def build_word_tokenizer(counts: Counter[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerBase:
+    """A word-level tokenizer whose vocabulary is the special tokens, then the words of `counts` (of the
+    training texts) seen at least MIN_COUNT times, most frequent first (ties alphabetical), at most
+    `vocab_size` in all.
 
     A pure function of its arguments: train.py's processes and predict.py each build the same one, so
     nothing is cached in a file and nothing is downloaded.
     """
-    normalizer = tokenizers.normalizers.Lowercase()
-    pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()  # words and punctuation: "thou'rt" -> thou ' rt
-    counts = Counter(
-        word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
-    )
     frequent = sorted((w for w, count in counts.items() if count >= MIN_COUNT), key=lambda w: (-counts[w], w))
     tokens = SPECIAL_TOKENS + frequent[: vocab_size - len(SPECIAL_TOKENS)]
     tokenizer = tokenizers.Tokenizer(

@@ -1,0 +1,226 @@
+"""Training from streamed files (`data_files`, utils/streams.py), with real runs on files written here:
+
+- stopped by SIGTERM or killed with SIGKILL inside an epoch, the rerun crosses an epoch boundary after
+  the resume and ends bitwise identical to a run never stopped;
+- the loaders of 1 process and of each of 2 hold the same global batches and the same stream position;
+- 2 processes (dropout off) evaluate as 1 does, and their checkpoint continued by 1 process ends with the
+  weights of the 1-process run;
+- a file that cannot be read stops the run with one line naming it (and the line), before anything is
+  written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints, read_loop_state
+from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
+
+from .conftest import (
+    PROJECT,
+    assert_same_run,
+    framework_warnings,
+    read_metrics,
+    run_training,
+    training_command,
+    wait_for_training,
+)
+from .task_settings import SAME_ON_EVERY_PROCESS
+
+datasets = pytest.importorskip("datasets", reason="data_files streams with datasets: pip install datasets")
+parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")
+
+# 600 passages in 3 files: about 480 train the model, 7 optimizer steps of 64 per epoch, so 20 steps cross
+# two epoch boundaries.
+ROWS, FILES = 600, 3
+STEPS = ["--max_steps", "20", "--log_every", "2", "--checkpoint_every", "4", "--eval_every", "5"]
+
+
+def passages() -> list[dict[str, str]]:
+    lines = (PROJECT / "data" / "shakespeare_speakers.txt").read_text(encoding="utf-8").splitlines()
+    pairs = [line.split("\t", 1) for line in lines if line.strip() and not line.startswith("#")]
+    return [{"label": label, "text": text} for label, text in pairs[:ROWS]]
+
+
+def write_files(folder: Path, suffix: str) -> str:
+    """The passages dealt into FILES files of one format; returns the glob that names them."""
+    folder.mkdir(parents=True)
+    rows = passages()
+    for index in range(FILES):
+        part, path = rows[index::FILES], folder / f"part{index}{suffix}"
+        if suffix == ".parquet":
+            parquet.write_table(datasets.Dataset.from_list(part).data.table, path)
+        elif suffix == ".csv":
+            with path.open("w", newline="", encoding="utf-8") as file:
+                writer = csv.DictWriter(file, ["text", "label"])
+                writer.writeheader()
+                writer.writerows(part)
+        else:
+            path.write_text("".join(json.dumps(row) + "\n" for row in part))
+    return str(folder / f"*{suffix}")
+
+
+@pytest.fixture(scope="module")
+def jsonl_files(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_files(tmp_path_factory.mktemp("stream") / "jsonl", ".jsonl")
+
+
+@pytest.fixture(scope="module")
+def reference(jsonl_files: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    output_dir = tmp_path_factory.mktemp("reference") / "run"
+    run_training(output_dir, "--data_files", jsonl_files, *STEPS)
+    return output_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill"])
+def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
+    stop: signal.Signals, jsonl_files: str, reference: Path, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, "--data_files", jsonl_files, *STEPS)
+    started = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    # SIGKILL after the first checkpoint (step 4), else there would be nothing to resume from.
+    wait_for_training(output_dir, process, since=started, step=2 if stop == signal.SIGTERM else 6)
+    assert process.poll() is None, "train.py ended before it was signalled"
+    time.sleep(random.uniform(0.0, 0.05))
+    process.send_signal(stop)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == (EXIT_STOPPED if stop == signal.SIGTERM else -signal.SIGKILL), output[-2000:]
+    resumed_from = list_checkpoints(output_dir)[-1]
+    saved = read_loop_state(resumed_from)
+    assert saved.epoch_samples > 0 and saved.epoch < 2, saved  # inside an epoch, before the last boundary
+    resumed = run_training(output_dir, "--data_files", jsonl_files, *STEPS)
+    assert f"resuming from {resumed_from}" in resumed.stdout
+    rows = [row for row in read_metrics(output_dir) if "train/epoch" in row and row["step"] > saved.step]
+    epochs = {row["train/epoch"] for row in rows}
+    assert saved.epoch + 1 in epochs, epochs  # the resumed run went through an epoch boundary
+    assert framework_warnings(resumed) == []  # datasets' warning about a shuffle buffer, among others
+    assert_same_run(output_dir, reference)
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_stream_as_one_and_hand_it_to_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1 process accumulates 2 micro-batches of 32, 2 processes take one each. The 2-process run stops for
+    time at its first logging step, step 10 (inside the second epoch), after evaluating at steps 5 and 10;
+    1 process continues its checkpoint to the end."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
+    files = write_files(tmp_path / "parquet", ".parquet")
+    args = ["--data_files", files, *STEPS, *SAME_ON_EVERY_PROCESS, "--per_device_batch_size", "32"]
+    args += ["--mixed_precision", "no"]
+    one = run_training(tmp_path / "one", *args)
+    assert "x 1 processes x 2 accumulation = global batch 64" in one.stdout
+    hop = tmp_path / "hop"
+    first = run_training(hop, *args, "--log_every", "10", "--time_budget", "0.001s", processes=2, check=False)
+    assert "x 2 processes x 1 accumulation = global batch 64" in first.stdout, first.stdout + first.stderr
+    assert "stopped for time; run again to continue: step 10," in first.stdout, first.stdout + first.stderr
+    folders = (tmp_path / "one", hop)
+    evals = [[row for row in read_metrics(folder) if "eval/loss" in row] for folder in folders]
+    assert [row["step"] for row in evals[1]] == [5, 10]
+    assert evals[1] == evals[0][:2]  # the same numbers on 2 processes as on 1
+    assert read_loop_state(list_checkpoints(hop)[-1]).epoch == 1
+
+    second = run_training(hop, *args)
+    assert "saved by 2 process(es), resumed by 1" in second.stdout
+    assert framework_warnings(one) == framework_warnings(second) == []
+    ones, hops = (load_file(folder / "model" / "model.safetensors") for folder in (tmp_path / "one", hop))
+    assert [name for name in ones if not torch.equal(ones[name], hops[name])] == []
+    assert [row for row in read_metrics(hop) if "eval/loss" in row] == evals[0]
+
+
+def unpadded(batch: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """Each sample of a collated batch: its token ids without padding, then its label."""
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"].bool(), batch["labels"].tolist()
+    return [(*row[keep].tolist(), label) for row, keep, label in zip(ids, mask, labels, strict=True)]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_each_process_keeps_its_block_and_stands_where_one_process_does(suffix: str, tmp_path: Path) -> None:
+    """The loaders of 1 process and of both ranks of 2, three steps into an epoch: each step's global batch is
+    the same samples, and the stream's state (what a checkpoint holds) is the same in all three."""
+    config = config_for(write_files(tmp_path / "files", suffix))
+    seen, states = {}, []
+    for world, rank in ((1, 0), (2, 0), (2, 1)):
+        train, _ = task.build_datasets(config)
+        accelerator = SimpleNamespace(num_processes=world, process_index=rank, device=torch.device("cpu"))
+        loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+        loader.set_epoch(1)
+        batches = iter(loader)
+        seen[world, rank] = [unpadded(next(batches)) for _ in range(3)]
+        states.append(loader.state_dict())
+    for step in range(3):
+        assert len(seen[1, 0][step]) == config.global_batch_size
+        assert seen[1, 0][step] == seen[2, 0][step] + seen[2, 1][step]
+    assert states[0] == states[1] == states[2]
+
+
+@pytest.mark.parametrize("flag", [("--num_workers", "2"), ("--auto_batch_size", "true")], ids=lambda f: f[0])
+def test_what_a_stream_cannot_do_is_refused_in_one_line(flag: tuple[str, str], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=flag[0][2:]):
+        task.build_datasets(config_for(str(tmp_path / "never_read.jsonl"), *flag))
+
+
+def config_for(files: str, *flags: str) -> task.Config:
+    config, _ = load_config(
+        ["--data_files", files, "--max_steps", "5", *flags], PROJECT / "configs" / "local.yaml", task.Config
+    )
+    return config
+
+
+def bad_files(folder: Path, kind: str) -> tuple[str, str]:
+    """Two files of which the second is bad; (their glob, what the error must say)."""
+    folder.mkdir()
+    good = [{"label": "a", "text": "one text"}, {"label": "b", "text": "another text"}]
+    if kind == "jsonl":
+        (folder / "1.jsonl").write_text("".join(json.dumps(row) + "\n" for row in good))
+        (folder / "2.jsonl").write_text(json.dumps(good[0]) + "\n{'label': 'b'}\n")
+        return str(folder / "*.jsonl"), f"{folder / '2.jsonl'}:2: not JSON"
+    if kind == "csv":
+        (folder / "1.csv").write_text("text,label\none text,a\nanother text,b\n")
+        (folder / "2.csv").write_text("passage,label\nmore text,a\n")
+        return str(folder / "*.csv"), f"{folder / '2.csv'}: no column 'text' (it has passage, label)"
+    for name, rows in (("1", good), ("2", [{"label": row["label"], "body": row["text"]} for row in good])):
+        parquet.write_table(datasets.Dataset.from_list(rows).data.table, folder / f"{name}.parquet")
+    return str(folder / "*.parquet"), f"{folder / '2.parquet'}: no column 'text' (it has label, body)"
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_a_bad_file_is_named_in_one_line(kind: str, tmp_path: Path) -> None:
+    files, expected = bad_files(tmp_path / kind, kind)
+    with pytest.raises(ConfigError) as error:
+        task.build_datasets(config_for(files))
+    assert str(error.value).startswith(expected), error.value
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_bad_line_or_no_max_steps_stops_train_py_before_it_writes(tmp_path: Path) -> None:
+    files, expected = bad_files(tmp_path / "jsonl", "jsonl")
+    result = run_training(tmp_path / "run", "--data_files", files, "--max_steps", "5", check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().startswith(f"config error: {expected}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    good = write_files(tmp_path / "good", ".jsonl")
+    result = run_training(tmp_path / "run", "--data_files", good, check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("config error: a streamed train set has no length"), result.stderr
+    assert not (tmp_path / "run").exists()
