@@ -107,6 +107,11 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     resumed_from = list_checkpoints(output_dir)[-1]
     saved = read_loop_state(resumed_from)
     assert saved.epoch_samples > 0 and saved.epoch < 2, saved  # inside an epoch, before the last boundary
+    if stop == signal.SIGTERM:  # max_steps sized the schedule: another value is refused, nothing written
+        metrics = (output_dir / "metrics.jsonl").read_bytes()
+        refused = run_training(output_dir, "--data_files", jsonl_files, *STEPS, "--max_steps", "30", check=False)
+        assert refused.returncode == 1 and "max_steps=20, not 30" in refused.stderr, refused.stderr
+        assert (output_dir / "metrics.jsonl").read_bytes() == metrics
     resumed = run_training(output_dir, "--data_files", jsonl_files, *STEPS)
     assert f"resuming from {resumed_from}" in resumed.stdout
     rows = [row for row in read_metrics(output_dir) if "train/epoch" in row and row["step"] > saved.step]

@@ -68,7 +68,7 @@ class StreamLoader:
                     f"build_datasets returned a {type(stream).__name__} train stream without {method}(): "
                     "exact resume and a new order each epoch need state_dict, load_state_dict and set_epoch"
                 )
-        self.stream = stream
+        self.stream, self.max_steps = stream, config.max_steps
         self.resumed = False  # loaded from a checkpoint: its epoch may have no full global batch left
         self.device = accelerator.device
         self.pin_memory = pin_memory
@@ -106,10 +106,16 @@ class StreamLoader:
                 "global_batch_size; add data or lower global_batch_size"
             )
 
-    # What save_state stores (custom_checkpoint_0.pkl) and load_state gives back.
+    # What save_state stores (custom_checkpoint_0.pkl) and load_state gives back. max_steps rides along:
+    # it sizes a stream's schedule, so a resume with another value would change the run, not continue it.
     def state_dict(self) -> dict[str, Any]:
-        return self.stream.state_dict()
+        return {"stream": self.stream.state_dict(), "max_steps": self.max_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.stream.load_state_dict(state)  # the next iteration of the saved epoch starts after it
+        if state["max_steps"] != self.max_steps:
+            raise RunError(
+                f"this run streams its train set with a schedule of max_steps={state['max_steps']}, not "
+                f"{self.max_steps}: rerun with --max_steps {state['max_steps']}, or start another output_dir"
+            )
+        self.stream.load_state_dict(state["stream"])  # the next iteration of the saved epoch starts after it
         self.resumed = True
