@@ -305,7 +305,7 @@ def train(
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
         truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
-    start_trackers(accelerator, config, state)
+    start_trackers(accelerator, config, state, finished=state.step >= total_steps)
 
     # --- the loop
     # Train loss summed on the device since the last log: no host-device sync per step.
