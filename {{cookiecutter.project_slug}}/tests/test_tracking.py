@@ -98,8 +98,11 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
     held = wandb_offline_steps(output_dir / "wandb", run_id)
     assert {name: held[name] for name in expected} == {name: 30 for name in expected}
     # The upload command that the run prints finds every session: `wandb sync --dry-run` lists them.
-    (line,) = [line for line in finishing.stdout.splitlines() if "upload every session with: wandb sync" in line]
-    folder = line.split("wandb sync ", 1)[1]
+    (folder,) = [
+        line.split("wandb sync ", 1)[1]
+        for line in finishing.stdout.splitlines()
+        if "upload every session with: wandb sync" in line
+    ]
     command = [sys.executable, "-m", "wandb", "sync", "--dry-run", folder]
     listing = subprocess.run(command, capture_output=True, text=True, check=True, cwd=PROJECT)
     assert "Would sync 3 run(s)" in listing.stdout + listing.stderr, listing.stdout + listing.stderr
@@ -185,8 +188,9 @@ def test_unreadable_wandb_file_is_named(tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{(output_dir / 'mlflow.db').as_posix()}")
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     (run,) = client.search_runs(experiments)
+    history = client.get_metric_history
     return {
-        name: sorted((metric.step, metric.value) for metric in client.get_metric_history(run.info.run_id, name))
+        name: sorted((metric.step, metric.value) for metric in history(run.info.run_id, name))
         for name in run.data.metrics
     }
 
@@ -219,7 +223,8 @@ def test_mlflow_ui_shows_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert "<title>MLflow</title>" in page
         api = f"http://127.0.0.1:{port}/api/2.0/mlflow"
         experiments = post(f"{api}/experiments/search", {"max_results": 100})["experiments"]
-        (run,) = post(f"{api}/runs/search", {"experiment_ids": [e["experiment_id"] for e in experiments]})["runs"]
+        ids = [experiment["experiment_id"] for experiment in experiments]
+        (run,) = post(f"{api}/runs/search", {"experiment_ids": ids})["runs"]
         query = urllib.parse.urlencode({"run_id": run["info"]["run_id"], "metric_key": "train/loss"})
         history = json.loads(urllib.request.urlopen(f"{api}/metrics/get-history?{query}", timeout=30).read())
         assert sorted(metric["step"] for metric in history["metrics"]) == [5, 10]

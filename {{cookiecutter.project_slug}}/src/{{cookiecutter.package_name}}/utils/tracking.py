@@ -108,7 +108,8 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
         # Only the main process logs to wandb (Accelerate's trackers), so only it needs to decide.
         if continued and finished and accelerator.is_main_process and offline_run_complete(config, state):
             # A new session would be one more offline folder of the run, holding nothing new.
-            accelerator.log_with.remove("wandb")
+            accelerator.log_with = [tracker for tracker in accelerator.log_with if str(tracker) != "wandb"]
+            print("wandb: its offline run holds every step of this finished run already: no new session")
             accelerator.init_trackers(run_name)
             return
 {%- endif %}
@@ -120,7 +121,8 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
 {%- if cookiecutter.tracker == "wandb" %}
             if os.environ.get("WANDB_MODE") in ("offline", "dryrun"):
                 # wandb's own closing hint names this session's folder only; a resumed run has several.
-                print(f"wandb: offline; upload every session with: wandb sync {Path(config.output_dir) / 'wandb'}")
+                folder = Path(config.output_dir) / "wandb"
+                print(f"wandb: offline; upload every session with: wandb sync {folder}")
 {%- elif cookiecutter.tracker == "mlflow" %}
             if os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
                 print(f"mlflow: view with: mlflow ui --backend-store-uri {os.environ['MLFLOW_TRACKING_URI']}")
