@@ -112,10 +112,9 @@ def test_deterministic_kernels_are_on_unless_turned_off(single_run: tuple, tmp_p
 @pytest.mark.parametrize(
     ("cpus", "variables", "expected"),
     [
-        (1, {}, "1 (1 CPU / 1 process)"),  # as `taskset -c 0` or a SLURM task of one CPU
         (2, {}, "2 (2 CPUs / 1 process)"),
         (2, {"LOCAL_WORLD_SIZE": "2"}, "1 (2 CPUs / 2 processes)"),  # torchrun and accelerate set it
-        (1, {"LOCAL_WORLD_SIZE": "2"}, "1 (1 CPU / 2 processes)"),
+        (1, {"LOCAL_WORLD_SIZE": "2"}, "1 (1 CPU / 2 processes)"),  # as `taskset -c 0` or a 1-CPU SLURM task
         (2, {"OMP_NUM_THREADS": "1"}, "1 (OMP_NUM_THREADS)"),
     ],
 )
