@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
-from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, hide_gpus_from_cpu_run, launch_problems
+from {{ cookiecutter.package_name }}.utils.hardware import (
+    choose_cpu_threads,
+    cpu_forced,
+    hide_gpus_from_cpu_run,
+    launch_problems,
+)
 
 # torch, Accelerate and safetensors are imported in main() and load_model(), after the checks: --help and a
 # mistake in the command answer before they load (seconds).
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     # The process group when started by `accelerate launch`; nothing more. PartialState, unlike the
     # Accelerator, ignores ACCELERATE_USE_CPU: without it, CPU processes would not form a group.
     state = PartialState(cpu=cpu_forced())
+    threads = choose_cpu_threads()
     try:
         unconnected, _ = launch_problems(state.num_processes, state.distributed_type.value)
         if unconnected:  # each would predict everything and overwrite the file
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             write_predictions(output, args.format, rows)
             print(
                 f"wrote {len(rows)} predictions to {output} | world size {state.num_processes} | "
-                f"device {state.device}"
+                f"device {state.device} | CPU threads {threads}"
             )
             if metrics:
                 values = [f"{name} {value:.{FLOAT_DIGITS}f}" for name, value in metrics.items()]
