@@ -110,3 +110,18 @@ def test_quick_checkpoint_benchmark_saves_and_resumes_both_variants() -> None:
             assert low - 0.01 <= ratio <= high + 0.01, (ours, plain, ratio)
     assert rows["lora"][0] < rows["full"][0]
     assert re.search(r"LoRA checkpoint size: [0-9.]+% of the full one", result.stdout), result.stdout
+
+
+@pytest.mark.slow
+def test_quick_thread_benchmark_times_both_settings() -> None:
+    """bench/threads.py --quick: the quick start with the project's threads and with OMP_NUM_THREADS=1, each
+    timed, each with the threads its start line named."""
+    result = run([sys.executable, "bench/threads.py", "--quick"], cwd=TEMPLATE, timeout=600)
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0] == "| threads | quick start, s (median) | runs, s |", result.stdout
+    names = [row.split("|")[1].strip() for row in rows[1:]]
+    assert len(names) == 2 and names[0].startswith("chosen by the project: "), names
+    assert names[1] == "OMP_NUM_THREADS=1: 1 (OMP_NUM_THREADS)", names
+    for row in rows[1:]:
+        assert number(row.split("|")[2]) > 0, row

@@ -7,9 +7,10 @@
 The model is rebuilt from `<model_dir>/config.yaml` and `<model_dir>/model.safetensors` with plain PyTorch,
 or read by the task's `load_export` (a Hugging Face folder); no checkpoint or Accelerate state is needed.
 What is read from --input, and what each row holds, is the task's (task.py: `predict_inputs`, `predict`);
-without --input the eval split is predicted, with labels. Flags that name a config field (`--field value`)
-override the exported config, e.g. a sampling setting. The file is written once, by the main process, in
-input order, and is byte for byte the same on any number of processes.
+without --input the eval split is predicted, with labels, and the task's metrics over it (`eval_step`,
+`metrics`) are printed. Flags that name a config field (`--field value`) override the exported config,
+e.g. a sampling setting. The file is written once, by the main process, in input order, and is byte for
+byte the same on any number of processes.
 """
 
 from __future__ import annotations
@@ -29,12 +30,20 @@ from typing import TYPE_CHECKING, Any
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
-from {{ cookiecutter.package_name }}.utils.hardware import cpu_forced, hide_gpus_from_cpu_run, launch_problems
+from {{ cookiecutter.package_name }}.utils.hardware import (
+    choose_cpu_threads,
+    cpu_forced,
+    hide_gpus_from_cpu_run,
+    launch_problems,
+)
 
 # torch, Accelerate and safetensors are imported in main() and load_model(), after the checks: --help and a
 # mistake in the command answer before they load (seconds).
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     import torch
+    from accelerate import PartialState
 
 PROJECT = Path(__file__).resolve().parent
 CONFIGS = PROJECT / "configs"
@@ -84,13 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"predicting with {model_dir} into {output}: loading PyTorch and Accelerate", flush=True)
 
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
-    import torch
     from accelerate import PartialState
-    from accelerate.utils import gather_object, send_to_device
 
     # The process group when started by `accelerate launch`; nothing more. PartialState, unlike the
     # Accelerator, ignores ACCELERATE_USE_CPU: without it, CPU processes would not form a group.
     state = PartialState(cpu=cpu_forced())
+    threads = choose_cpu_threads()
     try:
         unconnected, _ = launch_problems(state.num_processes, state.distributed_type.value)
         if unconnected:  # each would predict everything and overwrite the file
@@ -103,30 +111,62 @@ def main(argv: list[str] | None = None) -> int:
         if len(inputs) == 0:
             raise ConfigError(f"{args.input or 'the eval split'}: nothing to predict")
 
-        # Whole batches are split, not single items: batch k is always items [k*B, (k+1)*B), so its
-        # numbers come out of the same kernels on any number of processes and the files are identical.
-        starts = list(range(0, len(inputs), args.batch_size))
-        done = []
-        with state.split_between_processes(starts) as my_starts, torch.no_grad():
-            for start in my_starts:
-                items = [inputs[i] for i in range(start, min(start + args.batch_size, len(inputs)))]
-                batch = send_to_device(task.collate(items), state.device)
-                done.append((start, task.predict(model, batch, config)))
-        # Unequal shares (no padding) are fine for gather_object: nothing is duplicated to drop later.
-        gathered = sorted(gather_object(done), key=lambda item: item[0])
+        batches = in_batches(state, inputs, args.batch_size, lambda batch: task.predict(model, batch, config))
+        # The eval split has labels: its metrics, computed as train.py's evaluation computes them.
+        metrics = eval_metrics(state, model, config, args.batch_size) if args.input is None else {}
         if state.is_main_process:
-            if [start for start, _ in gathered] != starts:  # a launch whose processes do not talk
-                raise RuntimeError(f"expected batches {starts}, gathered {[s for s, _ in gathered]}")
-            rows = [row for _, batch_rows in gathered for row in batch_rows]
+            rows = [row for batch_rows in batches for row in batch_rows]
             write_predictions(output, args.format, rows)
             print(
                 f"wrote {len(rows)} predictions to {output} | world size {state.num_processes} | "
-                f"device {state.device}"
+                f"device {state.device} | CPU threads {threads}"
             )
+            if metrics:
+                values = [f"{name} {value:.{FLOAT_DIGITS}f}" for name, value in metrics.items()]
+                print("eval split: " + " | ".join(values))
         state.wait_for_everyone()  # no process leaves before the file is complete
     finally:
         state.destroy_process_group()
     return 0
+
+
+def in_batches(
+    state: PartialState, items: Sequence[Any], batch_size: int, step: Callable[[Any], Any]
+) -> list[Any]:
+    """`step` of each batch of `items` on the state's device, the batches split between the processes;
+    the results of all of them, in order, on every process."""
+    import torch
+    from accelerate.utils import gather_object, send_to_device
+
+    # Whole batches are split, not single items: batch k is always items [k*B, (k+1)*B), so its
+    # numbers come out of the same kernels on any number of processes and the files are identical.
+    starts = list(range(0, len(items), batch_size))
+    done = []
+    with state.split_between_processes(starts) as my_starts, torch.no_grad():
+        for start in my_starts:
+            batch = task.collate([items[i] for i in range(start, min(start + batch_size, len(items)))])
+            done.append((start, step(send_to_device(batch, state.device))))
+    # Unequal shares (no padding) are fine for gather_object: nothing is duplicated to drop later.
+    gathered = sorted(gather_object(done), key=lambda item: item[0])
+    if [start for start, _ in gathered] != starts:  # a launch whose processes do not talk
+        raise RuntimeError(f"expected batches {starts}, gathered {[start for start, _ in gathered]}")
+    return [result for _, result in gathered]
+
+
+def eval_metrics(
+    state: PartialState, model: torch.nn.Module, config: task.Config, batch_size: int
+) -> dict[str, float]:
+    """The task's metrics (task.py: `eval_step`, `metrics`) over the eval split, in the split's order:
+    those that train.py logged for this model, up to the rounding of another batch size."""
+    import torch
+
+    eval_set = task.build_datasets(config)[1]
+
+    def step(batch: Any) -> dict[str, torch.Tensor]:
+        return {name: values.cpu() for name, values in task.eval_step(model, batch).items()}
+
+    steps = in_batches(state, eval_set, batch_size, step)
+    return task.metrics({name: torch.cat([values[name] for values in steps]) for name in steps[0]}, config)
 
 
 def check_overrides(overrides: list[str]) -> None:

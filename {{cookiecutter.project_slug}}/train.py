@@ -42,6 +42,7 @@ from {{ cookiecutter.package_name }}.utils.config import (
 from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
 from {{ cookiecutter.package_name }}.utils.hardware import (
     check_output_dir,
+    choose_cpu_threads,
     hide_gpus_from_cpu_run,
     launch_problems,
     mps_determinism_warnings,
@@ -196,13 +197,15 @@ def train(
     clock = SessionClock(config, accelerator.is_main_process)  # time_budget counts from here
     output_dir = Path(config.output_dir)
     accumulation = accelerator.gradient_accumulation_steps
+    threads = choose_cpu_threads()
     accelerator.print(
         f"platform {detect_platform()} | config {config_path} | world size {accelerator.num_processes} | "
         f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
         f"mixed precision {accelerator.mixed_precision} ({precision_why}) | "
         f"per-device batch {config.per_device_batch_size} x {accelerator.num_processes} processes x "
         f"{accumulation} accumulation = global batch {config.global_batch_size} | "
-        f"deterministic kernels {'on' if config.deterministic else 'off'} | output {output_dir}"
+        f"deterministic kernels {'on' if config.deterministic else 'off'} | CPU threads {threads} | "
+        f"output {output_dir}"
     )
 
     accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
@@ -313,7 +316,7 @@ def train(
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
         truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
-    start_trackers(accelerator, config, state)
+    start_trackers(accelerator, config, state, finished=state.step >= total_steps)
 
     # --- the loop
     # Train loss summed on the device since the last log: no host-device sync per step.

@@ -96,6 +96,13 @@ def run_predict(
     return result
 
 
+def printed_metrics(stdout: str) -> dict[str, float]:
+    """The metrics that predict.py printed for the eval split: `eval split: eval/loss 0.1 | ...`."""
+    (line,) = [line for line in stdout.splitlines() if line.startswith("eval split: ")]
+    pairs = [item.rsplit(" ", 1) for item in line.removeprefix("eval split: ").split(" | ")]
+    return {name: float(value) for name, value in pairs}
+
+
 def framework_warnings(result: subprocess.CompletedProcess[str]) -> list[str]:
     """The lines of a run's output that are warnings of a library (Accelerate, torch, tqdm, ...): a
     Python warning, a logged one, or torch's glog-style `W1124 12:00:00...` lines. The run's own begin

@@ -238,8 +238,8 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     refused(result, "training diverged", f"the last checkpoint, {older}")
     assert list_checkpoints(copy_of) == [older]
     # What the session writes at its start aside: config.yaml (with this copy's output_dir), the metrics
-    # and the tracker's files (TensorBoard's logs/; MLflow marks its run's meta.yaml as running again).
-    session = ("config.yaml", "metrics.jsonl", "logs/", "mlruns/", "wandb/")
+    # and the tracker's files (TensorBoard's logs/; MLflow marks its run as running again in mlflow.db).
+    session = ("config.yaml", "metrics.jsonl", "logs/", "mlflow.db", "wandb/")
     assert {k: v for k, v in snapshot(copy_of).items() if not k.startswith(session)} == {
         k: v for k, v in before.items() if not k.startswith(session)
     }

@@ -34,6 +34,8 @@ from .conftest import (
     assert_readable_log,
     assert_same_run,
     framework_warnings,
+    last_eval,
+    printed_metrics,
     read_metrics,
     run_predict,
     run_training,
@@ -145,15 +147,18 @@ def test_one_and_two_processes_end_at_the_same_eval_metrics(
 def test_predict_writes_the_same_bytes_on_one_and_two_processes(
     single_run: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Batches of 5 over the eval split: several batches, and an uneven share for the two processes."""
+    """Batches of 5 over the eval split: several batches, and an uneven share for the two processes. Both
+    print the task's metrics over the split: those that train.py logged for the model."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same kernels in both: a thread count changes sums
     model_dir = single_run[0] / "model"
+    logged = {name: value for name, value in last_eval(single_run[0]).items() if name != "step"}
     files = {n: tmp_path / f"{n}.csv" for n in (1, 2)}
     for processes, output in files.items():
         args = ["--model_dir", str(model_dir), "--output", str(output), "--batch_size", "5"]
         result = run_predict(*args, processes=processes)
         assert f"world size {processes}" in result.stdout  # 2 processes really formed one group
         assert framework_warnings(result) == []
+        assert printed_metrics(result.stdout) == pytest.approx(logged, rel=1e-5, abs=1e-6)
     assert files[1].read_bytes() == files[2].read_bytes()
     config, _ = load_config([], model_dir / "config.yaml", task.Config)
     with files[1].open(newline="") as file:

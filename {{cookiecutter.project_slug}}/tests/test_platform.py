@@ -108,6 +108,43 @@ def test_deterministic_kernels_are_on_unless_turned_off(single_run: tuple, tmp_p
     assert "| deterministic kernels off" in result.stdout
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+@pytest.mark.parametrize(
+    ("cpus", "variables", "expected"),
+    [
+        (2, {}, "2 (2 CPUs / 1 process)"),
+        (2, {"LOCAL_WORLD_SIZE": "2"}, "1 (2 CPUs / 2 processes)"),  # torchrun and accelerate set it
+        (1, {"LOCAL_WORLD_SIZE": "2"}, "1 (1 CPU / 2 processes)"),  # as `taskset -c 0` or a 1-CPU SLURM task
+        (2, {"OMP_NUM_THREADS": "1"}, "1 (OMP_NUM_THREADS)"),
+    ],
+)
+def test_cpu_threads_follow_the_cpus_and_processes_or_omp_num_threads(
+    cpus: int, variables: dict[str, str], expected: str
+) -> None:
+    """The threads that a process of train.py gets on `cpus` CPUs, and the start line's words for them."""
+    if len(os.sched_getaffinity(0)) < cpus:
+        pytest.skip(f"needs {cpus} CPUs")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOCAL_WORLD_SIZE")}
+    code = (
+        "import os, torch\n"
+        f"os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:{cpus}])\n"
+        f"from {hardware.__name__} import choose_cpu_threads\n"
+        "print(choose_cpu_threads(), '|', torch.get_num_threads())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env | variables, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == f"{expected} | {expected.split()[0]}"
+
+
+def test_the_start_line_names_the_cpu_threads(single_run: tuple) -> None:
+    threads, cpus = os.environ.get("OMP_NUM_THREADS"), hardware.usable_cpus()
+    expected = (
+        f"{threads} (OMP_NUM_THREADS)" if threads else f"{cpus} ({cpus} CPU{'s' * (cpus > 1)} / 1 process)"
+    )
+    assert f"| CPU threads {expected} |" in single_run[1].stdout
+
+
 def test_output_dir_checks_per_platform(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setattr(hardware, "COLAB_DRIVE", tmp_path / "MyDrive")  # not mounted
     with pytest.raises(ValueError, match="on Google Drive, which is not mounted"):

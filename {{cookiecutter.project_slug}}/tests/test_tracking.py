@@ -3,28 +3,30 @@ interrupted in any way shows in it as a run that was never stopped{% endif %}.""
 
 from __future__ import annotations
 
-{% if cookiecutter.tracker == "wandb" %}import json
+{% if cookiecutter.tracker == "mlflow" %}import importlib.util
+import json
 {% endif %}{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import os
 {% endif %}{% if cookiecutter.tracker != "none" %}import signal
 import subprocess
-{% endif %}{% if cookiecutter.tracker == "wandb" %}import sys
+{% endif %}{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import sys
 {% endif %}{% if cookiecutter.tracker != "none" %}import time
+{% endif %}{% if cookiecutter.tracker == "mlflow" %}import urllib.parse
+import urllib.request
 {% endif %}from pathlib import Path
 
 import pytest
-{%- if cookiecutter.tracker == "wandb" %}
-import wandb
-from packaging.version import Version
-{%- endif %}
 {%- if cookiecutter.tracker != "none" %}
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+{%- if cookiecutter.tracker == "wandb" %}
+from {{ cookiecutter.package_name }}.utils.run_dir import RunError
+{%- endif %}
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 {%- if cookiecutter.tracker == "wandb" %}
 from {{ cookiecutter.package_name }}.utils.tracking import wandb_history, wandb_offline_steps
 {%- endif %}
 
-from .conftest import PROJECT, read_metrics, run_training, training_command, wait_for_training
+from .conftest import {% if cookiecutter.tracker == "mlflow" %}PROJECT, free_port, {% else %}PROJECT, {% endif %}read_metrics, run_training, training_command, wait_for_training
 {%- else %}
 
 from .conftest import read_metrics, run_training
@@ -69,7 +71,7 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
 {%- if cookiecutter.tracker == "wandb" %}
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no key: the run must go offline, not prompt
 {%- elif cookiecutter.tracker == "mlflow" %}
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # no server: a local file store
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # no server: a SQLite file in output_dir
 {%- endif %}
     reference = tmp_path / "reference"
     run_training(reference, *ARGS)
@@ -83,16 +85,32 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
     newest_checkpoint = int(list_checkpoints(output_dir)[-1].name[5:])
     assert read_metrics(output_dir)[-1]["step"] > newest_checkpoint, "nothing was logged after the checkpoint"
     interrupt(output_dir, signal.SIGTERM, after_step=20)
-    run_training(output_dir, *ARGS)
+    {% if cookiecutter.tracker in ["wandb", "mlflow"] %}finishing = {% endif %}run_training(output_dir, *ARGS)
     run_training(output_dir, *ARGS)  # finished: evaluates and exports again, logging step 30 again
     assert tracker_metrics(output_dir) == expected
 {%- if cookiecutter.tracker == "tensorboard" %}
     assert_settings_recorded_once(output_dir, max_steps=30)
 {%- elif cookiecutter.tracker == "wandb" %}
-    # The project's own reader of wandb's files, which a resumed run trusts, agrees with wandb's.
-    (run_id,) = {path.name.rsplit("-", 1)[1] for path in (output_dir / "wandb").glob("offline-run-*")}
+    # Three sessions trained; the rerun of the finished run made no fourth, empty one.
+    sessions = sorted((output_dir / "wandb").glob("offline-run-*"))
+    assert len(sessions) == 3, sessions
+    (run_id,) = {path.name.rsplit("-", 1)[1] for path in sessions}
     held = wandb_offline_steps(output_dir / "wandb", run_id)
     assert {name: held[name] for name in expected} == {name: 30 for name in expected}
+    # The upload command that the run prints finds every session: `wandb sync --dry-run` lists them.
+    (folder,) = [
+        line.split("wandb sync ", 1)[1]
+        for line in finishing.stdout.splitlines()
+        if "upload every session with: wandb sync" in line
+    ]
+    command = [sys.executable, "-m", "wandb", "sync", "--dry-run", folder]
+    listing = subprocess.run(command, capture_output=True, text=True, check=True, cwd=PROJECT)
+    assert "Would sync 3 run(s)" in listing.stdout + listing.stderr, listing.stdout + listing.stderr
+{%- elif cookiecutter.tracker == "mlflow" %}
+    assert f"mlflow ui --backend-store-uri sqlite:///{(output_dir / 'mlflow.db').resolve().as_posix()}" in (
+        finishing.stdout
+    )
+    assert not (PROJECT / "mlruns").exists()  # nothing in the working directory
 {%- endif %}
 
 
@@ -151,32 +169,84 @@ def assert_settings_recorded_once(output_dir: Path, max_steps: int) -> None:
 
 
 def wandb_session_history(session: Path) -> list[tuple[int, dict[str, float]]]:
-    """(step, {metric: value}) of each history record of an offline session, in the file's order. From
-    wandb 0.29 with wandb's own reader, `wandb leet inspect`, which the project's reader is checked
-    against; before it, with the project's reader (`wandb_history`)."""
-    if Version(wandb.__version__) >= Version("0.29"):
-        command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(session)]
-        lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()
-        return [
-            (int(record["history"]["step"]["num"]), record["history"]["item"])
-            for record in map(json.loads, lines)
-            if record["type"] == "history"
-        ]
-    return [
-        (step, {name: json.loads(value) for name, value in items.items()})
-        for step, items in wandb_history(next(session.glob("*.wandb")))
-    ]
+    """(step, {metric: value}) of each history record of an offline session, read by wandb's own reader."""
+    (path,) = session.glob("*.wandb")
+    return wandb_history(path)
+
+
+def test_unreadable_wandb_file_is_named(tmp_path: Path) -> None:
+    """A file wandb's reader refuses stops a resume, named, rather than reading as holding no step."""
+    path = tmp_path / "offline-run-20260101_000000-abc" / "run-abc.wandb"
+    path.parent.mkdir()
+    path.write_bytes(b"not a wandb transaction log")
+    with pytest.raises(RunError, match=f"cannot read wandb's offline file {path}"):
+        wandb_offline_steps(tmp_path, "abc")
 {%- elif cookiecutter.tracker == "mlflow" %}
-    # The file store: one folder per run, a file per metric with a line "timestamp value step" per value.
-    (run,) = [path.parent for path in (output_dir / "mlruns").glob("*/*/meta.yaml")]
-    metrics = run / "metrics"
+    # MLflow's own client on the run's SQLite store.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(output_dir / 'mlflow.db').as_posix()}")
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    (run,) = client.search_runs(experiments)
+    history = client.get_metric_history
     return {
-        path.relative_to(metrics).as_posix(): [
-            (int(step), float(value)) for _, value, step in map(str.split, path.read_text().splitlines())
-        ]
-        for path in metrics.rglob("*")
-        if path.is_file()
+        name: sorted((metric.step, metric.value) for metric in history(run.info.run_id, name))
+        for name in run.data.metrics
     }
+
+
+def mlflow_ui_installed() -> bool:
+    spec = importlib.util.find_spec("mlflow")
+    return spec is not None and (Path(spec.origin).parent / "server" / "js" / "build").is_dir()
+
+
+@pytest.mark.skipif(
+    not mlflow_ui_installed(),
+    reason="mlflow's UI is not installed (mlflow-skinny has none): pip install -e '.[mlflow-ui]'",
+)
+def test_mlflow_ui_shows_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The viewer command that the run prints serves its metrics (on 127.0.0.1)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    output_dir = tmp_path / "run"
+    result = run_training(output_dir, "--max_steps", "10", "--log_every", "5", "--tracker", "mlflow")
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("mlflow: view with: ")]
+    port = free_port()
+    command = [sys.executable, "-m", *line.removeprefix("mlflow: view with: ").split()]
+    server = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the server's workers stop with it
+    )
+    try:
+        page = wait_for_page(f"http://127.0.0.1:{port}/", server)
+        assert "<title>MLflow</title>" in page
+        api = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+        experiments = post(f"{api}/experiments/search", {"max_results": 100})["experiments"]
+        ids = [experiment["experiment_id"] for experiment in experiments]
+        (run,) = post(f"{api}/runs/search", {"experiment_ids": ids})["runs"]
+        query = urllib.parse.urlencode({"run_id": run["info"]["run_id"], "metric_key": "train/loss"})
+        history = json.loads(urllib.request.urlopen(f"{api}/metrics/get-history?{query}", timeout=30).read())
+        assert sorted(metric["step"] for metric in history["metrics"]) == [5, 10]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=30).read())
+
+
+def wait_for_page(url: str, server: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "mlflow ui exited"
+        try:
+            return urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"mlflow ui did not answer at {url}")
 {%- endif %}
 {%- endif %}
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}

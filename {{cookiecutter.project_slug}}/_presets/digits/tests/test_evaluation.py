@@ -18,6 +18,8 @@ from {{ cookiecutter.package_name }}.utils.config import load_config
 
 from .conftest import PROJECT, read_metrics, run_training
 
+SVG = "{http://www.w3.org/2000/svg}"
+
 pytestmark = pytest.mark.slow
 
 
@@ -93,7 +95,7 @@ def test_early_stopping_stops_both_processes_at_the_same_step(tmp_path: Path) ->
 
 def drawn_series(svg: Path) -> dict[str, int]:
     """The curves of a curves.svg: metric name -> number of points."""
-    polylines = ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}polyline")
+    polylines = ET.parse(svg).getroot().iter(f"{SVG}polyline")
     return {line.get("data-series"): len(line.get("points").split()) for line in polylines}
 
 
@@ -108,8 +110,21 @@ def test_curves_svg_shows_every_logged_series(single_run: tuple) -> None:
     assert drawn_series(svg) == {
         name: counts[name] for name in ("train/loss", "eval/loss", "eval/accuracy", "train/lr")
     }
-    labels = [element.text for element in ET.parse(svg).getroot().iter("{http://www.w3.org/2000/svg}text")]
+    labels = svg_texts(svg)
     assert labels.count("optimizer step") == 3 and {"loss", "eval metrics", "learning rate"} <= set(labels)
+    assert {"loss (log scale)", "accuracy", "learning rate"} <= set(labels)  # the y axes' labels
+    # The best model's step, marked in every panel at the same place: the panels share one step axis.
+    root = ET.parse(svg).getroot()
+    frames = [float(rect.get("x")) for rect in root.iter(f"{SVG}rect") if rect.get("stroke") == "#444"]
+    markers = [group for group in root.iter(f"{SVG}g") if group.get("data-best-step")]
+    best = json.loads((output_dir / "best_model" / "export.json").read_text())["step"]
+    assert [int(group.get("data-best-step")) for group in markers] == [best] * 3
+    lines = [float(group.find(f"{SVG}line").get("x1")) for group in markers]
+    assert len({round(x - frame, 1) for x, frame in zip(lines, frames, strict=True)}) == 1, (lines, frames)
+
+
+def svg_texts(svg: Path) -> list[str]:
+    return [element.text for element in ET.parse(svg).getroot().iter(f"{SVG}text")]
 
 
 def test_curves_command_redraws_and_names_a_wrong_folder(single_run: tuple, tmp_path: Path) -> None:
@@ -121,6 +136,11 @@ def test_curves_command_redraws_and_names_a_wrong_folder(single_run: tuple, tmp_
     result = subprocess.run([*command, str(copy)], cwd=PROJECT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert drawn_series(copy / "curves.svg") == drawn_series(output_dir / "curves.svg")
+    assert "loss (log scale)" in svg_texts(copy / "curves.svg")
+    linear = subprocess.run([*command, str(copy), "--loss_axis", "linear"], cwd=PROJECT, capture_output=True)
+    assert linear.returncode == 0, linear.stderr
+    labels = svg_texts(copy / "curves.svg")
+    assert "loss" in labels and "loss (log scale)" not in labels
     missing = subprocess.run([*command, str(tmp_path / "nope")], cwd=PROJECT, capture_output=True, text=True)
     assert missing.returncode == 1
     assert "metrics.jsonl does not exist" in missing.stderr

@@ -55,12 +55,14 @@ def test_one_and_two_processes_write_the_same_file(eval_predictions: dict[int, P
 
 def test_every_eval_item_once_in_order(eval_predictions: dict[int, Path]) -> None:
     header, rows = read_csv(eval_predictions[2])
-    assert header == ["index", "prediction", "label"] + [f"prob_{k}" for k in range(10)]
+    assert header == ["index", "prediction", "label", "line"] + [f"prob_{k}" for k in range(10)]
     assert [int(row[0]) for row in rows] == list(range(EVAL_SIZE))
+    lines = DATA_FILE.read_text().splitlines()
     for row in rows:
-        probs = [float(p) for p in row[3:]]
+        probs = [float(p) for p in row[4:]]
         assert sum(probs) == pytest.approx(1.0, abs=1e-5)
         assert int(row[1]) == int(np.argmax(probs))
+        assert lines[int(row[3]) - 1].rsplit(",", 1)[1] == row[2]  # the line holds the image and its label
 
 
 def test_accuracy_from_file_is_the_logged_one(single_run: tuple, eval_predictions: dict[int, Path]) -> None:

@@ -114,10 +114,13 @@ def test_predict_on_a_text_file_writes_what_the_model_predicts(single_run: tuple
     model.eval()
     with torch.no_grad():
         batch = task.collate(list(task.predict_inputs(config, source)))
+        assert batch.pop("text") == TEXTS
         probs = model(**batch).logits.softmax(dim=-1)
     labels = ["DUKE VINCENTIO", "GLOUCESTER", "MENENIUS", "ROMEO"]
     assert [row["index"] for row in rows] == ["0", "1", "2", "3", "4"]  # one row per line, in order
-    assert list(rows[0]) == ["index", "prediction", *[f"prob_{label}" for label in labels]]  # no label column
+    assert [row["text"] for row in rows] == TEXTS  # the input, as written
+    # No label column: the file has none.
+    assert list(rows[0]) == ["index", "text", "prediction", *[f"prob_{label}" for label in labels]]
     assert [row["prediction"] for row in rows] == [labels[i] for i in probs.argmax(dim=-1).tolist()]
     written = [float(row[f"prob_{label}"]) for row in rows for label in labels]
     assert written == pytest.approx(probs.flatten().tolist(), abs=1e-6)
@@ -132,6 +135,8 @@ def test_predict_on_the_eval_split_gives_the_logged_accuracy(single_run: tuple, 
     assert len(rows) == 338
     accuracy = sum(row["prediction"] == row["label"] for row in rows) / len(rows)
     assert accuracy == last_eval(single_run[0])["eval/accuracy"]
+    _, eval_examples, _ = task.read_splits(config_in_project(path=single_run[0] / "model" / "config.yaml"))
+    assert [(row["text"], row["label"]) for row in rows] == eval_examples  # each row's input, in order
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,44 @@ def cpu_forced() -> bool:
     return parse_flag_from_env("ACCELERATE_USE_CPU")
 
 
+def choose_cpu_threads() -> str:
+    """Set the intra-op threads of torch for this process; return them and why, for the start line.
+
+    OMP_NUM_THREADS wins where set (torchrun sets 1 for several processes, `accelerate launch` 1 unless
+    told otherwise). Else the CPUs this process may use (its affinity, as SLURM and taskset restrict it,
+    and a container's CPU quota, which torch's default of every core of the host ignores), shared by
+    the processes of this machine. On a machine other work keeps busy, OMP_NUM_THREADS=1 may be faster
+    still (docs/benchmarks.md): threads that wait for each other's cores spin.
+    """
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return f"{torch.get_num_threads()} (OMP_NUM_THREADS)"
+    cpus = usable_cpus()
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by torchrun and accelerate launch
+    threads = max(1, cpus // processes)
+    torch.set_num_threads(threads)
+    return f"{threads} ({cpus} CPU{'s' * (cpus > 1)} / {processes} process{'es' * (processes > 1)})"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity, capped by a cgroup CPU quota (containers)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    for path in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+        try:
+            fields = Path(path).read_text().split()
+            if path.endswith("cpu.max"):
+                quota, period = fields[0], fields[1]
+            else:
+                quota, period = fields[0], Path(path).with_name("cpu.cfs_period_us").read_text().strip()
+        except (OSError, IndexError):
+            continue
+        if quota not in ("max", "-1"):  # no quota
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))  # a part of a CPU counts as one
+        break
+    return cpus
+
+
 def hide_gpus_from_cpu_run() -> None:
     """Make a CPU run blind to the machine's GPUs; call it before anything touches CUDA.
 

@@ -9,8 +9,8 @@ import json
 import os
 {%- endif %}
 {%- if cookiecutter.tracker == "wandb" %}
-import struct
-import zlib
+import subprocess
+import sys
 {%- endif %}
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from accelerate.tracking import GeneralTracker
 
 from .checkpoint import LoopState
 from .config import TrainConfig
-from .run_dir import write_error
+from .run_dir import {% if cookiecutter.tracker == "wandb" %}RunError, {% endif %}write_error
 
 
 class JsonlTracker(GeneralTracker):
@@ -83,8 +83,10 @@ def trackers(config: TrainConfig) -> list[Any]:
     return chosen
 
 
-def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> None:
-    """Start the trackers: a resumed run continues its tracker run, which records the settings once."""
+def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState, finished: bool) -> None:
+    """Start the trackers: a resumed run continues its tracker run, which records the settings once.
+
+    `finished`: the run is at its last step already, so this session logs only what it logged before."""
 {%- if cookiecutter.tracker == "tensorboard" %}
     if config.tracker == "tensorboard":
         start_tensorboard(accelerator, config, state)
@@ -102,11 +104,29 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
         # sessions. Each checkpoint holds its config.yaml.
 {%- endif %}
         continued = bool(state.tracker_run_id)
+{%- if cookiecutter.tracker == "wandb" %}
+        # Only the main process logs to wandb (Accelerate's trackers), so only it needs to decide.
+        if continued and finished and accelerator.is_main_process and offline_run_complete(config, state):
+            # A new session would be one more offline folder of the run, holding nothing new.
+            accelerator.log_with = [tracker for tracker in accelerator.log_with if str(tracker) != "wandb"]
+            print("wandb: its offline run holds every step of this finished run already: no new session")
+            accelerator.init_trackers(run_name)
+            return
+{%- endif %}
         hparams = None if continued else dataclasses.asdict(config)
         accelerator.init_trackers(run_name, config=hparams, init_kwargs=kwargs)
         state.tracker_run_id = tracker_run_id(accelerator, config)
         if accelerator.is_main_process:
             log_each_step_once(accelerator, config, continued)
+{%- if cookiecutter.tracker == "wandb" %}
+            if os.environ.get("WANDB_MODE") in ("offline", "dryrun"):
+                # wandb's own closing hint names this session's folder only; a resumed run has several.
+                folder = Path(config.output_dir) / "wandb"
+                print(f"wandb: offline; upload every session with: wandb sync {folder}")
+{%- elif cookiecutter.tracker == "mlflow" %}
+            if os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
+                print(f"mlflow: view with: mlflow ui --backend-store-uri {os.environ['MLFLOW_TRACKING_URI']}")
+{%- endif %}
         return
 {%- endif %}
     accelerator.init_trackers(run_name)  # metrics.jsonl alone: it records no settings (config.yaml does)
@@ -171,13 +191,14 @@ def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopStat
         for name in MLFLOW_SECRETS:
             if source := load_secret(name):
                 accelerator.print(f"mlflow: {name} from {source}")
-        # A local file store unless MLFLOW_TRACKING_URI points at a server. MLflow 3 keeps the file
-        # store only behind an explicit opt-in; it is the one backend that needs no database.
+        kwargs = {"run_id": state.tracker_run_id or None}  # the same run, each step once: log_each_step_once
+        # A SQLite file in the output folder unless MLFLOW_TRACKING_URI points at a server: what MLflow
+        # recommends for local use (its file store is in maintenance mode), and what `mlflow ui` opens.
         if not os.environ.get("MLFLOW_TRACKING_URI"):
-            os.environ["MLFLOW_TRACKING_URI"] = (Path(config.output_dir) / "mlruns").resolve().as_uri()
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        # A resumed run logs into the same MLflow run, each step once: see log_each_step_once.
-        return {"mlflow": {"run_id": state.tracker_run_id or None}}
+            output_dir = Path(config.output_dir).resolve()
+            os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + (output_dir / "mlflow.db").as_posix()
+            kwargs["logging_dir"] = (output_dir / "mlartifacts").as_uri()  # not ./mlruns in the cwd
+        return {"mlflow": kwargs}
 {%- endif %}
     return {}
 
@@ -261,6 +282,17 @@ def mlflow_held_steps(run_id: str) -> dict[str, int]:
 {%- elif cookiecutter.tracker == "wandb" %}
 
 
+def offline_run_complete(config: TrainConfig, state: LoopState) -> bool:
+    """Whether the offline files of the run hold every metric up to the step of `state`, that of the
+    final evaluation and of the last train loss (logged after the last checkpoint) included."""
+    if os.environ.get("WANDB_MODE") not in ("offline", "dryrun"):
+        return False  # online, the server holds the run: nothing local to compare with
+    held = wandb_offline_steps(Path(config.output_dir) / "wandb", state.tracker_run_id)
+    names = {name for _, values in logged_rows(config.output_dir) for name in values}
+    names |= {config.best_metric, *(["train/loss"] if state.loss_batches else [])}
+    return all(held.get(name, -1) >= state.step for name in names)
+
+
 def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
     """The last step of each metric that the offline sessions of wandb run `run_id` wrote to their files."""
     held: dict[str, int] = {}
@@ -271,45 +303,30 @@ def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
     return held
 
 
-def wandb_history(path: Path) -> list[tuple[int, dict[str, str]]]:
-    """(step, {name: value as JSON}) of each history record of a `.wandb` file, in the file's order."""
-    from wandb.proto.wandb_internal_pb2 import Record
+def wandb_history(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(step, {name: value}) of each history record of a `.wandb` file, in the file's order.
 
-    history = []
-    for data in wandb_records(path.read_bytes()):
-        record = Record.FromString(data)
-        if record.WhichOneof("record_type") == "history":
-            items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
-            history.append((record.history.step.num, items))
-    return history
-
-
-def wandb_records(data: bytes) -> list[bytes]:
-    """The records of a wandb transaction log (a `.wandb` file), up to the first one not wholly written.
-
-    The file is `:W&B`, a 2-byte magic and a version byte, then LevelDB's log format: 32 KiB blocks of
-    records, each a CRC-32 of its type and data, its length and type, then the data; a record too long
-    for its block is split into first, middle and last pieces. wandb's own reader, `wandb leet inspect`, is
-    a separate command; this one runs in the process. The format is what `wandb sync` reads.
+    Read by wandb's own reader, `wandb leet inspect --json`, which stops at the end of what a killed
+    session wrote. A file it cannot read stops the run, named: a resume that trusted an empty answer
+    would send every step again.
     """
-    block, header = 32768, struct.Struct("<IHB")
-    records: list[bytes] = []
-    pieces, position = b"", 7
-    if not data.startswith(b":W&B"):
-        return records
-    while True:
-        if block - position % block < header.size:  # a block's tail too short for a header is padding
-            position += block - position % block
-        if position + header.size > len(data):
-            return records
-        checksum, length, kind = header.unpack_from(data, position)
-        piece = data[position + header.size : position + header.size + length]
-        if len(piece) < length or zlib.crc32(bytes([kind]) + piece) != checksum:
-            return records  # the end of what a killed session had written
-        position += header.size + length
-        pieces = piece if kind in (1, 2) else pieces + piece  # 1 whole, 2 first, 3 middle, 4 last
-        if kind in (1, 4):
-            records.append(pieces)
+    command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    try:
+        if result.returncode != 0:
+            raise ValueError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output")
+        records = [json.loads(line) for line in result.stdout.splitlines()]
+        return [
+            (int(record["history"]["step"]["num"]), record["history"]["item"])
+            for record in records
+            if record["type"] == "history"
+        ]
+    except (ValueError, KeyError, TypeError) as error:
+        raise RunError(
+            f"cannot read wandb's offline file {path} with `wandb leet inspect --json` ({error}): "
+            "it is how a resumed run knows which steps wandb holds; pip install -U wandb, or move the "
+            "file away to resume without it (its steps are then sent again)"
+        ) from error
 {%- endif %}
 
 

@@ -121,25 +121,32 @@ def metrics(values: dict[str, torch.Tensor], config: Config) -> dict[str, float]
 
 
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
-    """The eval split with labels, or the images of a CSV file: one image per line, 64 comma-separated
-    pixel values 0..16 (8x8, row by row: data/digits.csv without its last column, the digit); an optional
-    header line (words, no numbers) is skipped."""
+    """The eval split with labels and the line of data/digits.csv that holds each, or the images of a CSV
+    file: one image per line, 64 comma-separated pixel values 0..16 (8x8, row by row: data/digits.csv
+    without its last column, the digit); an optional header line (words, no numbers) is skipped."""
+    import torch
     from torch.utils.data import TensorDataset
 
+    from .data.digits import split_rows
+
     if path is None:
-        return build_datasets(config)[1]
+        train_set, eval_set = build_datasets(config)
+        rows, _ = split_rows(len(train_set) + len(eval_set), config.seed, config.eval_fraction)
+        return TensorDataset(*eval_set.tensors, torch.from_numpy(rows + 1))  # 1-based, as editors count
     return TensorDataset(read_pixels(path))
 
 
 def predict(model: torch.nn.Module, batch: list[torch.Tensor], config: Config) -> list[dict[str, Any]]:
-    """The predicted digit, the true one when known, and the probability of each digit."""
+    """The predicted digit; for the eval split, the true one and the line of data/digits.csv that holds the
+    image; the probability of each digit. (predict.py adds each row's index in the input.)"""
     inputs, *known = batch
     probs = model(inputs).float().softmax(dim=-1).cpu()
     rows = []
     for index, row in enumerate(probs.tolist()):
         out: dict[str, Any] = {"prediction": int(probs[index].argmax())}
         if known:
-            out["label"] = int(known[0][index])
+            labels, lines = known
+            out |= {"label": int(labels[index]), "line": int(lines[index])}
         out.update({f"prob_{digit}": p for digit, p in enumerate(row)})
         rows.append(out)
     return rows

@@ -193,10 +193,14 @@ class PadCollate:
 
         self.collator = DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
-    def __call__(self, samples: list[dict[str, Any]]) -> Mapping[str, torch.Tensor]:
+    def __call__(self, samples: list[dict[str, Any]]) -> Mapping[str, Any]:
         if self.collator is None:
             raise RuntimeError("call build_datasets or predict_inputs first: they build the tokenizer")
-        return self.collator(samples)  # input_ids, attention_mask and labels, one row per text
+        # input_ids, attention_mask and labels, one row per text; and the texts, to predict
+        batch = self.collator([{k: v for k, v in sample.items() if k != "text"} for sample in samples])
+        if "text" in samples[0]:
+            batch["text"] = [sample["text"] for sample in samples]
+        return batch
 
 
 collate = PadCollate()
@@ -284,27 +288,30 @@ def metrics(values: dict[str, torch.Tensor], config: Config) -> dict[str, float]
 
 
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
-    """The eval split with labels, or the texts of a UTF-8 text file, one text per line."""
+    """The eval split with labels, or the texts of a UTF-8 text file, one text per line; each item with
+    its text, which the predictions show."""
     from .data.texts import TokenizedTexts
 
     if path is None:
-        return build_datasets(config)[1]
-    texts = read_texts(path)
+        _, eval_, labels = summary(config)  # data_file's eval split, or data_files' held-out texts
+        texts, ids = [text for text, _ in eval_], [labels.index(label) for _, label in eval_]
+    else:
+        texts, ids = read_texts(path), None
     tokenizer = build_tokenizer(config)
     collate.use(tokenizer)
-    return TokenizedTexts(texts, tokenizer, config.max_length, labels=None)
+    return TokenizedTexts(texts, tokenizer, config.max_length, labels=ids, with_text=True)
 
 
 def predict(
     model: torch.nn.Module, batch: Mapping[str, torch.Tensor], config: Config
 ) -> list[dict[str, Any]]:
-    """The predicted label, the true one when known, and the probability of each label."""
-    inputs = {name: values for name, values in batch.items() if name != "labels"}
+    """The text, the predicted label, the true one when known, and the probability of each label."""
+    inputs = {name: values for name, values in batch.items() if name not in ("labels", "text")}
     probs = model(**inputs).logits.float().softmax(dim=-1).cpu()
     names = model.config.id2label  # label id -> name, set by build_model
     rows = []
     for index, row in enumerate(probs.tolist()):
-        out: dict[str, Any] = {"prediction": names[int(probs[index].argmax())]}
+        out: dict[str, Any] = {"text": batch["text"][index], "prediction": names[int(probs[index].argmax())]}
         if "labels" in batch:
             out["label"] = names[int(batch["labels"][index])]
         out.update({f"prob_{names[k]}": p for k, p in enumerate(row)})

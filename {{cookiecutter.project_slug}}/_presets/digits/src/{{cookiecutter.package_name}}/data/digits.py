@@ -83,10 +83,15 @@ def digit_splits(seed: int, eval_fraction: float, noise: float) -> tuple[NoisyDi
         )
     table = np.loadtxt(DATA_FILE, delimiter=",", dtype=np.int64)
     images, labels = table[:, :NUM_FEATURES], table[:, NUM_FEATURES]
-    order = np.random.default_rng(seed).permutation(len(labels))
-    num_eval = round(len(labels) * eval_fraction)
     features = torch.tensor(images / MAX_PIXEL, dtype=torch.float32)
     targets = torch.tensor(labels, dtype=torch.long)
-    eval_idx, train_idx = torch.from_numpy(order[:num_eval]), torch.from_numpy(order[num_eval:])
+    eval_idx, train_idx = map(torch.from_numpy, split_rows(len(labels), seed, eval_fraction))
     train_set = NoisyDigits(features[train_idx], targets[train_idx], noise, seed)
     return train_set, TensorDataset(features[eval_idx], targets[eval_idx])
+
+
+def split_rows(count: int, seed: int, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(eval, train) row numbers of the data file's `count` rows, in the order of the splits."""
+    order = np.random.default_rng(seed).permutation(count)
+    num_eval = round(count * eval_fraction)
+    return order[:num_eval], order[num_eval:]

@@ -105,16 +105,23 @@ def build_word_tokenizer(counts: Counter[str], vocab_size: int, max_length: int)
 
 
 class TokenizedTexts(Dataset):
-    """Texts tokenized once, up front (truncated to `max_length` tokens), with their label ids if known.
+    """Texts tokenized once, up front (truncated to `max_length` tokens), with their label ids if known,
+    and with the text itself if `with_text` (predictions show it).
 
     Items are unpadded: the collator pads each batch to its longest text.
     """
 
     def __init__(
-        self, texts: list[str], tokenizer: PreTrainedTokenizerBase, max_length: int, labels: list[int] | None
+        self,
+        texts: list[str],
+        tokenizer: PreTrainedTokenizerBase,
+        max_length: int,
+        labels: list[int] | None,
+        with_text: bool = False,
     ) -> None:
         self.encodings = tokenizer(texts, truncation=True, max_length=max_length)
         self.labels = labels
+        self.texts = texts if with_text else None
 
     def __len__(self) -> int:
         return len(self.encodings["input_ids"])
@@ -123,4 +130,6 @@ class TokenizedTexts(Dataset):
         item = {name: values[index] for name, values in self.encodings.items()}
         if self.labels is not None:
             item["labels"] = self.labels[index]
+        if self.texts is not None:
+            item["text"] = self.texts[index]
         return item
