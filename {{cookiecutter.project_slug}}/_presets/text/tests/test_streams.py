@@ -109,7 +109,8 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     assert saved.epoch_samples > 0 and saved.epoch < 2, saved  # inside an epoch, before the last boundary
     if stop == signal.SIGTERM:  # max_steps sized the schedule: another value is refused, nothing written
         metrics = (output_dir / "metrics.jsonl").read_bytes()
-        refused = run_training(output_dir, "--data_files", jsonl_files, *STEPS, "--max_steps", "30", check=False)
+        args = ["--data_files", jsonl_files, *STEPS, "--max_steps", "30"]
+        refused = run_training(output_dir, *args, check=False)
         assert refused.returncode == 1 and "max_steps=20, not 30" in refused.stderr, refused.stderr
         assert (output_dir / "metrics.jsonl").read_bytes() == metrics
     resumed = run_training(output_dir, "--data_files", jsonl_files, *STEPS)
