@@ -8,7 +8,8 @@ renamed to `step_<N>` once complete, so a `step_<N>` folder is always whole; the
 catch files damaged or edited afterwards (a resume checks them all).
 
 Nothing that cannot be read is deleted: rotation removes only readable checkpoints older than the one
-this run has just written, and unreadable ones met on resume are set aside (run_dir.set_aside).
+this run has just written, and unreadable ones met on resume are set aside (start.py, run_dir.set_aside).
+Which checkpoint a run continues is decided in start.py; this module writes, verifies and reads one.
 
 List the checkpoints of a run:  python -m {{ cookiecutter.package_name }}.utils.checkpoint <output_dir>
 """

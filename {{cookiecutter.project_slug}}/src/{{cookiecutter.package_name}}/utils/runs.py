@@ -1,14 +1,10 @@
-"""Copies of a run in other places: find the newest one to continue, bring it into output_dir, pack one.
+"""Copies of a run in other places: find them, bring one's checkpoint into output_dir, pack a run into one file.
 
 A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
-Kaggle input, the Drive mirror of a Colab run) or as one packed file. Before resuming, the main process
-looks in `mirror_dir` and under `import_from` for copies of this run. When one holds a newer checkpoint
-than output_dir, that checkpoint is copied in and verified against its checksums, with the run's other
-files (metrics, exported models, tracker logs); a copy that does not verify is skipped, and named.
-
-The run id in each checkpoint's loop state tells copies of one run from other runs: copies of one run are
-never merged (only the newest checkpoint that verifies is taken), and when two different runs could both
-be continued by this config, none is chosen: the error names them.
+Kaggle input, the Drive mirror of a Colab run) or as one packed file. start.py decides which copy, if
+any, to continue (`bring_in_newest_copy`); this module finds the copies (`find_copies`, `remote_copies`)
+and copies one checkpoint in, verified against its checksums, with the run's other files (metrics,
+exported models, tracker logs: `import_copy`). mirror.py keeps such a copy up to date while training.
 
 mirror_dir and import_from may be URLs of a remote store (utils/remote.py): its run folders are found in
 one listing, their checkpoints downloaded and verified the same way. A checkpoint folder there without its
