@@ -110,3 +110,18 @@ def test_quick_checkpoint_benchmark_saves_and_resumes_both_variants() -> None:
             assert low - 0.01 <= ratio <= high + 0.01, (ours, plain, ratio)
     assert rows["lora"][0] < rows["full"][0]
     assert re.search(r"LoRA checkpoint size: [0-9.]+% of the full one", result.stdout), result.stdout
+
+
+@pytest.mark.slow
+def test_size_budget_places_every_generated_file_in_a_room() -> None:
+    """bench/sizes.py (docs/sizes.md): every preset renders, every generated file is in a room (else the
+    script stops naming it), each room holds lines, and the code total is the rooms' sum."""
+    result = run([sys.executable, "bench/sizes.py"], cwd=TEMPLATE, timeout=300)
+    assert result.returncode == 0, explain(result)
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [cell.strip() for cell in rows[0]][-2:] == ["code in all", "docs"], result.stdout
+    assert [row[0].strip() for row in rows[1:]] == ["digits", "images", "text", "lm"], result.stdout
+    for row in rows[1:]:
+        counts = [int(cell) for cell in row[1:]]
+        assert all(count > 0 for count in counts), row
+        assert sum(counts[:-2]) == counts[-2], row
