@@ -6,9 +6,11 @@
 
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
 
-Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop (accumulation,
-logging, evaluation, checkpoints, stop on signal or time) -> export. Everything about the task (data,
-batches, model, loss, metrics) comes from `task.py` in the package under src/: change that, not this loop.
+Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop -> export. The
+loop's body is the algorithm (micro-batches, forward, backward, optimizer and schedule steps), then one
+call per decision of utils/loop.py (count, log, evaluate, checkpoint, stop). Everything about the task
+(data, batches, model, loss, metrics) comes from `task.py` in the package under src/: change that, not
+this loop; to change the loop itself, see the README's "Change the loop".
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
 the resumed run ends with the same weights and logs the same losses as one that was never stopped.
