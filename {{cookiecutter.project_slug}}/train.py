@@ -61,10 +61,7 @@ from accelerate.utils.operations import slice_tensors
 from torch.utils.data import DataLoader, Dataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
-from {{ cookiecutter.package_name }}.utils.checkpoint import (
-    frozen_weights,
-    save_trained_weights_only,
-)
+from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
