@@ -1,4 +1,4 @@
-"""Copies of a run in other places: find them, bring one's checkpoint into output_dir, pack a run into one file.
+"""Copies of a run in other places: find them, bring one's checkpoint into output_dir, pack a run.
 
 A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
 Kaggle input, the Drive mirror of a Colab run) or as one packed file. start.py decides which copy, if
