@@ -573,6 +573,7 @@ def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
     from torch.utils.data import DataLoader
 
     checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
+    starting = importlib.import_module(f"{package}.utils.start")  # where a run starts: resume
     task = importlib.import_module(f"{package}.task")
     scratch = project.parent.parent / "checkpoint-bench"  # inside the parent's temporary folder
     scratch.mkdir(exist_ok=True)
@@ -640,7 +641,7 @@ def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
             ("save", lambda state=loop_state: checkpoint.save_checkpoint(accelerator, config, state)),
             ("torch_save", lambda: torch_save(plain, fsync=False)),
             ("torch_save_fsync", lambda: torch_save(plain, fsync=True)),
-            ("resume", lambda: checkpoint.resume(accelerator, config)),
+            ("resume", lambda: starting.resume(accelerator, config)),
             ("torch_load", lambda: torch_load(plain)),
         ):
             with contextlib.redirect_stdout(io.StringIO()):

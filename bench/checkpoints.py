@@ -161,6 +161,7 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
 
     package = next(path.name for path in (project / "src").iterdir() if (path / "__init__.py").exists())
     checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
+    starting = importlib.import_module(f"{package}.utils.start")  # where a run starts: resume
     task = importlib.import_module(f"{package}.task")
     scratch = result.parent / f"checkpoints-{variant}"
     scratch.mkdir()
@@ -215,7 +216,7 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
             ("torch_save_fsync_in_place", lambda: torch_save(scratch / "in_place.pt")),
         ]
         reads = [
-            ("resume", lambda: checkpoint.resume(accelerator, config)),
+            ("resume", lambda: starting.resume(accelerator, config)),
             ("torch_load", lambda rep=rep: torch_load(scratch / f"plain_{rep}.pt")),
         ]
         # On this shared disk the second of two large writes in a row is often the slower: the order
@@ -235,7 +236,7 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
         for _, value in trained:
             value.add_(1.0)
     with contextlib.redirect_stdout(io.StringIO()):
-        checkpoint.resume(accelerator, config)
+        starting.resume(accelerator, config)
     for name, value in trained:
         assert torch.equal(value, saved[name]), f"{name} was not restored by resume"
     newest = checkpoint.list_checkpoints(config.output_dir)[-1]

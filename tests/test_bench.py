@@ -60,7 +60,7 @@ def test_quick_benchmark_prints_every_row() -> None:
             # The generated loop reads nothing back from the device between logging steps.
             assert cells[0].startswith("0 / "), f"syncs at ordinary steps: {cells[0]}"
             assert cells[1].startswith("0 / "), f"the plain loop has syncs: {cells[1]}"
-    assert "Sync call sites at logging steps: train.py:" in result.stdout
+    assert "Sync call sites at logging steps: loop.py:" in result.stdout  # Bookkeeping.log's one reduce
     assert "Data wait: the generated train.py as is" in result.stdout
 
 
@@ -125,3 +125,18 @@ def test_quick_thread_benchmark_times_both_settings() -> None:
     assert names[1] == "OMP_NUM_THREADS=1: 1 (OMP_NUM_THREADS)", names
     for row in rows[1:]:
         assert number(row.split("|")[2]) > 0, row
+
+
+@pytest.mark.slow
+def test_size_budget_places_every_generated_file_in_a_room() -> None:
+    """bench/sizes.py (docs/sizes.md): every preset renders, every generated file is in a room (else the
+    script stops naming it), each room holds lines, and the code total is the rooms' sum."""
+    result = run([sys.executable, "bench/sizes.py"], cwd=TEMPLATE, timeout=300)
+    assert result.returncode == 0, explain(result)
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [cell.strip() for cell in rows[0]][-2:] == ["code in all", "docs"], result.stdout
+    assert [row[0].strip() for row in rows[1:]] == ["digits", "images", "text", "lm"], result.stdout
+    for row in rows[1:]:
+        counts = [int(cell) for cell in row[1:]]
+        assert all(count > 0 for count in counts), row
+        assert sum(counts[:-2]) == counts[-2], row

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils.memory import clear_device_cache, should_reduce_batch_size
+from accelerate.utils.operations import send_to_device, slice_tensors
+
+from .. import task
+from .config import TrainConfig, gradient_accumulation_steps
 
 
 def batch_size_candidates(per_device_batch_size: int, global_batch_size: int, processes: int) -> list[int]:
@@ -59,3 +64,25 @@ def fit_batch_size(
             "mixed_precision bf16/fp16, or a device with more memory"
         )
     return agreed
+
+
+def auto_batch_size(
+    accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, train_set: Any
+) -> None:
+    """`auto_batch_size: true`: set per_device_batch_size to the largest candidate that fits, and the
+    gradient accumulation that keeps global_batch_size (on `config` and `accelerator`)."""
+    candidates = batch_size_candidates(
+        config.per_device_batch_size, config.global_batch_size, accelerator.num_processes
+    )
+    samples = task.collate([train_set[i] for i in range(candidates[0])])
+    probe_batch = send_to_device(samples, accelerator.device)
+
+    def train_step(size: int) -> None:
+        accelerator.backward(task.loss(model, slice_tensors(probe_batch, slice(0, size))))
+
+    config.per_device_batch_size = fit_batch_size(accelerator, model, candidates, train_step)
+    accumulation = gradient_accumulation_steps(config, accelerator.num_processes)
+    accelerator.gradient_accumulation_steps = accumulation
+    accelerator.print(
+        f"auto_batch_size: per-device batch {config.per_device_batch_size} x {accumulation} accumulation"
+    )

@@ -7,7 +7,7 @@ the run's files (metrics, exports, tracker logs), then the newest checkpoint int
 verified against the checkpoint's checksums and only then renamed. Training never waits for it, and a
 failing copy never stops it: the error is reported once, the copy retried every RETRY_S seconds and after
 each checkpoint, and its recovery reported. `finish` completes the copy at the end of training and after a
-stop signal. Resume (runs.py) takes the newest checkpoint that verifies among output_dir and the mirror,
+stop signal. Resume (start.py) takes the newest checkpoint that verifies among output_dir and the mirror,
 so a checkpoint the mirror holds only in part (the runtime died mid-upload) is skipped, and named.
 
 A URL as mirror_dir (s3://, hf://, gs://, utils/remote.py) keeps the same promises with `RemoteMirror`.

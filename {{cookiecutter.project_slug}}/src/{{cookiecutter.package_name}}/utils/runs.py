@@ -1,14 +1,10 @@
-"""Copies of a run in other places: find the newest one to continue, bring it into output_dir, pack one.
+"""Copies of a run in other places: find them, bring one's checkpoint into output_dir, pack a run.
 
 A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
-Kaggle input, the Drive mirror of a Colab run) or as one packed file. Before resuming, the main process
-looks in `mirror_dir` and under `import_from` for copies of this run. When one holds a newer checkpoint
-than output_dir, that checkpoint is copied in and verified against its checksums, with the run's other
-files (metrics, exported models, tracker logs); a copy that does not verify is skipped, and named.
-
-The run id in each checkpoint's loop state tells copies of one run from other runs: copies of one run are
-never merged (only the newest checkpoint that verifies is taken), and when two different runs could both
-be continued by this config, none is chosen: the error names them.
+Kaggle input, the Drive mirror of a Colab run) or as one packed file. start.py decides which copy, if
+any, to continue (`bring_in_newest_copy`); this module finds the copies (`find_copies`, `remote_copies`)
+and copies one checkpoint in, verified against its checksums, with the run's other files (metrics,
+exported models, tracker logs: `import_copy`). mirror.py keeps such a copy up to date while training.
 
 mirror_dir and import_from may be URLs of a remote store (utils/remote.py): its run folders are found in
 one listing, their checkpoints downloaded and verified the same way. A checkpoint folder there without its
@@ -37,15 +33,13 @@ from typing import Any
 from .checkpoint import (
     LOOP_STATE_FILE,
     STAGING_PREFIX,
-    changed_settings,
     checkpoint_problem,
     checkpoint_root,
     checkpoint_step,
     list_checkpoints,
     read_loop_state,
 )
-from .config import ConfigError, TrainConfig
-from .remote import is_url, open_store
+from .remote import open_store
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RunError, set_aside
 
 PACK_SUFFIX = ".tar"
@@ -76,55 +70,6 @@ class Copy:
         return f"{self.source} (step {self.step}, run {self.run_id or '(unnamed)'})"
 
 
-def bring_in_newest_copy(config: TrainConfig) -> list[str]:
-    """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
-    output_dir, when it is newer than output_dir's own; return what to print. Main process only."""
-    places = [place for place in (config.mirror_dir, config.import_from) if place]
-    if not places:
-        return []
-    output_dir = Path(config.output_dir)
-    own = newest_readable(output_dir)
-    notes: list[str] = []
-    candidates: list[Copy] = []
-    seen: set[Path | str] = {output_dir.resolve()}
-    for place in places:
-        if is_url(place):
-            copies = _remote_copies(place, seen, notes)
-        elif not Path(place).exists():
-            if place == config.import_from:
-                notes.append(f"import_from {place} does not exist: no copies of this run looked for there")
-            continue
-        else:
-            copies = find_copies(Path(place), seen)
-        for copy in copies:
-            if changed := changed_settings(copy.config_yaml, config):
-                notes.append(f"not continuing {copy}: other settings ({changed})")
-            elif own is not None and copy.run_id != own[1]:
-                notes.append(f"not continuing {copy}: another run; output_dir holds run {own[1] or '?'}")
-            elif own is None or copy.step > own[0]:
-                candidates.append(copy)
-    if own is None and len(runs := {copy.run_id for copy in candidates}) > 1:
-        found = "; ".join(str(copy) for copy in sorted(candidates, key=lambda copy: -copy.step))
-        raise ConfigError(
-            f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
-            "--import_from <its folder or .tar>, or --import_from '' to start fresh"
-        )
-    candidates.sort(key=lambda copy: copy.step, reverse=True)
-    for copy in candidates:
-        if problem := import_copy(copy, output_dir):
-            notes.append(f"WARNING: skipping {copy}: {problem}")
-            continue
-        local = f"output_dir's newest is step {own[0]}" if own else "output_dir holds no checkpoint"
-        notes.append(
-            f"continuing from {copy}: the newest copy of this run that verifies ({local}); its checkpoint, "
-            f"metrics and exports were copied to {output_dir}"
-        )
-        return notes
-    if own is not None and places:
-        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
-    return notes
-
-
 def newest_readable(run_folder: Path) -> tuple[int, str] | None:
     """(step, run id) of the newest checkpoint in `run_folder` whose files have their recorded sizes."""
     for path in reversed(list_checkpoints(run_folder)):
@@ -145,7 +90,7 @@ def remote_sealed(store: Any, run_folder: str) -> list[tuple[int, str]]:
     return sorted(sealed)
 
 
-def _remote_copies(url: str, seen: set[Path | str], notes: list[str]) -> list[Copy]:
+def remote_copies(url: str, seen: set[Path | str], notes: list[str]) -> list[Copy]:
     """Checkpoints of the run folders at `url` or below it (SEARCH_DEPTH), from one listing; those cut
     off mid-upload are named in `notes`."""
     store, root = open_store(url)

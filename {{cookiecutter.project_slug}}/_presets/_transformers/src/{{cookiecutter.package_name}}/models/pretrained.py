@@ -4,7 +4,7 @@ checkpointing, and exports that are Hugging Face folders. Shared by the presets 
 What train.py makes of it, with nothing here to call: parameters that do not require gradients (the base
 model under LoRA) stay out of the optimizer and out of every checkpoint, which holds the adapter, the new
 head and their optimizer state; a checkpoint records a hash of those frozen weights, and a resume against
-other base weights is refused (utils/checkpoint.py).
+other base weights is refused (utils/start.py).
 """
 
 from __future__ import annotations

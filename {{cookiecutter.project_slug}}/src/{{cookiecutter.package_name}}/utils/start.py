@@ -1,0 +1,252 @@
+"""Where a run starts: fresh, or from which checkpoint (output_dir's own, or a newer copy found elsewhere).
+
+`resume` is train.py's one call: the main process decides (`decide_start`), every process loads the
+same checkpoint or all stop with the same error. Before deciding, the main process looks in `mirror_dir`
+and under `import_from` for copies of this run (`bring_in_newest_copy`, with runs.py's search): when one
+holds a newer checkpoint than output_dir, that checkpoint is copied in and verified against its
+checksums, with the run's other files (metrics, exported models, tracker logs); a copy that does not
+verify is skipped, and named. The run id in each checkpoint's loop state tells copies of one run from
+other runs: copies of one run are never merged (only the newest checkpoint that verifies is taken), and
+when two different runs could both be continued by this config, none is chosen: the error names them.
+
+The decision refuses rather than guesses: a folder holding another run, or other settings, or
+checkpoints that cannot be read, stops the run with one line saying what to do; nothing that cannot be
+read is deleted (it is set aside, run_dir.set_aside). This module builds on checkpoint.py (one
+checkpoint), run_dir.py (the folder) and runs.py (copies elsewhere); none of them imports it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+
+from .checkpoint import (
+    LoopState,
+    changed_settings,
+    checkpoint_problem,
+    checkpoint_root,
+    checkpoint_step,
+    list_checkpoints,
+    load_checkpoint,
+    read_loop_state,
+    read_meta,
+)
+from .config import ConfigError, TrainConfig
+from .remote import is_url
+from .run_dir import RunError, earlier_outputs, set_aside
+from .runs import Copy, find_copies, import_copy, newest_readable, remote_copies
+
+
+def resume(
+    accelerator: Accelerator, config: TrainConfig, frozen: tuple[str, str] = ("", "")
+) -> tuple[LoopState, Path | None]:
+    """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
+
+    The main process decides, reading every checksum once, and may set files aside (`decide_start`);
+    then every process loads the same checkpoint, or all stop with the same error. `frozen` is
+    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused.
+    """
+    decision: list[Any] = [None]
+    if accelerator.is_main_process:
+        try:
+            decision = [(*decide_start(config), uuid.uuid4().hex[:12])]
+        except (ConfigError, RunError) as error:
+            decision = [error]
+    decision = broadcast_object_list(decision)
+    if isinstance(decision[0], Exception):
+        raise decision[0]
+    path, notes, new_run_id = decision[0]
+    for note in notes:
+        accelerator.print(note)
+    if path is None:
+        accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
+        return LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1]), None
+    saved = read_loop_state(path)
+    if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
+        raise RunError(
+            f"checkpoint {path} continues a model whose frozen weights are "
+            f"{describe_frozen(saved.frozen_sha256, saved.frozen_from)}, but the model built now has "
+            f"{describe_frozen(*frozen)}: point pretrained_model at the base model it was trained from, "
+            "or choose another --output_dir"
+        )
+    problem, refused = None, None
+    try:
+        state = load_checkpoint(accelerator, path)
+    except RunError as error:  # a registered object's own refusal (a stream's max_steps): said as it is
+        problem, refused = f"{error}", error
+    except Exception as error:  # the checksums matched: a mismatch of code or versions, not of bytes
+        problem = f"{error!r}"
+    # Every process must leave with the same checkpoint loaded.
+    failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
+    if refused is not None:
+        raise refused
+    if failed.item():
+        raise RunError(
+            f"checkpoint {path} is intact but could not be loaded ({problem or 'on another process'}): "
+            "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
+        )
+    saved_world = read_meta(path).get("world_size", accelerator.num_processes)
+    accelerator.print(
+        f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
+        f"run {state.run_id or '(unnamed)'})"
+    )
+    if saved_world != accelerator.num_processes:
+        accelerator.print(
+            f"note: saved by {saved_world} process(es), resumed by {accelerator.num_processes}: "
+            "weights, optimizer, schedule and data position carry over; the random streams of "
+            "processes that did not exist before start from the seed, so the run is not bit-exact"
+        )
+    return state, path
+
+
+def describe_frozen(sha256: str, source: str) -> str:
+    return f"{source} (sha256 {sha256[:12]})" if sha256 else "none (every weight trained)"
+
+
+def decide_start(config: TrainConfig) -> tuple[Path | None, list[str]]:
+    """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe.
+
+    Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
+    to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
+    Checkpoints newer than the one continued are set aside, never overwritten.
+    """
+    output_dir = Path(config.output_dir)
+    notes = bring_in_newest_copy(config) if config.resume == "auto" else []
+    checkpoints = list_checkpoints(output_dir)
+    if config.resume not in ("auto", "never"):
+        path = Path(config.resume)
+        if problem := checkpoint_problem(path):
+            raise ConfigError(f"resume={config.resume}: cannot resume from it: {problem}")
+        if changed := _changed_fields(path, config):
+            raise ConfigError(
+                f"resume={config.resume}: the checkpoint was trained with other settings ({changed}); "
+                "pass its settings to continue it (a run's settings are fixed for its whole length)"
+            )
+        if path.resolve().parent == checkpoint_root(output_dir).resolve():
+            newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
+            if newer:
+                folder = set_aside(newer, output_dir)
+                notes.append(f"set aside {len(newer)} checkpoint(s) newer than {path.name} to {folder}")
+            return path, notes
+        return path, notes + _clear_for_fresh_start(config, "to continue another folder's checkpoint in it")
+    if config.resume == "never":
+        return None, notes + _clear_for_fresh_start(config, "resume=never")
+    unreadable: list[str] = []
+    for path in reversed(checkpoints):
+        problem = checkpoint_problem(path)
+        if problem:
+            unreadable.append(f"{path.name} ({problem})")
+            notes.append(f"WARNING: skipping checkpoint {path}: {problem}")
+            continue
+        if changed := _changed_fields(path, config):
+            if not config.start_over:
+                raise ConfigError(
+                    f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
+                    "continue it, choose another --output_dir, or pass --start_over true to set it aside"
+                )
+            return None, notes + _clear_for_fresh_start(config, "other settings")
+        newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
+        if newer:
+            folder = set_aside(newer, output_dir)
+            names = ", ".join(other.name for other in newer)
+            notes.append(f"set aside the unreadable checkpoint(s) {names} to {folder}")
+        return path, notes
+    if unreadable and not config.start_over:
+        raise RunError(
+            f"no checkpoint in {checkpoint_root(output_dir)} can be read: {'; '.join(unreadable)}. Nothing "
+            "was changed: repair or move them, or pass --start_over true to set them aside and start over"
+        )
+    return None, notes + _clear_for_fresh_start(config, "no readable checkpoint")
+
+
+def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
+    """Notes for a fresh start in output_dir; raise if an earlier run's outputs are there without start_over.
+
+    Allowed without asking: an empty folder, and the same run stopped before its first checkpoint (same
+    settings, nothing exported): starting it again repeats it. What that run wrote besides its config
+    (metrics, best_model/, curves, tracker logs) is set aside all the same: the folder may also hold an
+    earlier run's, whose checkpoints and model/ were deleted, and nothing proves which.
+    """
+    output_dir = Path(config.output_dir)
+    earlier = earlier_outputs(output_dir)
+    if not earlier:
+        return []
+    saved = output_dir / "config.yaml"
+    unfinished = not list_checkpoints(output_dir) and not (output_dir / "model").exists()
+    if unfinished and saved.is_file() and not _changed_fields(output_dir, config):
+        note = f"note: {output_dir} holds this run stopped before its first checkpoint: starting it again"
+        if outputs := [name for name in earlier if name != "config.yaml"]:
+            folder = set_aside([output_dir / name for name in outputs], output_dir)
+            note += f"; its outputs so far ({', '.join(outputs)}) moved to {folder}"
+        return [note]
+    if not config.start_over:
+        raise ConfigError(
+            f"output_dir {output_dir} holds an earlier run ({', '.join(earlier)}) that this one cannot "
+            f"continue ({why}): choose another --output_dir, or pass --start_over true to move it to "
+            f"{output_dir / 'set_aside'}/<time>/ and start over"
+        )
+    folder = set_aside([output_dir / name for name in earlier], output_dir)
+    return [f"start_over: moved the earlier run ({', '.join(earlier)}) to {folder}"]
+
+
+def bring_in_newest_copy(config: TrainConfig) -> list[str]:
+    """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
+    output_dir, when it is newer than output_dir's own; return what to print. Main process only."""
+    places = [place for place in (config.mirror_dir, config.import_from) if place]
+    if not places:
+        return []
+    output_dir = Path(config.output_dir)
+    own = newest_readable(output_dir)
+    notes: list[str] = []
+    candidates: list[Copy] = []
+    seen: set[Path | str] = {output_dir.resolve()}
+    for place in places:
+        if is_url(place):
+            copies = remote_copies(place, seen, notes)
+        elif not Path(place).exists():
+            if place == config.import_from:
+                notes.append(f"import_from {place} does not exist: no copies of this run looked for there")
+            continue
+        else:
+            copies = find_copies(Path(place), seen)
+        for copy in copies:
+            if changed := changed_settings(copy.config_yaml, config):
+                notes.append(f"not continuing {copy}: other settings ({changed})")
+            elif own is not None and copy.run_id != own[1]:
+                notes.append(f"not continuing {copy}: another run; output_dir holds run {own[1] or '?'}")
+            elif own is None or copy.step > own[0]:
+                candidates.append(copy)
+    if own is None and len(runs := {copy.run_id for copy in candidates}) > 1:
+        found = "; ".join(str(copy) for copy in sorted(candidates, key=lambda copy: -copy.step))
+        raise ConfigError(
+            f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
+            "--import_from <its folder or .tar>, or --import_from '' to start fresh"
+        )
+    candidates.sort(key=lambda copy: copy.step, reverse=True)
+    for copy in candidates:
+        if problem := import_copy(copy, output_dir):
+            notes.append(f"WARNING: skipping {copy}: {problem}")
+            continue
+        local = f"output_dir's newest is step {own[0]}" if own else "output_dir holds no checkpoint"
+        notes.append(
+            f"continuing from {copy}: the newest copy of this run that verifies ({local}); its checkpoint, "
+            f"metrics and exports were copied to {output_dir}"
+        )
+        return notes
+    if own is not None and places:
+        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
+    return notes
+
+
+def _changed_fields(folder: Path, config: TrainConfig) -> str:
+    """The run-defining fields whose value in `folder`/config.yaml differs from `config` ("" if none)."""
+    try:
+        text = (folder / "config.yaml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        return f"its config.yaml cannot be read: {error}"
+    return changed_settings(text, config)
