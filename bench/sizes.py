@@ -39,6 +39,7 @@ ROOMS = {
                 "tracking",
                 "plots",
                 "task_check",
+                "streams",
             )
         ),
         f"{PACKAGE}__init__.py",
