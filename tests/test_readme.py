@@ -68,7 +68,7 @@ def test_publishing_code_matches_the_installed_huggingface_hub(render: Callable[
     from huggingface_hub import HfApi
 
     readme = (render().path / "README.md").read_text(encoding="utf-8")
-    (code,) = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "HfApi" in block]
     calls = [
         node
         for node in ast.walk(ast.parse(code))
