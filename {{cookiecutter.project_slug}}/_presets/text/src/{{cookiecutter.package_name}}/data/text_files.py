@@ -25,9 +25,8 @@ from ..utils.config import ConfigError
 from ..utils.packages import require
 from .texts import word_counts
 
-datasets = require("datasets", "datasets>=3.0")
-
 if TYPE_CHECKING:
+    import datasets
     from transformers import PreTrainedTokenizerBase
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json"}
@@ -82,7 +81,9 @@ def open_stream(builder: str, files: list[str], columns: list[str]) -> datasets.
                 f"{file}: no column {missing[0]!r} (it has {', '.join(present) or 'none'}): rename it, or "
                 "set text_column and label_column"
             )
-    stream = datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
+    # Imported here, not with the module: only data_files needs it (the text preset's `data` extra).
+    load_dataset = require("datasets", "datasets>=3.0").load_dataset
+    stream = load_dataset(builder, data_files=files, split="train", streaming=True)
     return stream.select_columns(columns)
 
 
