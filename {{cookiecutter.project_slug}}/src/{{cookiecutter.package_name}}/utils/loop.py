@@ -67,14 +67,14 @@ class Bookkeeping:
     def epoch_batches(self, train_loader: Any, train_set: Any) -> Iterator:
         """The train batches of the epoch in progress, in its order: after a resume, those not yet seen."""
         state, accelerator = self.state, self.accelerator
-        train_loader.set_epoch(state.epoch)  # the data order of this epoch
-        if hasattr(train_set, "set_epoch"):
-            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
+        train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
         if isinstance(train_set, IterableDataset):  # a stream resumes from its own state (utils/streams.py)
             yield from train_loader
             state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
             state.epoch_samples = 0
             return
+        if hasattr(train_set, "set_epoch"):
+            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
         batches = train_loader
         if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
             batches = accelerator.skip_first_batches(
