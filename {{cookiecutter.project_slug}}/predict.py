@@ -23,7 +23,6 @@ import difflib
 import io
 import json
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     hide_gpus_from_cpu_run,
     launch_problems,
 )
+from {{ cookiecutter.package_name }}.utils.signals import exit_process
 
 # torch, Accelerate and safetensors are imported in main() and load_model(), after the checks: --help and a
 # mistake in the command answer before they load (seconds).
@@ -305,6 +305,7 @@ def write_predictions(path: Path, fmt: str, rows: list[dict[str, Any]]) -> None:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        status: int | str = main()
     except ConfigError as error:
-        sys.exit(f"error: {error}")
+        status = f"error: {error}"
+    exit_process(status)  # sys.exit, without the teardown that gloo's threads can abort

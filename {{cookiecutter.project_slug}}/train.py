@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import math
 import os
-import sys
 from pathlib import Path
 
 # First only what reading the config needs (no torch): see utils/cli.py.
@@ -67,7 +66,12 @@ from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, ignore_stop_signals
+from {{ cookiecutter.package_name }}.utils.signals import (
+    EXIT_STOPPED,
+    StopRequest,
+    exit_process,
+    ignore_stop_signals,
+)
 from {{ cookiecutter.package_name }}.utils.start import resume
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
 from {{ cookiecutter.package_name }}.utils.task_check import check_task
@@ -338,12 +342,13 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        status: int | str = main()
     except ConfigError as error:
-        sys.exit(f"config error: {error}")
+        status = f"config error: {error}"
     except RunError as error:
-        sys.exit(f"error: {error}")
+        status = f"error: {error}"
     except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders, plots)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
-        sys.exit(f"error: {write_error(Path(error.filename or '.'), error)}")
+        status = f"error: {write_error(Path(error.filename or '.'), error)}"
+    exit_process(status)  # sys.exit, without the teardown that gloo's threads can abort

@@ -1,10 +1,12 @@
 """Stop signals: every rank records the request, one line per signal says so (rank 0's), a forked
 DataLoader worker, which inherits the handler until its worker_init_fn ignores stop signals, does nothing,
-and a signal in the middle of a write to stderr does not write into it again."""
+a signal in the middle of a write to stderr does not write into it again, and a process of a gloo job ends
+without the interpreter teardown that gloo's threads can abort."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -85,3 +87,52 @@ def test_a_signal_during_a_write_to_stderr_does_not_write_into_it() -> None:
         "SIGTERM received: finishing the current step, then saving a checkpoint",
         "train: step 5/100",
     ]
+
+
+# Rank 1 leaves a gloo job while a collective it started is still pending: when rank 0 joins it, a gloo
+# thread runs a Python callback. With sys.exit that happens during the interpreter's teardown and aborts
+# the process (SIGABRT, "terminate called without an active exception"): the way a finished two-process run
+# failed now and then, its rank 1 dropping the last collective's tensors.
+LEAVER = """
+import atexit, sys, time, torch, torch.distributed as dist
+from {{ cookiecutter.package_name }}.utils.signals import exit_process
+
+dist.init_process_group("gloo")
+tensor = torch.ones(2)
+if dist.get_rank() == 1:
+    atexit.register(print, "atexit functions ran")
+    dist.all_reduce(tensor, async_op=True).get_future().then(lambda future: future.value())
+    print("rank 1 leaves")
+    exit_process(sys.argv[1] if sys.argv[1] != "0" else 0)
+time.sleep(2)
+try:
+    dist.all_reduce(tensor)
+except RuntimeError:
+    pass  # rank 1 is gone
+"""
+
+
+@pytest.mark.parametrize("status", ["0", "error: one line"])
+def test_a_process_of_a_gloo_job_exits_without_the_teardown_abort(status: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    command = [sys.executable, "-c", LEAVER, status]
+    ranks = [
+        subprocess.Popen(
+            command,
+            cwd=PROJECT,
+            env=env | {"RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    (_, _), (out, err) = [rank.communicate(timeout=120) for rank in ranks]
+    assert ranks[1].returncode == (0 if status == "0" else 1), err
+    assert "terminate called" not in err
+    assert out.splitlines() == ["rank 1 leaves", "atexit functions ran"]
+    if status != "0":
+        assert err.splitlines()[-1] == status
