@@ -94,13 +94,14 @@ def test_a_signal_during_a_write_to_stderr_does_not_write_into_it() -> None:
 # the process (SIGABRT, "terminate called without an active exception"): the way a finished two-process run
 # failed now and then, its rank 1 dropping the last collective's tensors.
 LEAVER = """
-import atexit, sys, time, torch, torch.distributed as dist
+import atexit, sys, threading, time, torch, torch.distributed as dist
 from {{ cookiecutter.package_name }}.utils.signals import exit_process
 
 dist.init_process_group("gloo")
 tensor = torch.ones(2)
 if dist.get_rank() == 1:
     atexit.register(print, "atexit functions ran")
+    threading.Thread(target=lambda: (time.sleep(0.5), print("a thread's last write"))).start()
     dist.all_reduce(tensor, async_op=True).get_future().then(lambda future: future.value())
     print("rank 1 leaves")
     exit_process(sys.argv[1] if sys.argv[1] != "0" else 0)
@@ -133,6 +134,6 @@ def test_a_process_of_a_gloo_job_exits_without_the_teardown_abort(status: str) -
     (_, _), (out, err) = [rank.communicate(timeout=120) for rank in ranks]
     assert ranks[1].returncode == (0 if status == "0" else 1), err
     assert "terminate called" not in err
-    assert out.splitlines() == ["rank 1 leaves", "atexit functions ran"]
+    assert out.splitlines() == ["rank 1 leaves", "a thread's last write", "atexit functions ran"]
     if status != "0":
         assert err.splitlines()[-1] == status

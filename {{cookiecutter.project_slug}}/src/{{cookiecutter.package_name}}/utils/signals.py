@@ -14,6 +14,7 @@ import atexit
 import os
 import signal
 import sys
+import threading
 from types import FrameType
 from typing import NoReturn
 
@@ -89,15 +90,18 @@ def exit_process(status: int | str | None) -> NoReturn:
     aborts the process: "terminate called without an active exception", SIGABRT, and the launcher reports
     a failed run that had finished. Seen with plain Accelerate and DDP, on rank 1, about once in 100
     two-process runs on a loaded 2-core machine; every time when a gloo thread runs a Python callback then
-    (tests/test_signals.py). The atexit functions (the trackers', logging's) still run; then the process
-    ends at once.
+    (tests/test_signals.py). Threads are still joined and the atexit functions (the trackers', logging's)
+    still run; then the process ends at once.
     """
     if os.environ.get("WORLD_SIZE", "1") == "1":
         sys.exit(status)
     if isinstance(status, str):
         print(status, file=sys.stderr)
         status = 1
-    atexit._run_exitfuncs()  # what a normal exit runs before the teardown
+    # What Python's own exit runs before its teardown, in its order: threads that are not daemons are
+    # joined (a library's last write), then the atexit functions.
+    threading._shutdown()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status or 0)
