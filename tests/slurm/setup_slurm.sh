@@ -98,7 +98,9 @@ if [ "$NODES" = 2 ] && ! { getent hosts node1 >/dev/null && getent hosts node2 >
   log "adding '127.0.0.1 node1 node2' to /etc/hosts"
   echo "127.0.0.1 node1 node2 # setup_slurm.sh" >>/etc/hosts
 fi
-CPUS=${SLURM_NODE_CPUS:-$(($(nproc) / NODES))}
+# nproc answers OMP_NUM_THREADS when it is set (the test suites set it to 1): without it, the CPUs this
+# process may use. A node of 1 CPU would leave a 2-task job pending for ever (Reason=PartitionConfig).
+CPUS=${SLURM_NODE_CPUS:-$(($(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / NODES))}
 [ "$CPUS" -ge 1 ] || CPUS=1
 started=$(date +%s)
 
