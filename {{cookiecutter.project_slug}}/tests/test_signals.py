@@ -6,13 +6,12 @@ without the interpreter teardown that gloo's threads can abort."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from .conftest import PROJECT
+from .conftest import PROJECT, free_port
 
 # A process with the handler installed forks (as a DataLoader starts a worker) and the child gets SIGUSR1
 # before anything else; then the process itself gets it. Prints the child's exit code and the request.
@@ -91,8 +90,8 @@ def test_a_signal_during_a_write_to_stderr_does_not_write_into_it() -> None:
 
 # Rank 1 leaves a gloo job while a collective it started is still pending: when rank 0 joins it, a gloo
 # thread runs a Python callback. With sys.exit that happens during the interpreter's teardown and aborts
-# the process (SIGABRT, "terminate called without an active exception"): the way a finished two-process run
-# failed now and then, its rank 1 dropping the last collective's tensors.
+# the process (SIGABRT, "terminate called without an active exception"), the failure a finished
+# two-process run's rank 1 showed now and then.
 LEAVER = """
 import atexit, sys, threading, time, torch, torch.distributed as dist
 from {{ cookiecutter.package_name }}.utils.signals import exit_process
@@ -115,10 +114,7 @@ except RuntimeError:
 
 @pytest.mark.parametrize("status", ["0", "error: one line"])
 def test_a_process_of_a_gloo_job_exits_without_the_teardown_abort(status: str) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     command = [sys.executable, "-c", LEAVER, status]
     ranks = [
         subprocess.Popen(
