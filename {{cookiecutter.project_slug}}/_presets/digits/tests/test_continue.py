@@ -17,9 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, checkpoint_problem, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoint import (
+    LOOP_STATE_FILE,
+    checkpoint_problem,
+    export_problem,
+    list_checkpoints,
+)
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
+from {{ cookiecutter.package_name }}.utils.runs import pack
 
 from .conftest import PROJECT, assert_same_run, read_metrics, run_training
 from .task_settings import QUICK
@@ -134,6 +140,65 @@ def test_resume_skips_a_mirror_checkpoint_that_arrived_in_part(
         output_dir / "model" / "model.safetensors"
     ).read_bytes()
     assert list((mirror / "set_aside").glob("*/checkpoints/step_00000040/model.safetensors"))
+
+
+def damage(path: Path, how: str) -> None:
+    """One bit flipped in the middle of `path`, or its second half cut off."""
+    data = bytearray(path.read_bytes())
+    if how == "flipped":
+        data[len(data) // 2] ^= 1
+    else:
+        del data[len(data) // 2 :]
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("where", "how"), [("packed", "flipped"), ("mirror", "flipped"), ("packed", "cut")])
+def test_a_damaged_export_in_a_copy_is_named_and_not_brought_in(
+    first_session: Path, tmp_path: Path, where: str, how: str
+) -> None:
+    """best_model/ of a packed run or of a Drive mirror does not match the checksums written at its export:
+    the checkpoint (which verifies) is continued, the export is named and left out, never imported."""
+    run = tmp_path / "copy" / "run"
+    shutil.copytree(first_session / "outputs" / "run", run)
+    damage(run / "best_model" / "model.safetensors", how)
+    if where == "packed":
+        source: Path = pack(run, tmp_path / "upload")
+        flags = ["--import_from", str(tmp_path / "upload")]
+    else:
+        source, flags = run, ["--mirror_dir", str(run)]
+    output_dir = tmp_path / "content" / "run"
+    result = run_training(output_dir, *QUICK, "--max_steps", "40", *flags)
+    named = f"WARNING: not bringing in best_model/ of {source}: best_model/model.safetensors "
+    assert named in result.stdout, result.stdout[-3000:]
+    assert ("does not match its checksum" if how == "flipped" else "bytes,") in result.stdout
+    assert f"continuing from {source} (step 40" in result.stdout
+    # What output_dir holds is this session's own evaluation's export (the checkpoint precedes the last
+    # evaluation), whole and with its checksums.
+    for export in ("model", "best_model"):
+        assert export_problem(output_dir / export) is None
+
+
+def test_a_copy_without_a_readable_checkpoint_is_named_and_nothing_is_written(
+    first_session: Path, single_run: tuple, tmp_path: Path
+) -> None:
+    """Every checkpoint of the only copy is damaged: one line names the copy and why, output_dir is not
+    created; the same command with a good copy continues the run exactly."""
+    bad = tmp_path / "bad" / "run"
+    shutil.copytree(first_session / "outputs" / "run", bad)
+    for checkpoint in list_checkpoints(bad):
+        damage(checkpoint / "model.safetensors", "flipped")
+    output_dir = tmp_path / "working" / "run"
+    result = run_training(output_dir, *QUICK, "--import_from", str(bad.parent), check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: no copy of this run verifies, so none was brought in ({bad} (step 40")
+    assert "model.safetensors does not match its checksum" in line and "--import_from" in line
+    assert not output_dir.exists()
+    shutil.rmtree(bad.parent)
+    shutil.copytree(first_session / "outputs" / "run", bad)  # the good copy, where the bad one was
+    result = run_training(output_dir, *QUICK, "--import_from", str(bad.parent))
+    assert f"continuing from {bad} (step 40" in result.stdout
+    assert_same_run(output_dir, single_run[0])
 
 
 def test_training_goes_on_while_the_mirror_cannot_be_written(single_run: tuple, tmp_path: Path) -> None:

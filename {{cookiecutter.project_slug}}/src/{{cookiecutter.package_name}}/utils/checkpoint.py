@@ -38,6 +38,8 @@ from accelerate import Accelerator
 
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
 from .devices import detect_platform
+from .durable import fsync_path as _fsync
+from .durable import write_atomically as _write_durably
 from .run_dir import set_aside, write_error
 
 # Accelerate logs every tied tensor it leaves out of a safetensors file, asking to check that reloading
@@ -55,6 +57,8 @@ STAGING_PREFIX = ".incomplete_"
 # 1.5 GB checkpoint is read back and hashed in 0.1 s instead of 0.9, at its save and again at its resume
 # (docs/benchmarks.md).
 CHECKSUM = "xxh3_128"
+# In each exported folder (model/, best_model/): its files' sizes and checksums, written last.
+EXPORT_MANIFEST = "checksums.json"
 
 
 @dataclass
@@ -286,8 +290,7 @@ def export_model(
         try:
             save_config(config, staging / "config.yaml")
             (staging / "export.json").write_text(json.dumps(info, indent=2))
-            for path in staging.iterdir():
-                _fsync(path)
+            write_manifest(staging)  # what a copy of it is verified against (runs.py)
         except OSError as error:
             raise write_error(staging, error) from error
         if folder.exists():  # this run's own earlier export (resume set an earlier run's aside)
@@ -295,6 +298,40 @@ def export_model(
         os.replace(staging, folder)
         _fsync(folder.parent)
     accelerator.wait_for_everyone()
+
+
+def write_manifest(folder: Path) -> None:
+    """Write `folder`/checksums.json, the size and checksum of every file below it, once they are on disk."""
+    paths = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != EXPORT_MANIFEST)
+    for path in paths:
+        _fsync(path)
+    files = {
+        path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, CHECKSUM: _checksum(path)}
+        for path in paths
+    }
+    _write_durably(folder / EXPORT_MANIFEST, json.dumps({"files": files}, indent=2, sort_keys=True))
+
+
+def export_problem(folder: Path) -> str | None:
+    """Why the export `folder` is not what its run wrote (a file missing, cut, changed or added), or None."""
+    try:
+        files: dict[str, dict[str, Any]] = json.loads((folder / EXPORT_MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return f"no {EXPORT_MANIFEST}: it cannot be verified (written by an earlier version, or cut off)"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"{EXPORT_MANIFEST} is damaged ({error!r})"
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    if unknown := sorted(present - set(files) - {EXPORT_MANIFEST}):
+        return f"{unknown[0]} is not in its {EXPORT_MANIFEST}"
+    for name, expected in sorted(files.items()):
+        file = folder / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != expected["bytes"]:
+            return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} were written"
+        if _checksum(file) != expected[CHECKSUM]:
+            return f"{name} does not match its checksum: its contents changed after the export"
+    return None
 
 
 def changed_settings(config_yaml: str, config: TrainConfig) -> str:
@@ -393,26 +430,6 @@ def remove_folder(path: Path) -> None:
         shutil.rmtree(doomed)
     os.replace(path, doomed)
     shutil.rmtree(doomed)
-
-
-def _write_durably(path: Path, text: str) -> None:
-    with path.open("w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-
-
-def _fsync(path: Path) -> None:
-    flags = os.O_RDONLY
-    if os.name == "nt":  # no folder opens there (NTFS journals renames), and a flush needs a writable file
-        if path.is_dir():
-            return
-        flags = os.O_RDWR | os.O_BINARY
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> None:

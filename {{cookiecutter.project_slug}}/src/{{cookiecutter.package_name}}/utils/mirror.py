@@ -45,13 +45,11 @@ from .checkpoint import (
 from .config import TrainConfig
 from .remote import access_problem, is_url, load_secrets, open_store
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RemoteLease, RunError, set_aside
-from .runs import is_run_file, newest_readable, remote_sealed
+from .runs import EXPORTS, is_run_file, newest_readable, remote_sealed
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
 FINISH_TIMEOUT_S = 900.0
-# Folders replaced as a whole, never file by file: a mirror must not hold half of one export.
-EXPORTS = ("model", "best_model")
 
 
 class MirrorError(Exception):

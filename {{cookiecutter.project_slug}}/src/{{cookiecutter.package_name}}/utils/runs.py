@@ -20,6 +20,7 @@ one .tar file to upload as a Kaggle dataset or to Drive):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from .checkpoint import (
     checkpoint_problem,
     checkpoint_root,
     checkpoint_step,
+    export_problem,
     list_checkpoints,
     read_loop_state,
 )
@@ -48,6 +50,8 @@ PACK_SUFFIX = ".tar"
 SEARCH_DEPTH = 5
 # Never copied with a run: its lock, the runs set aside in it, its checkpoints (copied one at a time).
 NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
+# Exported models: folders replaced as a whole, never file by file, each verified by its checksums.json.
+EXPORTS = ("model", "best_model")
 
 
 @dataclass
@@ -204,32 +208,33 @@ def _read_member(tar: tarfile.TarFile, name: str) -> bytes:
     return file.read()
 
 
-def import_copy(copy: Copy, output_dir: Path) -> str | None:
+def import_copy(copy: Copy, output_dir: Path, notes: list[str] | None = None) -> str | None:
     """Copy `copy`'s checkpoint into output_dir, verify it, then bring the run's other files; return why
-    it could not be used (nothing of it is kept then), or None."""
+    it could not be used (nothing of it is kept then), or None. An export (model/, best_model/) that does
+    not match its checksums is not brought in: `notes` names it, and output_dir's own stays."""
     final = checkpoint_root(output_dir) / f"step_{copy.step:08d}"
     staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
+    made_root = not final.parent.exists()
+    exports: dict[str, Path] = {}
     try:
         if staging.exists():
             shutil.rmtree(staging)  # an import of this run cut off earlier
         staging.parent.mkdir(parents=True, exist_ok=True)
         _bring(copy, copy.checkpoint, staging)
         if problem := checkpoint_problem(staging):
-            shutil.rmtree(staging)
+            _discard([staging], final.parent if made_root else None)
             return problem
+        names = _run_names(copy)
+        exports = _stage_exports(copy, [name for name in names if name in EXPORTS], output_dir, notes)
+        others = [name for name in names if name not in EXPORTS]
         # The run's other files (metrics up to at least this checkpoint, exports, tracker logs) replace
         # output_dir's older ones, which are set aside, not deleted.
-        if copy.store is not None:
-            tops = copy.store.ls(copy.path, detail=False)
-            names = sorted(name for name in (top.rsplit("/", 1)[-1] for top in tops) if is_run_file(name))
-        elif isinstance(copy.source, Path) and copy.source.is_dir():
-            names = [entry.name for entry in copy.source.iterdir() if is_run_file(entry.name)]
-        else:
-            names = _packed_names(copy)
-        if replaced := [output_dir / name for name in names if (output_dir / name).exists()]:
+        if replaced := [output_dir / name for name in [*others, *exports] if (output_dir / name).exists()]:
             set_aside(replaced, output_dir)
-        for name in names:
+        for name in others:
             _bring(copy, name, output_dir / name)
+        for name, staged in exports.items():
+            os.replace(staged, output_dir / name)
         if final.exists():
             set_aside([final], output_dir)
         os.replace(staging, final)
@@ -237,9 +242,47 @@ def import_copy(copy: Copy, output_dir: Path) -> str | None:
         if copy.store is None and not isinstance(error, OSError | tarfile.TarError):
             raise
         # A remote store raises its package's own types (botocore's, aiohttp's, the Hub's) as well.
-        shutil.rmtree(staging, ignore_errors=True)
+        _discard([staging, *exports.values()], final.parent if made_root else None)
         return f"copying it failed ({type(error).__name__}: {error})"
     return None
+
+
+def _run_names(copy: Copy) -> list[str]:
+    """The top-level names of the copy's run folder that come with its checkpoint."""
+    if copy.store is not None:
+        tops = copy.store.ls(copy.path, detail=False)
+        return sorted(name for name in (top.rsplit("/", 1)[-1] for top in tops) if is_run_file(name))
+    if isinstance(copy.source, Path) and copy.source.is_dir():
+        return sorted(entry.name for entry in copy.source.iterdir() if is_run_file(entry.name))
+    return _packed_names(copy)
+
+
+def _stage_exports(
+    copy: Copy, names: list[str], output_dir: Path, notes: list[str] | None
+) -> dict[str, Path]:
+    """Copy the exports `names` next to output_dir's and verify each against its checksums.json; return
+    those that verify (name -> staged folder). One that does not is removed and named in `notes`."""
+    staged: dict[str, Path] = {}
+    for name in names:
+        folder = output_dir / f"{STAGING_PREFIX}{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        staged[name] = folder  # listed first: a failed copy is cleaned up by the caller
+        _bring(copy, name, folder)
+        if problem := export_problem(folder):
+            shutil.rmtree(folder)
+            del staged[name]
+            if notes is not None:
+                notes.append(f"WARNING: not bringing in {name}/ of {copy.source}: {name}/{problem}")
+    return staged
+
+
+def _discard(paths: list[Path], root: Path | None) -> None:
+    """Remove what a failed import staged, and the checkpoints folder it made (if still empty)."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+    if root is not None:
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
 def _bring(copy: Copy, name: str, destination: Path) -> None:

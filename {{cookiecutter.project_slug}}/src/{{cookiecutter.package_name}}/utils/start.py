@@ -227,20 +227,36 @@ def bring_in_newest_copy(config: TrainConfig) -> list[str]:
             f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
             "--import_from <its folder or .tar>, or --import_from '' to start fresh"
         )
-    candidates.sort(key=lambda copy: copy.step, reverse=True)
-    for copy in candidates:
-        if problem := import_copy(copy, output_dir):
+    if not _import_newest(candidates, own, output_dir, notes) and own is not None:
+        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
+    return notes
+
+
+def _import_newest(
+    candidates: list[Copy], own: tuple[int, str] | None, output_dir: Path, notes: list[str]
+) -> bool:
+    """Import the newest of `candidates` that verifies (True), or none (False). Where output_dir holds no
+    checkpoint and none verifies, raise naming them: a fresh start would not be what was asked for, and a
+    rerun with a good copy must find output_dir as it was (the import wrote nothing there)."""
+    failed = []
+    for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
+        if problem := import_copy(copy, output_dir, notes):
             notes.append(f"WARNING: skipping {copy}: {problem}")
+            failed.append(f"{copy}: {problem}")
             continue
         local = f"output_dir's newest is step {own[0]}" if own else "output_dir holds no checkpoint"
         notes.append(
             f"continuing from {copy}: the newest copy of this run that verifies ({local}); its checkpoint, "
             f"metrics and exports were copied to {output_dir}"
         )
-        return notes
-    if own is not None and places:
-        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
-    return notes
+        return True
+    if failed and own is None:
+        raise RunError(
+            f"no copy of this run verifies, so none was brought in ({'; '.join(failed)}): nothing was "
+            f"written to {output_dir}; give --import_from a good copy and rerun, or --import_from '' to "
+            "start fresh"
+        )
+    return False
 
 
 def _changed_fields(folder: Path, config: TrainConfig) -> str:

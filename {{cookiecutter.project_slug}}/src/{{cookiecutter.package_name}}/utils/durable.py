@@ -1,0 +1,51 @@
+"""Files that are whole or absent: what a run writes outside its checkpoints goes through here.
+
+`write_atomically` writes a temporary file next to the target, flushes it to the disk, renames it over
+the target and flushes the folder, so that a kill -9 or a full disk at any moment leaves the old file or
+the new one, never an empty or half-written one (an empty config.yaml would refuse every rerun). A failed
+write removes its temporary file and raises OSError naming the target, so that the one-line error names
+the output folder and its free space (run_dir.write_error), not the working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+TEMPORARY_PREFIX = ".partial_"
+
+
+def write_atomically(path: Path, data: str | bytes, durable: bool = True) -> None:
+    """Replace `path` with `data` (text is UTF-8) in one rename; `durable`: on the disk before returning."""
+    path = Path(path)
+    temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}")
+    try:
+        with temporary.open("wb") as file:
+            file.write(data.encode("utf-8") if isinstance(data, str) else data)
+            file.flush()
+            if durable:
+                os.fsync(file.fileno())
+        os.replace(temporary, path)
+        if durable:
+            fsync_path(path.parent)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        if error.filename is None:  # write(2) and fsync(2) name no file: name the one that failed
+            error.filename = str(path)
+        raise
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's contents, or a folder's entries (its renames), to the disk."""
+    flags = os.O_RDONLY
+    if os.name == "nt":  # no folder opens there (NTFS journals renames), and a flush needs a writable file
+        if Path(path).is_dir():
+            return
+        flags = os.O_RDWR | os.O_BINARY
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
