@@ -16,7 +16,6 @@ byte the same on any number of processes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import dataclasses
 import difflib
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
+from {{ cookiecutter.package_name }}.utils.durable import write_atomically
 from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
     cpu_forced,
@@ -289,14 +289,10 @@ def write_predictions(path: Path, fmt: str, rows: list[dict[str, Any]]) -> None:
         content = text.getvalue()
     else:
         content = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    temporary = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(content, encoding="utf-8")
-        temporary.replace(path)  # a complete file or none
+        write_atomically(path, content)  # a complete file or none
     except OSError as error:  # checked before predicting (check_output); a full disk shows only now
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
         raise ConfigError(
             f"cannot write {path}: {error.strerror or error}; pass --output with a path in a folder you can "
             "write to"

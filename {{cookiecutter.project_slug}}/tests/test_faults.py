@@ -386,3 +386,35 @@ def test_disk_full_names_the_disk_and_keeps_the_last_checkpoint(finished: Path, 
     assert "INVALID" not in (out / "listing.txt").read_text()
     assert (out / "second.rc").read_text().strip() == "0", (out / "second.err").read_text()[-3000:]
     assert_same_run(out / "run", finished)
+
+
+def test_disk_full_before_the_start_names_the_output_folder_and_leaves_nothing(tmp_path: Path) -> None:
+    """A disk with room for the lock file and no more: the one line names config.yaml in the output folder
+    and that filesystem's free space, no file is left behind (an empty config.yaml would refuse every
+    rerun), and with space again the same command runs."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux's unshare to mount a small tmpfs")
+    page = os.sysconf("SC_PAGE_SIZE")  # the lock file's one page fills it
+    probe = in_small_filesystem(tmp_path, 'touch "$DISK/probe"', page)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()[-300:]}")
+    train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" --max_steps 2'
+    script = (
+        f'{train} > "$OUT/first.out" 2> "$OUT/first.err"; echo $? > "$OUT/first.rc"; '
+        'ls -A "$DISK" > "$OUT/left.txt"; '
+        'mount -o remount,size=1g "$DISK" && '
+        f'{train} > "$OUT/second.out" 2> "$OUT/second.err"; echo $? > "$OUT/second.rc"'
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    result = in_small_filesystem(tmp_path, script, page, {"OUT": str(out)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    first_err = (out / "first.err").read_text()
+    assert (out / "first.rc").read_text().strip() == "1", first_err[-3000:]
+    assert "Traceback" not in first_err, first_err[-3000:]
+    line = first_err.strip().splitlines()[-1]
+    disk = tmp_path / "disk"
+    assert line.startswith(f"error: could not write {disk / 'run' / 'config.yaml'}: the disk is full ("), line
+    assert f"MiB free on the filesystem of {disk}" in line, line
+    assert (out / "left.txt").read_text() == ""  # not even the output folder
+    assert (out / "second.rc").read_text().strip() == "0", (out / "second.err").read_text()[-3000:]

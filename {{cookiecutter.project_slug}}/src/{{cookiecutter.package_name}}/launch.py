@@ -53,6 +53,7 @@ from .utils.devices import (
     query_gpus,
     unsupported_gpu,
 )
+from .utils.durable import write_atomically
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
 # Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning).
@@ -474,7 +475,7 @@ def report_outcome(status: str, start_step: int, step: int) -> None:
     """Called by train.py's main process at its end ("finished" or "stopped" after a checkpoint): tells a
     SLURM launcher how far this run got. Does nothing outside one."""
     if path := os.environ.get(OUTCOME_FILE):
-        Path(path).write_text(json.dumps({"status": status, "start_step": start_step, "step": step}))
+        write_atomically(Path(path), json.dumps({"status": status, "start_step": start_step, "step": step}))
 
 
 def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]:

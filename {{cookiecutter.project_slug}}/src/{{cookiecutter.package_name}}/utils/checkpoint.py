@@ -35,6 +35,7 @@ import torch
 import xxhash
 import yaml
 from accelerate import Accelerator
+from safetensors import SafetensorError
 
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
 from .devices import detect_platform
@@ -57,6 +58,8 @@ STAGING_PREFIX = ".incomplete_"
 # 1.5 GB checkpoint is read back and hashed in 0.1 s instead of 0.9, at its save and again at its resume
 # (docs/benchmarks.md).
 CHECKSUM = "xxh3_128"
+# What a failed save raises: torch reports a full disk as a RuntimeError, safetensors as its own error.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 # In each exported folder (model/, best_model/): its files' sizes and checksums, written last.
 EXPORT_MANIFEST = "checksums.json"
 
@@ -219,7 +222,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     try:
         accelerator.save_state(str(staging))
-    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+    except WRITE_ERRORS as error:
         raise write_error(staging, error) from error
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -281,7 +284,7 @@ def export_model(
                 task.export(accelerator.unwrap_model(model), state_dict, staging, config)
         else:
             accelerator.save_model(model, staging)
-    except (OSError, RuntimeError) as error:
+    except WRITE_ERRORS as error:
         raise write_error(staging, error) from error
     # Every process looks into the staging folder inside save_model: none may still be there when the
     # main process renames it (rank 1 of 2 CPU processes once failed with FileNotFoundError).

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from .durable import write_atomically
+
 # Hours, minutes, seconds, each optional but in this order: what `time_budget` accepts.
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 DURATION_FORMS = "a duration such as 11h40m, 90m, 45s or 1.5h (h, m, s in this order)"
@@ -367,8 +369,9 @@ def load_config(
 
 
 def save_config(config: TrainConfig, path: Path) -> None:
+    """Write the resolved config, whole or not at all: an empty config.yaml would refuse every rerun."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), encoding="utf-8")
+    write_atomically(path, yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
 
 
 def gradient_accumulation_steps(config: TrainConfig, num_processes: int) -> int:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from .durable import write_atomically
 from .tracking import metrics_path
 
 Series = dict[str, list[tuple[int, float]]]
@@ -198,9 +198,7 @@ def plot_metrics(output_dir: str | Path, loss_axis: str = "log") -> Path:
         body += panel(index * PANEL_WIDTH, title, y_label, lines, shared, log, best)
     body += ["</g>", "</svg>", ""]
     target = Path(output_dir) / "curves.svg"
-    partial = target.with_name(f".{target.name}.partial")  # renamed when whole: a viewer never sees half
-    partial.write_text("\n".join(body), encoding="utf-8")
-    os.replace(partial, target)
+    write_atomically(target, "\n".join(body))  # a viewer, or a rerun, never sees half of it
     return target
 
 

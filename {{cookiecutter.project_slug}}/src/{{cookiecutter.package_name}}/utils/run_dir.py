@@ -112,6 +112,9 @@ class OutputLock:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
         except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._remove_created()
+                raise write_error(self.path, error) from None
             raise RunError(
                 f"cannot write to {self.name} {self.output_dir} ({error.strerror}): choose a writable one"
             ) from None
@@ -149,10 +152,15 @@ class OutputLock:
                 f"note: {self.path} was left by a run that is gone ({_describe(previous)}): taking it over"
             )
         text = b" " * HOLDER_AT + json.dumps(_holder()).encode()
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, text)
-        os.ftruncate(fd, len(text))
-        os.fsync(fd)
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, text)
+            os.ftruncate(fd, len(text))
+            os.fsync(fd)
+        except OSError as error:  # a full disk: named with the output folder's free space, nothing left
+            os.close(fd)
+            self._remove_created()
+            raise write_error(self.path, error) from None
         self._fd = fd
         self._heartbeat = threading.Thread(target=self._beat, name="output-lock-heartbeat", daemon=True)
         self._heartbeat.start()
@@ -198,9 +206,13 @@ class OutputLock:
                 unlock_descriptor(self._fd)
         os.close(self._fd)  # closing drops the kernel lock
         self._fd = None
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        """Remove the folder this run made if it holds nothing but the lock (a run refused at its checks)."""
         with contextlib.suppress(OSError):
-            if self.created_dir and [path.name for path in self.output_dir.iterdir()] == [LOCK_FILE]:
-                self.path.unlink()
+            if self.created_dir and {path.name for path in self.output_dir.iterdir()} <= {LOCK_FILE}:
+                self.path.unlink(missing_ok=True)
                 self.output_dir.rmdir()
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 {% if cookiecutter.tracker != "none" %}import dataclasses
-{% endif %}import importlib.util
+{% endif %}import errno
+import importlib.util
 import json
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 import os
@@ -86,7 +87,76 @@ def trackers(config: TrainConfig) -> list[Any]:
 def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState, finished: bool) -> None:
     """Start the trackers: a resumed run continues its tracker run, which records the settings once.
 
-    `finished`: the run is at its last step already, so this session logs only what it logged before."""
+    `finished`: the run is at its last step already, so this session logs only what it logged before.
+    A full disk under a tracker, now or later, ends in the project's one line (`NamesAFullDisk`)."""
+    where = Path(config.output_dir) / TRACKER_FILES.get(config.tracker, "")
+    try:
+        _start_trackers(accelerator, config, state, finished)
+    except Exception as error:
+        if not disk_full(error):
+            raise
+        # A tracker that failed to start cannot be closed either (end_training would raise over this).
+        accelerator.trackers = [one for one in accelerator.trackers if isinstance(one, JsonlTracker)]
+        raise write_error(where, error) from error
+    accelerator.trackers = [
+        tracker if isinstance(tracker, JsonlTracker) else NamesAFullDisk(tracker, where)
+        for tracker in accelerator.trackers
+    ]
+
+
+# Where each tracker writes in output_dir (MLflow: its SQLite store unless MLFLOW_TRACKING_URI names one).
+TRACKER_FILES = {"tensorboard": "logs", "mlflow": "mlflow.db", "wandb": "wandb"}
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error that caused it, is a full disk (SQLite says so in words only)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "disk is full" in str(seen) or "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class NamesAFullDisk(GeneralTracker):
+    """Passes everything on to a tracker; a full disk under it (TensorBoard's OSError, SQLite's "database or
+    disk is full" through MLflow) is raised as the project's one-line error, which names the free space."""
+
+    requires_logging_directory = False
+
+    def __init__(self, inner: GeneralTracker, where: Path) -> None:
+        self.inner, self.where = inner, where
+        super().__init__()
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def tracker(self) -> Any:
+        return self.inner.tracker
+
+    def store_init_configuration(self, values: dict) -> None:
+        self._named(self.inner.store_init_configuration, values)
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        self._named(self.inner.log, values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self._named(self.inner.finish)
+
+    def _named(self, method: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(*args, **kwargs)
+        except Exception as error:
+            if not disk_full(error):
+                raise
+            raise write_error(self.where, error) from error
+
+
+def _start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState, finished: bool) -> None:
 {%- if cookiecutter.tracker == "tensorboard" %}
     if config.tracker == "tensorboard":
         start_tensorboard(accelerator, config, state)
