@@ -54,6 +54,14 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         load_config(["--config", str(path)], path, task.Config)
 
 
+def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
+    """YAML parsers keep the last of two equal keys without a word: the first value would be ignored."""
+    path = write(tmp_path, "seed: 7\nlearning_rate: 0.01\nnum_epochs: 2\nlearning_rate: 0.5\n")
+    expected = r"config\.yaml: key 'learning_rate' is given twice, on line 2 and on line 4: keep one of them"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(["--config", str(path)], path, task.Config)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -262,7 +262,9 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}  # a SafeLoader
+    except DuplicateKey as error:
+        raise ConfigError(f"{path}: {error}: keep one of them") from None
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{path}: not a UTF-8 text file (byte {error.object[error.start]:#04x} at offset {error.start}): "
@@ -281,6 +283,28 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
         values[key] = _coerce(key, value, types[key], str(path), text_forms.get(key, ""))
     return values
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A key given twice in one mapping."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice is an error: PyYAML would keep the last silently
+    (a merge key's `<<:` values may still be overridden: that is what it is for)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in lines:
+                raise DuplicateKey(f"key {key!r} is given twice, on line {lines[key]} and on line {line}")
+            if isinstance(key, typing.Hashable):
+                lines[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:
