@@ -176,7 +176,9 @@ def train(
     mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
-        truncate_metrics(output_dir, state.metrics_bytes)  # drop what was logged after the checkpoint
+        # Drop what was logged after the checkpoint (or repair a log cut shorter than it: one warning).
+        if warning := truncate_metrics(output_dir, state.metrics_bytes, state.step):
+            print(warning)
     start_trackers(accelerator, config, state, finished=state.step >= total_steps)
     book = Bookkeeping(
         accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, mirror

@@ -418,3 +418,51 @@ def test_disk_full_before_the_start_names_the_output_folder_and_leaves_nothing(t
     assert f"MiB free on the filesystem of {disk}" in line, line
     assert (out / "left.txt").read_text() == ""  # not even the output folder
     assert (out / "second.rc").read_text().strip() == "0", (out / "second.err").read_text()[-3000:]
+
+
+def test_a_metrics_log_shorter_than_its_checkpoint_is_repaired_with_one_warning(copy_of: Path) -> None:
+    """metrics.jsonl cut mid-line below the length the newest checkpoint recorded (a copy cut short): the
+    resume says so in one line, cuts it back to whole lines, and the log it ends with is all JSON, each
+    step's values once, whatever the tracker (TensorBoard replays the log at the start)."""
+    newest = list_checkpoints(copy_of)[-1]
+    recorded = json.loads((newest / LOOP_STATE_FILE).read_text())["loop_state"]["metrics_bytes"]
+    path = copy_of / "metrics.jsonl"
+    text = path.read_bytes()[:recorded]
+    cut = text.rfind(b"\n", 0, len(text) - 1) + 10  # inside the last line the checkpoint counted
+    path.write_bytes(text[:cut])
+    result = run_training(copy_of, *FAST, "--max_steps", "8")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (warning,) = [line for line in result.stdout.splitlines() if line.startswith(f"WARNING: {path} held")]
+    assert f"held {cut} of the {recorded} bytes its checkpoint of step 6 counted" in warning
+    rows = read_metrics(copy_of)  # every line is JSON
+    logged = [(row["step"], name) for row in rows for name in row if name != "step"]
+    assert len(logged) == len(set(logged)), logged
+    assert (8, "train/loss") in logged
+
+
+def test_metrics_reach_the_disk_before_a_checkpoint_seals_their_length(tmp_path: Path) -> None:
+    """Each checkpoint records the length of metrics.jsonl and seals it: the log is fsynced before the
+    seal is written (else a power cut could leave the log shorter than its sealed length)."""
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("reads the fsynced files' names from /proc")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "_fsync = os.fsync\n"
+        "def fsync(fd):\n"
+        "    with open(os.environ['FSYNC_LOG'], 'a') as log:\n"
+        "        log.write(os.readlink(f'/proc/self/fd/{fd}') + '\\n')\n"
+        "    _fsync(fd)\n"
+        "os.fsync = fsync\n"
+    )
+    output_dir, log = tmp_path / "run", tmp_path / "fsync.log"
+    command, env = training_command(output_dir, *FAST)
+    env.update(FSYNC_LOG=str(log), PYTHONPATH=os.pathsep.join([str(hook), env.get("PYTHONPATH", "")]))
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    synced = log.read_text().splitlines()
+    seals = [index for index, name in enumerate(synced) if name.endswith(LOOP_STATE_FILE)]
+    assert len(seals) == 3, synced  # steps 2, 4 and 6
+    for before, seal_at in zip([-1, *seals], seals, strict=False):
+        assert str(output_dir / "metrics.jsonl") in synced[before + 1 : seal_at], synced[before + 1 : seal_at]

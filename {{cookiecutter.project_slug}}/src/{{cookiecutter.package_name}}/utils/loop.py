@@ -165,7 +165,8 @@ class Bookkeeping:
             return
         state.loss_sums = accelerator.gather(self.running_loss.reshape(1)).tolist()
         state.loss_batches = self.running_batches
-        state.metrics_bytes = metrics_size(Path(config.output_dir))
+        # The checkpoint seals this length: the lines it counts must be on the disk before it is.
+        state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
         self.last_saved = save_checkpoint(accelerator, config, state, protect=self.resumed_from)
         self.clock.saved(saving)

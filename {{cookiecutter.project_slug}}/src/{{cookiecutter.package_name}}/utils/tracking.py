@@ -21,6 +21,7 @@ from accelerate.tracking import GeneralTracker
 
 from .checkpoint import LoopState
 from .config import TrainConfig
+from .durable import fsync_path, write_atomically
 from .run_dir import {% if cookiecutter.tracker == "wandb" %}RunError, {% endif %}write_error
 
 
@@ -55,17 +56,43 @@ def metrics_path(output_dir: str | Path) -> Path:
     return Path(output_dir) / "metrics.jsonl"
 
 
-def metrics_size(output_dir: str | Path) -> int:
+def metrics_size(output_dir: str | Path, durable: bool = False) -> int:
+    """The size of metrics.jsonl; `durable`: its lines reach the disk first (a checkpoint will seal it)."""
     path = metrics_path(output_dir)
-    return path.stat().st_size if path.exists() else 0
+    if not path.exists():
+        return 0
+    if durable:
+        fsync_path(path)
+    return path.stat().st_size
 
 
-def truncate_metrics(output_dir: str | Path, size: int) -> None:
-    """Cut metrics.jsonl back to `size` bytes: what was logged after the checkpoint is logged again."""
+def truncate_metrics(output_dir: str | Path, size: int, step: int) -> str | None:
+    """Cut metrics.jsonl back to `size` bytes, its length at the checkpoint of `step`: what was logged after
+    the checkpoint is logged again.
+
+    A file shorter than that lost lines the checkpoint counted (a copy cut short, a disk that dropped its
+    last writes). It is repaired rather than refused: cut back to its last whole line, then filled to
+    `size` with one row of `step` and no values, so that every line is JSON and a later cut lands where the
+    checkpoint says. Returns the warning that says what was lost, or None.
+    """
     path = metrics_path(output_dir)
-    if path.exists() and path.stat().st_size > size:
+    held = path.stat().st_size if path.exists() else 0
+    if held > size:
         with path.open("r+b") as file:
             file.truncate(size)
+    if held >= size:
+        return None
+    data = path.read_bytes() if path.exists() else b""
+    whole = data.rfind(b"\n") + 1
+    filler = b'{"step": ' + str(step).encode()
+    while whole and size - whole < len(filler) + 2:  # no room for the filler row: one line less
+        whole = data.rfind(b"\n", 0, whole - 1) + 1
+    write_atomically(path, data[:whole] + filler + b" " * (size - whole - len(filler) - 2) + b"}\n")
+    return (
+        f"WARNING: {path} held {held} of the {size} bytes its checkpoint of step {step} counted (a copy cut "
+        f"short, or a disk that dropped its last writes): the rows in its last {size - whole} bytes are "
+        "lost; it was cut back to whole lines and the run continues"
+    )
 
 
 def logged_rows(output_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
