@@ -123,13 +123,14 @@ def test_the_generic_tests_pass_with_a_task_of_its_own(tmp_path: Path) -> None:
 def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> None:
     """With each tracker, the project's tracker tests (offline logs; a run killed, stopped and resumed shows
     in the tracker as one never stopped; keys from the platform's secrets never written), its notebook
-    tests and its full-disk tests (a tracker's own store fills too: MLflow's SQLite file) run for real and
-    pass."""
+    tests, its full-disk tests (a tracker's own store fills too: MLflow's SQLite file) and the repair of a
+    metrics log cut short (replayed into the tracker at the start) run for real and pass."""
     project = render(tracker=tracker).path
     tests = ["tests/test_tracking.py", "tests/test_notebooks.py"]
     tests += [
         "tests/test_faults.py::test_disk_full_names_the_disk_and_keeps_the_last_checkpoint",
         "tests/test_faults.py::test_disk_full_before_the_start_names_the_output_folder_and_leaves_nothing",
+        "tests/test_faults.py::test_a_metrics_log_shorter_than_its_checkpoint_is_repaired_with_one_warning",
     ]
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x", *tests],
