@@ -131,8 +131,8 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
     ]
 
 
-# Where each tracker writes in output_dir (MLflow: its SQLite store unless MLFLOW_TRACKING_URI names one).
-TRACKER_FILES = {"tensorboard": "logs", "mlflow": "mlflow.db", "wandb": "wandb"}
+# Where the tracker writes in output_dir{% if cookiecutter.tracker == "mlflow" %} (its SQLite store unless MLFLOW_TRACKING_URI names another){% endif %}.
+TRACKER_FILES = {{ '{' }}{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}": "{{ {'tensorboard': 'logs', 'mlflow': 'mlflow.db', 'wandb': 'wandb'}[cookiecutter.tracker] }}"{% endif %}{{ '}' }}
 
 
 def disk_full(error: BaseException) -> bool:
@@ -148,8 +148,8 @@ def disk_full(error: BaseException) -> bool:
 
 
 class NamesAFullDisk(GeneralTracker):
-    """Passes everything on to a tracker; a full disk under it (TensorBoard's OSError, SQLite's "database or
-    disk is full" through MLflow) is raised as the project's one-line error, which names the free space."""
+    """Passes everything on to a tracker; a full disk under it (an OSError, or SQLite's "database or disk is
+    full") is raised as the project's one-line error, which names the free space."""
 
     requires_logging_directory = False
 
