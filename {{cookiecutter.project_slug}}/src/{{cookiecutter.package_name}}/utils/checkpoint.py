@@ -40,7 +40,7 @@ from safetensors import SafetensorError
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
 from .devices import detect_platform
 from .durable import fsync_path as _fsync
-from .durable import write_atomically as _write_durably
+from .durable import write_durably as _write_durably
 from .run_dir import set_aside, write_error
 
 # Accelerate logs every tied tensor it leaves out of a safetensors file, asking to check that reloading

@@ -4,7 +4,8 @@
 the target and flushes the folder, so that a kill -9 or a full disk at any moment leaves the old file or
 the new one, never an empty or half-written one (an empty config.yaml would refuse every rerun). A failed
 write removes its temporary file and raises OSError naming the target, so that the one-line error names
-the output folder and its free space (run_dir.write_error), not the working directory.
+the output folder and its free space (run_dir.write_error), not the working directory. `write_durably` is
+the same without the rename, for files in a staging folder that is itself renamed when complete.
 """
 
 from __future__ import annotations
@@ -16,16 +17,22 @@ from pathlib import Path
 TEMPORARY_PREFIX = ".partial_"
 
 
+def write_durably(path: Path, data: str | bytes, durable: bool = True) -> None:
+    """Write `path` in place (text is UTF-8) and, if `durable`, flush it to the disk: for a file in a staging
+    folder that is renamed as a whole (a checkpoint's), where a rename of each file would only cost time."""
+    with Path(path).open("wb") as file:
+        file.write(data.encode("utf-8") if isinstance(data, str) else data)
+        file.flush()
+        if durable:
+            os.fsync(file.fileno())
+
+
 def write_atomically(path: Path, data: str | bytes, durable: bool = True) -> None:
     """Replace `path` with `data` (text is UTF-8) in one rename; `durable`: on the disk before returning."""
     path = Path(path)
     temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}")
     try:
-        with temporary.open("wb") as file:
-            file.write(data.encode("utf-8") if isinstance(data, str) else data)
-            file.flush()
-            if durable:
-                os.fsync(file.fileno())
+        write_durably(temporary, data, durable)
         os.replace(temporary, path)
         if durable:
             fsync_path(path.parent)
