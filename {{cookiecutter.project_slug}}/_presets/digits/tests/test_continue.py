@@ -178,21 +178,29 @@ def test_a_damaged_export_in_a_copy_is_named_and_not_brought_in(
         assert export_problem(output_dir / export) is None
 
 
+@pytest.mark.parametrize(
+    ("file", "why"),
+    [
+        ("model.safetensors", "model.safetensors does not match its checksum"),
+        (LOOP_STATE_FILE, f"its {LOOP_STATE_FILE} or config.yaml cannot be read"),
+    ],
+)
 def test_a_copy_without_a_readable_checkpoint_is_named_and_nothing_is_written(
-    first_session: Path, single_run: tuple, tmp_path: Path
+    first_session: Path, single_run: tuple, tmp_path: Path, file: str, why: str
 ) -> None:
-    """Every checkpoint of the only copy is damaged: one line names the copy and why, output_dir is not
-    created; the same command with a good copy continues the run exactly."""
+    """Every checkpoint of the only copy is damaged (its weights, or its loop state cut short): one line
+    names the copy and why, output_dir is not created; the same command with a good copy continues the
+    run exactly."""
     bad = tmp_path / "bad" / "run"
     shutil.copytree(first_session / "outputs" / "run", bad)
     for checkpoint in list_checkpoints(bad):
-        damage(checkpoint / "model.safetensors", "flipped")
+        damage(checkpoint / file, "flipped" if file == "model.safetensors" else "cut")
     output_dir = tmp_path / "working" / "run"
     result = run_training(output_dir, *QUICK, "--import_from", str(bad.parent), check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: no copy of this run verifies, so none was brought in ({bad} (step 40")
-    assert "model.safetensors does not match its checksum" in line and "--import_from" in line
+    assert why in line and "--import_from" in line
     assert not output_dir.exists()
     shutil.rmtree(bad.parent)
     shutil.copytree(first_session / "outputs" / "run", bad)  # the good copy, where the bad one was

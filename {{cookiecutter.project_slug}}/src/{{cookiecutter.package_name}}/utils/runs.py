@@ -65,6 +65,7 @@ class Copy:
     member: str = ""  # in a .tar: the run folder's path inside it
     store: Any = None  # a remote run folder's fsspec filesystem (source is then its URL)
     path: str = ""  # and the run folder's path in it
+    problem: str = ""  # why its loop state or config cannot be read ("" if they can)
 
     @property
     def checkpoint(self) -> str:
@@ -175,8 +176,10 @@ def _folder_copies(run_folder: Path) -> Iterator[Copy]:
         try:
             record = json.loads((path / LOOP_STATE_FILE).read_text())
             config_yaml = (path / "config.yaml").read_text()
-        except (OSError, ValueError):
-            continue  # unfinished or damaged: not a copy anyone could continue
+        except (OSError, ValueError) as error:  # damaged: not a copy anyone could continue, but named
+            problem = f"its {LOOP_STATE_FILE} or config.yaml cannot be read ({type(error).__name__}: {error})"
+            yield Copy(run_folder, checkpoint_step(path), "", "", problem=problem)
+            continue
         run_id = record.get("loop_state", {}).get("run_id", "")
         yield Copy(run_folder, checkpoint_step(path), run_id, config_yaml)
 

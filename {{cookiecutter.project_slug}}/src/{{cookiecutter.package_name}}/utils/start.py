@@ -215,14 +215,17 @@ def bring_in_newest_copy(config: TrainConfig) -> list[str]:
         else:
             copies = find_copies(Path(place), seen)
         for copy in copies:
-            if changed := changed_settings(copy.config_yaml, config):
+            if copy.problem:  # named, and counted as a copy that does not verify
+                candidates += [copy] if own is None or copy.step > own[0] else []
+            elif changed := changed_settings(copy.config_yaml, config):
                 notes.append(f"not continuing {copy}: other settings ({changed})")
             elif own is not None and copy.run_id != own[1]:
                 notes.append(f"not continuing {copy}: another run; output_dir holds run {own[1] or '?'}")
             elif own is None or copy.step > own[0]:
                 candidates.append(copy)
-    if own is None and len(runs := {copy.run_id for copy in candidates}) > 1:
-        found = "; ".join(str(copy) for copy in sorted(candidates, key=lambda copy: -copy.step))
+    readable = [copy for copy in candidates if not copy.problem]
+    if own is None and len(runs := {copy.run_id for copy in readable}) > 1:
+        found = "; ".join(str(copy) for copy in sorted(readable, key=lambda copy: -copy.step))
         raise ConfigError(
             f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
             "--import_from <its folder or .tar>, or --import_from '' to start fresh"
@@ -240,7 +243,7 @@ def _import_newest(
     rerun with a good copy must find output_dir as it was (the import wrote nothing there)."""
     failed = []
     for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
-        if problem := import_copy(copy, output_dir, notes):
+        if problem := copy.problem or import_copy(copy, output_dir, notes):
             notes.append(f"WARNING: skipping {copy}: {problem}")
             failed.append(f"{copy}: {problem}")
             continue
