@@ -239,7 +239,7 @@ def _publish(
     accelerator: Accelerator, config: TrainConfig, state: LoopState, staging: Path, final: Path
 ) -> None:
     """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
-    save_config(config, staging / "config.yaml")
+    save_config(config, staging / "config.yaml", durable=False)
     _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
     paths = [path for path in sorted(staging.iterdir()) if path.is_file()]
     # The checksums are computed from the page cache by a second thread while this one waits for the disk
@@ -291,7 +291,7 @@ def export_model(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
-            save_config(config, staging / "config.yaml")
+            save_config(config, staging / "config.yaml", durable=False)
             (staging / "export.json").write_text(json.dumps(info, indent=2))
             write_manifest(staging)  # what a copy of it is verified against (runs.py)
         except OSError as error:

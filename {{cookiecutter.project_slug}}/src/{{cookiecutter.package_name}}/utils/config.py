@@ -392,10 +392,11 @@ def load_config(
     return config, args.config
 
 
-def save_config(config: TrainConfig, path: Path) -> None:
-    """Write the resolved config, whole or not at all: an empty config.yaml would refuse every rerun."""
+def save_config(config: TrainConfig, path: Path, durable: bool = True) -> None:
+    """Write the resolved config, whole or not at all: an empty config.yaml would refuse every rerun.
+    `durable=False` in a staging folder whose files are flushed to the disk together before its rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+    write_atomically(path, yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), durable)
 
 
 def gradient_accumulation_steps(config: TrainConfig, num_processes: int) -> int:
