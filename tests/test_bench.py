@@ -140,3 +140,19 @@ def test_size_budget_places_every_generated_file_in_a_room() -> None:
         counts = [int(cell) for cell in row[1:]]
         assert all(count > 0 for count in counts), row
         assert sum(counts[:-2]) == counts[-2], row
+
+
+@pytest.mark.slow
+def test_durability_benchmark_prints_every_figure() -> None:
+    """bench/durability.py with a 1 MiB export: each of its five lines holds a number of milliseconds."""
+    result = run([sys.executable, "bench/durability.py", "--export_mib", "1"], cwd=TEMPLATE, timeout=300)
+    assert result.returncode == 0, explain(result)
+    lines = result.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "start",
+        "start",
+        "per checkpoint",
+        "per export of 1 MiB",
+        "import of a copy",
+    ], result.stdout
+    assert all(re.search(r" [0-9.]+ ms", line) for line in lines), result.stdout
