@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +26,8 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     save_trained_weights_only,
     seal,
 )
-from {{ cookiecutter.package_name }}.utils.config import TrainConfig
+from {{ cookiecutter.package_name }}.utils.config import TrainConfig, save_config
+from {{ cookiecutter.package_name }}.utils.durable import write_atomically
 
 from .conftest import last_eval, run_training
 
@@ -138,3 +141,27 @@ def test_bf16_checkpoint_resumes_in_fp32_and_back(tmp_path: Path) -> None:
     assert "resuming from" in third.stdout and "step_00000020" in third.stdout
     assert last_eval(output_dir)["step"] == 30
     assert math.isfinite(last_eval(output_dir)["eval/loss"])
+
+
+def test_a_write_that_fails_half_way_leaves_the_old_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config.yaml (and every other file the run writes outside a checkpoint) is replaced in one rename: a
+    write that fails before it (a full disk, here at the flush; a kill -9 alike) leaves the old file byte
+    for byte, no temporary file, and an error that names the file, never an empty or half-written one."""
+    path = tmp_path / "config.yaml"
+    save_config(TrainConfig(seed=1), path)
+    before = path.read_bytes()
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError) as failed:
+        save_config(TrainConfig(seed=2), path)
+    assert failed.value.filename == str(path)  # the one-line error names it, not the working directory
+    assert path.read_bytes() == before
+    assert [entry.name for entry in tmp_path.iterdir()] == ["config.yaml"]
+    monkeypatch.undo()
+    write_atomically(path, "seed: 3\n")
+    assert path.read_text() == "seed: 3\n"

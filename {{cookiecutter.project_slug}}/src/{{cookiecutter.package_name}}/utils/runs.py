@@ -41,6 +41,7 @@ from .checkpoint import (
     list_checkpoints,
     read_loop_state,
 )
+from .durable import fsync_path
 from .remote import open_store
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RunError, set_aside
 
@@ -371,7 +372,9 @@ def pack(output_dir: Path, to: Path) -> Path:
                 if is_run_file(entry.name):
                     tar.add(entry, arcname=f"{output_dir.name}/{entry.name}")
             tar.add(path, arcname=f"{output_dir.name}/checkpoints/{path.name}")
+        fsync_path(partial)  # whole on the disk before it has its name
         os.replace(partial, target)
+        fsync_path(to)
         return target
     finally:
         if lock is not None:
