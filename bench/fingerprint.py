@@ -54,7 +54,7 @@ def main() -> None:
             rows.append((f"start-up, {task} preset's data ({entries} entries)", f"{seconds:.3f} s", ""))
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     for index, row in enumerate(rows):
-        print("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |")
+        print("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |")
         if index == 0:
             print("| " + " | ".join("-" * width for width in widths) + " |")
 
