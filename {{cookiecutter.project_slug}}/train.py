@@ -173,8 +173,8 @@ def train(
     forward = torch.compile(model) if config.compile else model
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
-    # Or refuse: a folder of another run, or of other data, or whose checkpoints cannot be read. The newest checkpoint of
-    # this run in mirror_dir or under import_from is brought in first, if newer than output_dir's.
+    # Or refuse: a folder of another run, or of other data, or whose checkpoints cannot be read. The newest
+    # checkpoint of this run in mirror_dir or under import_from is brought in first, if newer than ours.
     state, resumed_from = resume(accelerator, config, frozen, data)
     mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:

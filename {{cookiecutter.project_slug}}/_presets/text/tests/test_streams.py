@@ -17,8 +17,8 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import shutil
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -245,7 +245,7 @@ def test_a_stream_with_a_shuffle_buffer_is_refused_in_one_line(jsonl_files: str)
     config = config_for(jsonl_files)
     train, _ = task.build_datasets(config)
     accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
-    StreamLoader(train, config, accelerator, task.collate, pin_memory=False)  # the preset's: files' order only
+    StreamLoader(train, config, accelerator, task.collate, pin_memory=False)  # the preset's: files' order
     with pytest.raises(ConfigError, match="shuffles through a buffer of 100 samples") as error:
         StreamLoader(train.shuffle(seed=0, buffer_size=100), config, accelerator, task.collate, False)
     assert "\n" not in str(error.value)

@@ -14,7 +14,9 @@ Each dataset (train, eval) is fingerprinted by the first of these that applies, 
   (about 20 us a sample; the rules above cost about 0.1 s per GB in the page cache).
 
 Files are named relative to the folder they have in common, so a run moved to another platform (another
-absolute path to the same files) keeps its fingerprint. Measured cost: bench/data_fingerprint.py.
+absolute path to the same files) keeps its fingerprint. (Where a change leaves them a deeper folder in
+common, all of one subfolder removed, the others' names shorten: the resume is refused all the same.)
+Measured cost: the template's bench/fingerprint.py.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def stream_files(dataset: Any) -> list[Path]:
                 files += [Path(str(file)) for file in flatten(kwargs[key]) if os.path.isfile(str(file))]
                 break
         pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
-    for cache in getattr(dataset, "cache_files", None) or []:  # a map-style `datasets.Dataset`: its arrow files
+    for cache in getattr(dataset, "cache_files", None) or []:  # a map-style `datasets.Dataset`: arrow files
         files.append(Path(cache["filename"]))
     return list(dict.fromkeys(files))
 
@@ -175,7 +177,7 @@ def file_xxh3(path: Path) -> str:
 
 
 def samples_description(dataset: Any) -> str:
-    """"<count> samples, xxh3 <hash of every sample's values, in order>"."""
+    """The count and one XXH3-128 of every sample's values, in order."""
     digest = xxhash.xxh3_128()
     count = len(dataset)
     batched = hasattr(dataset, "__getitems__")

@@ -138,8 +138,8 @@ class StreamLoader:
             self.stream.load_state_dict(state["stream"])
         except (IndexError, KeyError, ValueError) as error:  # datasets' own, for a position in other files
             raise RunError(
-                f"the train stream's saved position does not fit its files now ({error!r}): a stream continues "
-                "only over the files it was saved with (continue_on_new_data too): restore them, or start "
-                "another output_dir"
+                f"the train stream's saved position does not fit its files now ({error!r}): a stream "
+                "continues only over the files it was saved with (continue_on_new_data too): restore them, "
+                "or start another output_dir"
             ) from None
         self.resumed = True
