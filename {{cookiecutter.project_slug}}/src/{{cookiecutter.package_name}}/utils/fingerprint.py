@@ -8,8 +8,8 @@ Each dataset (train, eval) is fingerprinted by the first of these that applies, 
   verified when they were opened, and the vocabulary);
 - a Hugging Face `datasets` stream or dataset read from local files: each file's name, size and XXH3-128;
 - paths of files among its attributes (an image folder's list of (path, label)): each file alike;
-- tensors or arrays with one row per sample among its attributes, when it holds nothing else of that
-  length (a TensorDataset, digits): their dtypes, shapes and bytes, hashed whole;
+- a dataset that holds only tensors, arrays and plain values (a TensorDataset, digits, the lm preset's
+  windows of a text): those, tensors by dtype, shape and bytes, hashed whole;
 - else its samples as built, before any set_epoch: one XXH3-128 of every sample's tensors and values
   (about 20 us a sample; the rules above cost about 0.1 s per GB in the page cache).
 
@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import xxhash
 
+MAPPED_FROM = 1 << 20  # files of this size or more are hashed in the page cache, not copied out first
+PLAIN = (str, bytes, int, float, bool, Path)
 SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ where the dataset has it
 
 
@@ -81,11 +83,9 @@ def describe(dataset: Any, role: str) -> dict[str, str]:
         return file_entries(files, role)
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         return {f"{role} {type(dataset).__name__}": "a stream without local files: not fingerprinted"}
-    if rows := row_arrays(dataset):
+    if state := plain_state(dataset):
         digest = xxhash.xxh3_128()
-        for name, array in rows:
-            digest.update(f"{name} ".encode())
-            update(digest, array)
+        update(digest, state)
         return {f"{role} samples": f"{len(dataset)} samples, xxh3 {digest.hexdigest()}"}
     return {f"{role} samples": samples_description(dataset)}
 
@@ -133,47 +133,34 @@ def attribute_files(dataset: Any) -> list[Path]:
     return files
 
 
-def row_arrays(dataset: Any) -> list[tuple[str, Any]]:
-    """The attributes that are tensors or arrays of one row per sample (in a tuple too, as TensorDataset
-    keeps them); none where another attribute of that length (a list of texts) holds samples too."""
-    count, rows = len(dataset), []
-    for name, value in sorted(vars_of(dataset).items()):
-        arrays = isinstance(value, tuple) and value and all(is_array(item) for item in value)
-        for index, item in enumerate(value if arrays else [value]):
-            if is_array(item) and item.ndim and item.shape[0] == count:
-                rows.append((f"{name}[{index}]" if arrays else name, item))
-            elif isinstance(item, (list, tuple, Mapping)) and len(item) == count:
-                return []
-    return rows
-
-
-def is_array(value: Any) -> bool:
-    return isinstance(value, (torch.Tensor, np.ndarray))
+def plain_state(dataset: Any) -> dict[str, Any]:
+    """The dataset's attributes where each is a tensor, an array, a plain value or a list or tuple of them
+    (what its samples are made from, then); {} where one is anything else (a tokenizer, a transform)."""
+    state = vars_of(dataset)
+    for value in state.values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(item, (torch.Tensor, np.ndarray, *PLAIN)) or item is None for item in items):
+            return {}
+    return state if any(isinstance(value, (torch.Tensor, np.ndarray)) for value in state.values()) else {}
 
 
 def file_entries(files: list[Path], role: str) -> dict[str, str]:
     """Each file by its name under the folder the files share, its size and its XXH3-128."""
-    if len(files) == 1:
-        root = files[0].parent
-    else:
-        root = Path(os.path.commonpath([str(file.parent.resolve()) for file in files]))
+    paths = [os.path.abspath(file) for file in files]
+    root = os.path.commonpath([os.path.dirname(path) for path in paths])
     entries = {}
-    for file in files:
-        try:
-            name = file.resolve().relative_to(root.resolve()).as_posix()
-        except ValueError:
-            name = file.name
-        entries[f"{role} {name}"] = f"{file.stat().st_size} bytes, xxh3 {file_xxh3(file)}"
+    for path in paths:
+        name = Path(os.path.relpath(path, root)).as_posix()
+        entries[f"{role} {name}"] = f"{os.path.getsize(path)} bytes, xxh3 {file_xxh3(Path(path))}"
     return entries
 
 
 def file_xxh3(path: Path) -> str:
-    digest = xxhash.xxh3_128()
     with path.open("rb") as file:
-        if os.fstat(file.fileno()).st_size:  # hashed where the page cache holds it, not copied out first
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                digest.update(mapped)
-    return digest.hexdigest()
+        if os.fstat(file.fileno()).st_size < MAPPED_FROM:
+            return xxhash.xxh3_128_hexdigest(file.read())
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return xxhash.xxh3_128_hexdigest(mapped)
 
 
 def samples_description(dataset: Any) -> str:
@@ -205,7 +192,7 @@ def update(digest: Any, value: Any) -> None:
         digest.update(f"{type(value).__name__} {len(value)}".encode())
         for item in value:
             update(digest, item)
-    elif isinstance(value, (str, bytes, int, float, bool, Path)) or value is None:
+    elif isinstance(value, PLAIN) or value is None:
         digest.update(f"{type(value).__name__} {value!r}".encode())
     else:  # an object of the task's own: its type only (its repr may hold a memory address)
         digest.update(f"object {type(value).__qualname__}".encode())
