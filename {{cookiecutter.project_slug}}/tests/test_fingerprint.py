@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint, first_difference
+from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint, first_difference, plain_state
 
 
 class Texts(Dataset):
@@ -57,6 +57,8 @@ def test_the_tasks_datasets_have_one_fingerprint() -> None:
 def test_in_memory_data_changed_is_the_first_difference() -> None:
     features, labels = torch.rand(50, 8, generator=torch.Generator().manual_seed(0)), torch.arange(50) % 3
     saved = data_fingerprint(TensorDataset(features, labels), Texts(["a", "b"], [0, 1])).entries
+    assert plain_state(TensorDataset(features, labels))  # hashed whole, not sample by sample
+    assert not plain_state(Texts(["a", "b"], [0, 1]))  # lists without tensors: sample by sample
     edited = features.clone()
     edited[49, 7] += 1
     now = data_fingerprint(TensorDataset(edited, labels), Texts(["a", "b"], [0, 1])).entries

@@ -136,12 +136,13 @@ def attribute_files(dataset: Any) -> list[Path]:
 def plain_state(dataset: Any) -> dict[str, Any]:
     """The dataset's attributes where each is a tensor, an array, a plain value or a list or tuple of them
     (what its samples are made from, then); {} where one is anything else (a tokenizer, a transform)."""
-    state = vars_of(dataset)
+    state, arrays = vars_of(dataset), False
     for value in state.values():
         items = value if isinstance(value, (list, tuple)) else [value]
         if not all(isinstance(item, (torch.Tensor, np.ndarray, *PLAIN)) or item is None for item in items):
             return {}
-    return state if any(isinstance(value, (torch.Tensor, np.ndarray)) for value in state.values()) else {}
+        arrays = arrays or any(isinstance(item, (torch.Tensor, np.ndarray)) for item in items)
+    return state if arrays else {}
 
 
 def file_entries(files: list[Path], role: str) -> dict[str, str]:
