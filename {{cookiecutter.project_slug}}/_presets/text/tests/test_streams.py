@@ -261,16 +261,21 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def relabel_first_row(path: Path) -> None:
-    """Give the file's first row another label (the vocabulary, built from the texts alone, stays)."""
+    """Give the file's first row another of the file's labels (the vocabulary, built from the texts alone,
+    and the label set stay: the model built is the same)."""
     if path.suffix == ".csv":
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-        head, label = lines[1].rstrip("\r\n").rsplit(",", 1)
-        lines[1] = f"{head},{'KING' if label != 'KING' else 'QUEEN'}\n"
-        path.write_text("".join(lines), encoding="utf-8")
-        return
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    rows[0]["label"] = rows[1 if rows[1]["label"] != rows[0]["label"] else -1]["label"]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        with path.open(newline="", encoding="utf-8") as file:
+            rows = list(csv.DictReader(file))
+    else:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    rows[0]["label"] = next(row["label"] for row in rows if row["label"] != rows[0]["label"])
+    if path.suffix == ".csv":
+        with path.open("w", newline="", encoding="utf-8") as file:
+            writer = csv.DictWriter(file, ["text", "label"])
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
 def refused_in_one_line(result: subprocess.CompletedProcess[str], *parts: str) -> str:
