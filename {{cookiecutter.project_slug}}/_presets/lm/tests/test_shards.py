@@ -302,7 +302,7 @@ def test_a_vocabulary_other_than_the_checkpoints_is_blamed_on_the_data_before_an
 
 
 @pytest.mark.slow
-def test_shards_prepared_again_from_another_text_are_named_and_continued_only_on_purpose(
+def test_shards_prepared_again_from_another_text_are_named_and_continued_or_set_aside_only_on_purpose(
     tmp_path: Path,
 ) -> None:
     """The same characters (so the same vocabulary) in another order: the first shard differs."""
@@ -324,6 +324,11 @@ def test_shards_prepared_again_from_another_text_are_named_and_continued_only_on
     assert saved.step == 4 and [change.split(" (")[0] for change in saved.data_changes] == [
         "step 2: train shard_000000.bin differs"
     ]
+    # Or start over on the new data: the run is set aside whole.
+    prepare_again(tokens, text, ".txt")
+    result = run_training(output_dir, *args, "--start_over", "true")
+    assert "start_over: moved the earlier run (" in result.stdout
+    assert read_loop_state(list_checkpoints(output_dir)[-1]).data_changes == []
 
 
 def interrupt(output_dir: Path, args: list[str], signal_number: int, after_step: int) -> int:

@@ -140,8 +140,8 @@ def check_data(path: Path, config: TrainConfig, data: DataFingerprint | None) ->
     if not config.continue_on_new_data:
         raise RunError(
             f"checkpoint {path} was trained on other data: {change}. Nothing was changed: give the run the "
-            "data it was trained on, or pass --continue_on_new_data true to continue on this data on purpose "
-            "(the checkpoints record it)"
+            "data it was trained on, pass --continue_on_new_data true to continue on this data on purpose "
+            "(the checkpoints record it), or --start_over true to set the run aside and start over"
         )
     return [f"{NEW_DATA} continuing {path.name} on other data ({change}); recorded"]
 
@@ -194,7 +194,12 @@ def decide_start(config: TrainConfig, data: DataFingerprint | None = None) -> tu
                     "continue it, choose another --output_dir, or pass --start_over true to set it aside"
                 )
             return None, notes + _clear_for_fresh_start(config, "other settings")
-        notes += check_data(path, config, data)
+        try:
+            notes += check_data(path, config, data)
+        except RunError:
+            if not config.start_over:
+                raise
+            return None, notes + _clear_for_fresh_start(config, "other data")
         newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
         if newer:
             folder = set_aside(newer, output_dir)
