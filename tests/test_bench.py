@@ -140,3 +140,18 @@ def test_size_budget_places_every_generated_file_in_a_room() -> None:
         counts = [int(cell) for cell in row[1:]]
         assert all(count > 0 for count in counts), row
         assert sum(counts[:-2]) == counts[-2], row
+
+
+@pytest.mark.slow
+def test_quick_fingerprint_benchmark_prints_every_row() -> None:
+    """bench/fingerprint.py --quick: files, in-memory data and each preset's start-up, each a number."""
+    result = run([sys.executable, "bench/fingerprint.py", "--quick"], cwd=TEMPLATE, timeout=600)
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [cell.strip() for cell in rows[0].split("|")[1:-1]] == ["measurement", "value", "target"]
+    names = [row.split("|")[1].strip() for row in rows[1:]]
+    assert len(names) == 8 and names[0].startswith("files, warm") and names[-1].startswith("start-up, lm"), (
+        names
+    )
+    for row in rows[1:]:
+        assert number(row.split("|")[2]) >= 0, row
