@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import csv
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
