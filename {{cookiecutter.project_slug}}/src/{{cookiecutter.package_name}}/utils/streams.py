@@ -11,8 +11,9 @@ be. That place is the stream's own `state_dict`, which Accelerate's `save_state`
 number of processes, continues at the next sample. There is no length: an epoch ends when the stream runs
 out (the last, partial global batch is dropped), and `max_steps` sets the length of training.
 
-Not here: worker processes (they would split the stream by file, which changes the order), and
-`auto_batch_size` (it probes with indexed samples). The eval set stays map-style.
+Not here: worker processes (they would split the stream by file, which changes the order),
+`auto_batch_size` (it probes with indexed samples), and a `datasets` shuffle buffer (its contents are not
+in the saved state: a resume would draw other samples). The eval set stays map-style.
 """
 
 from __future__ import annotations
