@@ -46,7 +46,17 @@ ROOMS = {
     ],
     "run lifecycle": [
         f"{PACKAGE}utils/{name}.py"
-        for name in ("checkpoint", "start", "run_dir", "runs", "mirror", "remote", "signals", "timing")
+        for name in (
+            "checkpoint",
+            "start",
+            "fingerprint",
+            "run_dir",
+            "runs",
+            "mirror",
+            "remote",
+            "signals",
+            "timing",
+        )
     ],
     "platform and launch": [
         f"{PACKAGE}launch.py",

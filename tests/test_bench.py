@@ -156,3 +156,17 @@ def test_durability_benchmark_prints_every_figure() -> None:
         "import of a copy",
     ], result.stdout
     assert all(re.search(r" [0-9.]+ ms", line) for line in lines), result.stdout
+
+
+def test_quick_fingerprint_benchmark_prints_every_row() -> None:
+    """bench/fingerprint.py --quick: files, in-memory data and each preset's start-up, each a number."""
+    result = run([sys.executable, "bench/fingerprint.py", "--quick"], cwd=TEMPLATE, timeout=600)
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [cell.strip() for cell in rows[0].split("|")[1:-1]] == ["measurement", "value", "target"]
+    names = [row.split("|")[1].strip() for row in rows[1:]]
+    assert len(names) == 8 and names[0].startswith("files, warm") and names[-1].startswith("start-up, lm"), (
+        names
+    )
+    for row in rows[1:]:
+        assert number(row.split("|")[2]) >= 0, row

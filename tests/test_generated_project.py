@@ -102,12 +102,13 @@ def test_the_generic_tests_pass_with_a_task_of_its_own(tmp_path: Path) -> None:
     with none of the presets' fields, a BatchNorm model, input jitter behind set_epoch and metrics that
     read the config. The generic guarantees (exact resume after SIGTERM and after a time stop; 1 against
     2 processes: the same weights and running statistics, eval metrics to float32 rounding, which this
-    task declares; predictions) and the task check pass with it: they assume nothing of a preset."""
+    task declares; predictions), the task check and the data fingerprint pass with it: they assume
+    nothing of a preset."""
     project = render_template(tmp_path, {})
     own_task = Path(__file__).parent / "own_task"
     shutil.copy(own_task / "task.py", project / "src" / DEFAULT_PACKAGE / "task.py")
     shutil.copy(own_task / "task_settings.py", project / "tests" / "task_settings.py")
-    tests = ["tests/test_guarantees.py", "tests/test_task_check.py"]
+    tests = ["tests/test_guarantees.py", "tests/test_task_check.py", "tests/test_fingerprint.py"]
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x", *tests],
         cwd=project,

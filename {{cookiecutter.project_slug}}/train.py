@@ -62,6 +62,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
+from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
@@ -149,6 +150,8 @@ def train(
 
     # --- data (build_loaders, below)
     train_set, train_loader, eval_loader, steps_per_epoch = build_loaders(accelerator, config)
+    # What it trains and evaluates on, which a resume must find unchanged (utils/fingerprint.py)
+    data = data_fingerprint(train_set, eval_loader.dataset) if accelerator.is_main_process else None
     schedule_steps = config.max_steps if not steps_per_epoch else steps_per_epoch * config.num_epochs
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
 
@@ -170,9 +173,9 @@ def train(
     forward = torch.compile(model) if config.compile else model
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
-    # Or refuse: a folder of another run, or whose checkpoints cannot be read. The newest checkpoint of
-    # this run in mirror_dir or under import_from is brought in first, if newer than output_dir's.
-    state, resumed_from = resume(accelerator, config, frozen)
+    # Or refuse: a folder of another run, or of other data, or whose checkpoints cannot be read. The newest
+    # checkpoint of this run in mirror_dir or under import_from is brought in first, if newer than ours.
+    state, resumed_from = resume(accelerator, config, frozen, data)
     mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:
         save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run

@@ -1,11 +1,13 @@
 """The images task: the class folders, the augmentation, predictions on a folder of images, the shipped
-data and its generator, the quality its README states, and a clear message when Pillow is missing."""
+data and its generator, the quality its README states, a clear message when Pillow is missing, and a
+resume on an image folder changed since the checkpoint refused in one line naming the image."""
 
 from __future__ import annotations
 
 import csv
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -305,3 +307,23 @@ def test_missing_pillow_names_the_package_and_the_pip_command(tmp_path: Path) ->
         result.stderr[-2000:]
     )
     assert not (tmp_path / "run").exists()  # stopped before anything was written
+
+
+@pytest.mark.slow
+def test_an_image_replaced_between_sessions_is_named_and_nothing_is_written(tmp_path: Path) -> None:
+    """The data fingerprint of an image folder (utils/fingerprint.py: the files of its (path, label) list)."""
+    data, output_dir = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(PROJECT / "data", data)
+    args = ["--data_dir", str(data), "--max_steps", "2", "--checkpoint_every", "2", "--log_every", "1"]
+    run_training(output_dir, *args)
+    before = {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()}
+    shutil.copy(data / "train" / "circle" / "001.png", data / "train" / "circle" / "000.png")
+    result = run_training(output_dir, *args, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: checkpoint ") and "--continue_on_new_data true" in line
+    assert "trained on other data: train circle/000.png differs" in line
+    after = {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()}
+    assert {path: data for path, data in after.items() if path.name != ".lock"} == {
+        path: data for path, data in before.items() if path.name != ".lock"
+    }

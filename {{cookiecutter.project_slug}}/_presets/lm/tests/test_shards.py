@@ -4,7 +4,10 @@ guarantees of test_guarantees.py on the shard path, with 3 shards of a small cor
 - kill -9 and SIGTERM mid-epoch, each resume crossing an epoch boundary, then the same command: bitwise
   equal to a run never stopped;
 - 1 and 2 processes end at the same eval metrics (dropout 0), the 2-process run continued mid-epoch by
-  1 process (a hop 2 -> 1).
+  1 process (a hop 2 -> 1);
+- shards prepared again from another text (another vocabulary, or the same characters in another order)
+  stop a resume with one line naming the vocabulary or the first shard that differs, before anything is
+  written; continue_on_new_data continues on them, and the checkpoints record it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import torch
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.prepare import SEPARATOR
 from {{ cookiecutter.package_name }}.prepare import main as prepare
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints, read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
+from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
@@ -250,35 +254,81 @@ def test_a_damaged_shard_is_named_before_anything_is_written(
         assert not output_dir.exists()
 
 
-@pytest.mark.slow
-def test_a_vocabulary_other_than_the_checkpoints_is_refused_and_the_checkpoint_kept(
-    small: Path, tmp_path: Path
-) -> None:
-    """Prepared again from another text with as many characters ('a' became 'é'): same shapes, other ids."""
-    tokens, output_dir = tmp_path / "tokens", tmp_path / "run"
-    shutil.copytree(small, tokens)
-    run_training(output_dir, "--data_file", str(tokens), "--max_steps", "2", "--checkpoint_every", "2")
-    before = {
-        path: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in output_dir.rglob("*")
-        if path.is_file()
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (the lock file aside) and the SHA-256 of its bytes."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != LOCK_FILE
     }
-    other = tmp_path / "other.txt"
-    other.write_text(SHAKESPEARE.read_text(encoding="utf-8")[:SMALL_TEXT].replace("a", "é"), encoding="utf-8")
-    shutil.rmtree(tokens)
-    prepare(["--input", str(other), "--output", str(tokens), "--shard_tokens", "10000"])
+
+
+def prepare_again(tokens: Path, text: str, suffix: str) -> None:
+    """Replace the folder `tokens` by the shards of `text`, given to prepare.py as a .txt or .parquet file."""
+    source = tokens.with_name(f"source{suffix}")
+    if suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": [text]}), source)
+    else:
+        source.write_text(text, encoding="utf-8")
+    if tokens.exists():
+        shutil.rmtree(tokens)
+    prepare(["--input", str(source), "--output", str(tokens), "--shard_tokens", "10000"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix", [".txt", ".parquet"])
+def test_a_vocabulary_other_than_the_checkpoints_is_blamed_on_the_data_before_anything_is_written(
+    tmp_path: Path, suffix: str
+) -> None:
+    """Prepared again from an edited text with as many characters ('a' became 'é'): same shapes, other ids.
+    The run's data fingerprint names the vocabulary, not the code or the versions."""
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow", reason="parquet needs pyarrow (the data extra)")
+    tokens, output_dir = tmp_path / "tokens", tmp_path / "run"
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:SMALL_TEXT]
+    prepare_again(tokens, text, suffix)
+    run_training(output_dir, "--data_file", str(tokens), "--max_steps", "2", "--checkpoint_every", "2")
+    before = snapshot(output_dir)
+    prepare_again(tokens, text.replace("a", "é"), suffix)
     result = run_training(
         output_dir, "--data_file", str(tokens), "--max_steps", "4", "--checkpoint_every", "2", check=False
     )
-    one_line_error(result, "trained on another vocabulary than data_file", "could not be loaded")
-    after = {
-        path: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in output_dir.rglob("*")
-        if path.is_file()
-    }
-    assert {path: digest for path, digest in after.items() if "checkpoints" in path.parts} == {
-        path: digest for path, digest in before.items() if "checkpoints" in path.parts
-    }
+    line = one_line_error(result, "was trained on other data: train vocabulary differs")
+    assert "code and versions" not in line and "--continue_on_new_data true" in line
+    assert snapshot(output_dir) == before
+
+
+@pytest.mark.slow
+def test_shards_prepared_again_from_another_text_are_named_and_continued_or_set_aside_only_on_purpose(
+    tmp_path: Path,
+) -> None:
+    """The same characters (so the same vocabulary) in another order: the first shard differs."""
+    tokens, output_dir = tmp_path / "tokens", tmp_path / "run"
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:SMALL_TEXT]
+    prepare_again(tokens, text, ".txt")
+    args = ["--data_file", str(tokens), *RUN, "--max_steps", "4", "--checkpoint_every", "2"]
+    run_training(output_dir, *args)
+    before = snapshot(output_dir)
+    lines = text.splitlines(keepends=True)
+    prepare_again(tokens, "".join(lines[len(lines) // 2 :] + lines[: len(lines) // 2]), ".txt")
+    line = one_line_error(run_training(output_dir, *args, check=False), "train shard_000000.bin differs")
+    assert line.startswith(f"error: checkpoint {list_checkpoints(output_dir)[-1]} was trained on other data")
+    assert snapshot(output_dir) == before
+    step_2 = list_checkpoints(output_dir)[0]
+    result = run_training(output_dir, *args, "--resume", str(step_2), "--continue_on_new_data", "true")
+    assert "continue_on_new_data: continuing step_00000002 on other data" in result.stdout
+    saved = read_loop_state(list_checkpoints(output_dir)[-1])
+    assert saved.step == 4 and [change.split(" (")[0] for change in saved.data_changes] == [
+        "step 2: train shard_000000.bin differs"
+    ]
+    # Or start over on the new data: the run is set aside whole.
+    prepare_again(tokens, text, ".txt")
+    result = run_training(output_dir, *args, "--start_over", "true")
+    assert "start_over: moved the earlier run (" in result.stdout
+    assert read_loop_state(list_checkpoints(output_dir)[-1]).data_changes == []
 
 
 def interrupt(output_dir: Path, args: list[str], signal_number: int, after_step: int) -> int:

@@ -6,14 +6,19 @@
 - 2 processes (dropout off) evaluate as 1 does, and their checkpoint continued by 1 process ends with the
   weights of the 1-process run;
 - a file that cannot be read stops the run with one line naming it (and the line), before anything is
-  written.
+  written;
+- a file edited or added between sessions stops the rerun with one line naming it, before anything is
+  written; continue_on_new_data continues on it, and the checkpoints record the change;
+- a stream with a shuffle buffer (which cannot resume exactly) is refused in one line.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -27,6 +32,8 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints, read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
+from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
 
@@ -230,3 +237,98 @@ def test_a_bad_line_or_no_max_steps_stops_train_py_before_it_writes(tmp_path: Pa
     assert result.returncode == 1
     assert result.stderr.strip().startswith("config error: a streamed train set has no length"), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stream_with_a_shuffle_buffer_is_refused_in_one_line(jsonl_files: str) -> None:
+    """datasets saves a stream's position, not its shuffle buffer's contents: such a stream would resume
+    on other samples than an uninterrupted run (with only datasets' own warning)."""
+    config = config_for(jsonl_files)
+    train, _ = task.build_datasets(config)
+    accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+    StreamLoader(train, config, accelerator, task.collate, pin_memory=False)  # the preset's: files' order
+    with pytest.raises(ConfigError, match="shuffles through a buffer of 100 samples") as error:
+        StreamLoader(train.shuffle(seed=0, buffer_size=100), config, accelerator, task.collate, False)
+    assert "\n" not in str(error.value)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (the lock file aside) and the SHA-256 of its bytes."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != LOCK_FILE
+    }
+
+
+def relabel_first_row(path: Path) -> None:
+    """Give the file's first row another of the file's labels (the vocabulary, built from the texts alone,
+    and the label set stay: the model built is the same)."""
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as file:
+            rows = list(csv.DictReader(file))
+    else:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    rows[0]["label"] = next(row["label"] for row in rows if row["label"] != rows[0]["label"])
+    if path.suffix == ".csv":
+        with path.open("w", newline="", encoding="utf-8") as file:
+            writer = csv.DictWriter(file, ["text", "label"])
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def refused_in_one_line(result: subprocess.CompletedProcess[str], *parts: str) -> str:
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and all(part in line for part in parts), line
+    return line
+
+
+CHANGING = ["--max_steps", "4", "--checkpoint_every", "2", "--log_every", "2", "--eval_every", "2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_files_edited_or_added_between_sessions_are_named_and_nothing_is_written(
+    suffix: str, tmp_path: Path
+) -> None:
+    files = write_files(tmp_path / "files", suffix)
+    output_dir = tmp_path / "run"
+    args = ["--data_files", files, *CHANGING]
+    run_training(output_dir, *args)
+    before = snapshot(output_dir)
+    relabel_first_row(tmp_path / "files" / f"part1{suffix}")
+    line = refused_in_one_line(run_training(output_dir, *args, check=False), f"train part1{suffix} differs")
+    assert "--continue_on_new_data true" in line
+    assert snapshot(output_dir) == before
+    if suffix == ".jsonl":  # today's datasets ends an added file's resume in an IndexError
+        write_files(tmp_path / "original", suffix)
+        shutil.copy(tmp_path / "original" / f"part1{suffix}", tmp_path / "files" / f"part1{suffix}")
+        shutil.copy(tmp_path / "original" / f"part2{suffix}", tmp_path / "files" / f"part3{suffix}")
+        refused_in_one_line(run_training(output_dir, *args, check=False), f"train part3{suffix} was added")
+        assert snapshot(output_dir) == before
+
+
+@pytest.mark.slow
+def test_continue_on_new_data_continues_on_purpose_and_the_checkpoints_record_it(tmp_path: Path) -> None:
+    files = write_files(tmp_path / "files", ".jsonl")
+    output_dir = tmp_path / "run"
+    args = ["--data_files", files, *CHANGING]
+    run_training(output_dir, *args)
+    relabel_first_row(tmp_path / "files" / "part0.jsonl")
+    step_2 = list_checkpoints(output_dir)[0]
+    assert step_2.name == "step_00000002"
+    # From step 2 (its later checkpoint is set aside): the steps after it train on the edited file.
+    result = run_training(output_dir, *args, "--resume", str(step_2), "--continue_on_new_data", "true")
+    assert "continue_on_new_data: continuing step_00000002 on other data (train part0.jsonl differs" in (
+        result.stdout
+    )
+    saved = read_loop_state(list_checkpoints(output_dir)[-1])
+    assert saved.step == 4
+    assert [change.split(" (")[0] for change in saved.data_changes] == ["step 2: train part0.jsonl differs"]
+    config = config_for(files, *CHANGING)
+    assert saved.data_fingerprint == data_fingerprint(*task.build_datasets(config)).entries
+    # The run now goes on with the new data: the same command, without the switch, continues it.
+    assert run_training(output_dir, *args).returncode == 0

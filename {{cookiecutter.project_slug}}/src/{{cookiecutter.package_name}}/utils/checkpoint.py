@@ -95,6 +95,10 @@ class LoopState:
     # from the model it builds: their SHA-256 ("" if none are frozen) and the model they came from.
     frozen_sha256: str = ""
     frozen_from: str = ""
+    # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash), and
+    # each change of it that continue_on_new_data let a resume through ("step N: what changed").
+    data_fingerprint: dict[str, str] = field(default_factory=dict)
+    data_changes: list[str] = field(default_factory=list)
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:

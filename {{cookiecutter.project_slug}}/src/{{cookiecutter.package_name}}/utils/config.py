@@ -108,6 +108,11 @@ class TrainConfig:
     start_over: bool = setting(
         False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
     )
+    # A resume on data other than the checkpoint's is refused, naming the first file that differs
+    # (utils/fingerprint.py); this continues it on purpose, and the checkpoints record the change.
+    continue_on_new_data: bool = setting(
+        False, "continue a run whose data changed since its checkpoint (false: refuse, naming the file)"
+    )
     # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
     fp16_skip_patience: int = setting(
         25, "stop as diverged after this many optimizer steps in a row skipped by fp16's loss scaler"
@@ -138,6 +143,7 @@ class TrainConfig:
         "mirror_dir",
         "import_from",
         "start_over",
+        "continue_on_new_data",
         "fp16_skip_patience",
         "tracker",
     )

@@ -37,24 +37,32 @@ from .checkpoint import (
     read_meta,
 )
 from .config import ConfigError, TrainConfig
+from .fingerprint import DataFingerprint, first_difference
 from .remote import is_url
 from .run_dir import RunError, earlier_outputs, set_aside
 from .runs import Copy, find_copies, import_copy, newest_readable, remote_copies
 
+NEW_DATA = "continue_on_new_data:"  # the note of a resume on other data, which check_data let through
+
 
 def resume(
-    accelerator: Accelerator, config: TrainConfig, frozen: tuple[str, str] = ("", "")
+    accelerator: Accelerator,
+    config: TrainConfig,
+    frozen: tuple[str, str] = ("", ""),
+    data: DataFingerprint | None = None,
 ) -> tuple[LoopState, Path | None]:
     """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
 
     The main process decides, reading every checksum once, and may set files aside (`decide_start`);
     then every process loads the same checkpoint, or all stop with the same error. `frozen` is
-    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused.
+    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data` is the
+    data's fingerprint (main process; None elsewhere): a checkpoint of other data is refused unless
+    continue_on_new_data, and the returned state carries it into the next checkpoints.
     """
     decision: list[Any] = [None]
     if accelerator.is_main_process:
         try:
-            decision = [(*decide_start(config), uuid.uuid4().hex[:12])]
+            decision = [(*decide_start(config, data), uuid.uuid4().hex[:12])]
         except (ConfigError, RunError) as error:
             decision = [error]
     decision = broadcast_object_list(decision)
@@ -65,7 +73,8 @@ def resume(
         accelerator.print(note)
     if path is None:
         accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
-        return LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1]), None
+        state = LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1])
+        return keep_fingerprint(state, data), None
     saved = read_loop_state(path)
     if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
         raise RunError(
@@ -85,11 +94,18 @@ def resume(
     failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
     if refused is not None:
         raise refused
+    if failed.item() and any(note.startswith(NEW_DATA) for note in notes):
+        raise RunError(
+            f"checkpoint {path} does not fit the model built from the new data "
+            f"({problem or 'on another process'}): continue_on_new_data continues only on data that builds "
+            "the same model; give the run the data it was trained on, or choose another --output_dir"
+        )
     if failed.item():
         raise RunError(
             f"checkpoint {path} is intact but could not be loaded ({problem or 'on another process'}): "
             "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
         )
+    keep_fingerprint(state, data)
     saved_world = read_meta(path).get("world_size", accelerator.num_processes)
     accelerator.print(
         f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
@@ -104,16 +120,43 @@ def resume(
     return state, path
 
 
+def keep_fingerprint(state: LoopState, data: DataFingerprint | None) -> LoopState:
+    """Record `data` in the state its checkpoints will save, and a change that continue_on_new_data let
+    through (decide_start refused any other)."""
+    if data is not None:
+        if state.data_fingerprint and (change := first_difference(state.data_fingerprint, data.entries)):
+            state.data_changes.append(f"step {state.step}: {change}")
+        state.data_fingerprint = dict(data.entries)
+    return state
+
+
+def check_data(path: Path, config: TrainConfig, data: DataFingerprint | None) -> list[str]:
+    """Raise unless checkpoint `path` was trained on `data`; with continue_on_new_data, the note to print.
+    Checkpoints written before data fingerprints have none to compare."""
+    saved = read_loop_state(path).data_fingerprint if data is not None else {}
+    change = first_difference(saved, data.entries) if saved and data is not None else None
+    if change is None:
+        return []
+    if not config.continue_on_new_data:
+        raise RunError(
+            f"checkpoint {path} was trained on other data: {change}. Nothing was changed: give the run the "
+            "data it was trained on, pass --continue_on_new_data true to continue on this data on purpose "
+            "(the checkpoints record it), or --start_over true to set the run aside and start over"
+        )
+    return [f"{NEW_DATA} continuing {path.name} on other data ({change}); recorded"]
+
+
 def describe_frozen(sha256: str, source: str) -> str:
     return f"{source} (sha256 {sha256[:12]})" if sha256 else "none (every weight trained)"
 
 
-def decide_start(config: TrainConfig) -> tuple[Path | None, list[str]]:
+def decide_start(config: TrainConfig, data: DataFingerprint | None = None) -> tuple[Path | None, list[str]]:
     """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe.
 
     Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
     to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
-    Checkpoints newer than the one continued are set aside, never overwritten.
+    Checkpoints newer than the one continued are set aside, never overwritten. A checkpoint of other
+    data than `data` is refused before anything is set aside (check_data).
     """
     output_dir = Path(config.output_dir)
     notes = bring_in_newest_copy(config) if config.resume == "auto" else []
@@ -127,6 +170,7 @@ def decide_start(config: TrainConfig) -> tuple[Path | None, list[str]]:
                 f"resume={config.resume}: the checkpoint was trained with other settings ({changed}); "
                 "pass its settings to continue it (a run's settings are fixed for its whole length)"
             )
+        notes += check_data(path, config, data)
         if path.resolve().parent == checkpoint_root(output_dir).resolve():
             newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
             if newer:
@@ -150,6 +194,12 @@ def decide_start(config: TrainConfig) -> tuple[Path | None, list[str]]:
                     "continue it, choose another --output_dir, or pass --start_over true to set it aside"
                 )
             return None, notes + _clear_for_fresh_start(config, "other settings")
+        try:
+            notes += check_data(path, config, data)
+        except RunError:
+            if not config.start_over:
+                raise
+            return None, notes + _clear_for_fresh_start(config, "other data")
         newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
         if newer:
             folder = set_aside(newer, output_dir)

@@ -11,8 +11,9 @@ be. That place is the stream's own `state_dict`, which Accelerate's `save_state`
 number of processes, continues at the next sample. There is no length: an epoch ends when the stream runs
 out (the last, partial global batch is dropped), and `max_steps` sets the length of training.
 
-Not here: worker processes (they would split the stream by file, which changes the order), and
-`auto_batch_size` (it probes with indexed samples). The eval set stays map-style.
+Not here: worker processes (they would split the stream by file, which changes the order),
+`auto_batch_size` (it probes with indexed samples), and a `datasets` shuffle buffer (its contents are not
+in the saved state: a resume would draw other samples). The eval set stays map-style.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def check_stream_settings(config: TrainConfig) -> None:
         raise ConfigError("auto_batch_size needs a map-style train set: set per_device_batch_size instead")
 
 
+def shuffle_buffer(stream: IterableDataset) -> int:
+    """The size of the shuffle buffer of a Hugging Face `datasets` stream (0: none, or another stream)."""
+    pending, largest = [getattr(stream, "_ex_iterable", None)], 0
+    while pending:
+        iterable = pending.pop()
+        if iterable is not None:
+            largest = max(largest, getattr(iterable, "buffer_size", 0) or 0)
+            pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
+    return largest if largest > 1 else 0
+
+
 class StreamLoader:
     """The train loader over a stream: batches of this process's share, on the device, and the stream's
     position for checkpoints. Not a DataLoader, so `accelerator.prepare` passes it through unchanged
@@ -68,6 +80,12 @@ class StreamLoader:
                     f"build_datasets returned a {type(stream).__name__} train stream without {method}(): "
                     "exact resume and a new order each epoch need state_dict, load_state_dict and set_epoch"
                 )
+        if buffer := shuffle_buffer(stream):
+            raise ConfigError(
+                f"the train stream shuffles through a buffer of {buffer} samples, which cannot be resumed "
+                "exactly (datasets saves its position, not the buffer's contents): shuffle with "
+                "buffer_size=1 (the order of the files) and write each file's rows in random order"
+            )
         self.stream, self.max_steps = stream, config.max_steps
         self.resumed = False  # loaded from a checkpoint: its epoch may have no full global batch left
         self.device = accelerator.device
@@ -117,5 +135,12 @@ class StreamLoader:
                 f"this run streams its train set with a schedule of max_steps={state['max_steps']}, not "
                 f"{self.max_steps}: rerun with --max_steps {state['max_steps']}, or start another output_dir"
             )
-        self.stream.load_state_dict(state["stream"])  # the next iteration of the saved epoch starts after it
+        try:  # the next iteration of the saved epoch starts after it
+            self.stream.load_state_dict(state["stream"])
+        except (IndexError, KeyError, ValueError) as error:  # datasets' own, for a position in other files
+            raise RunError(
+                f"the train stream's saved position does not fit its files now ({error!r}): a stream "
+                "continues only over the files it was saved with (continue_on_new_data too): restore them, "
+                "or start another output_dir"
+            ) from None
         self.resumed = True

@@ -53,6 +53,7 @@ class BytePairs:
 class Shard:
     path: Path
     tokens: int
+    sha256: str = ""  # meta.json's
 
 
 class TokenShards:
@@ -61,8 +62,10 @@ class TokenShards:
     A slice returns an int64 tensor and may span shards. The memory maps are opened on first use in each
     process and never pickled, so DataLoader workers open their own."""
 
-    def __init__(self, shards: list[Shard], start: int = 0, stop: int | None = None) -> None:
-        self.shards = shards
+    def __init__(
+        self, shards: list[Shard], start: int = 0, stop: int | None = None, vocabulary: str = ""
+    ) -> None:
+        self.shards, self.vocabulary = shards, vocabulary
         self.ends = np.cumsum([shard.tokens for shard in shards]).tolist()
         self.start, self.stop = start, self.ends[-1] if stop is None else stop
         self._maps: dict[int, np.memmap] = {}
@@ -72,7 +75,15 @@ class TokenShards:
         return self.stop - self.start
 
     def part(self, start: int, stop: int) -> TokenShards:
-        return TokenShards(self.shards, self.start + start, self.start + stop)
+        return TokenShards(self.shards, self.start + start, self.start + stop, self.vocabulary)
+
+    def fingerprint(self) -> dict[str, str]:
+        """What a run's data fingerprint (utils/fingerprint.py) records of these tokens: the vocabulary's and
+        each shard's SHA-256 from meta.json, which open_shards verified (reading them again would cost as
+        much), and the part of them read."""
+        entries = {"vocabulary": f"sha256 {self.vocabulary}"}
+        entries |= {shard.path.name: f"{shard.tokens} tokens, sha256 {shard.sha256}" for shard in self.shards}
+        return entries | {"tokens read": f"{self.start} to {self.stop}"}
 
     def __getitem__(self, where: slice) -> torch.Tensor:
         first, last, _ = where.indices(len(self))
@@ -135,7 +146,7 @@ def open_shards(folder: Path, verify: bool = True) -> tuple[Any, TokenShards]:
             )
         if verify and file_sha256(path) != entry["sha256"]:
             raise DataError(f"shard {path} does not match its checksum in meta.json: damaged; {again}")
-        shards.append(Shard(path, entry["tokens"]))
+        shards.append(Shard(path, entry["tokens"], entry["sha256"]))
     if not shards:
         raise DataError(f"{folder / META_FILE} lists no shards; {again}")
     if meta["tokenizer"] == "char":
@@ -144,4 +155,4 @@ def open_shards(folder: Path, verify: bool = True) -> tuple[Any, TokenShards]:
         tokenizer = BytePairs(folder / TOKENIZER_FILE)
         if tokenizer.digest != meta["tokenizer_sha256"]:
             raise DataError(f"{folder / TOKENIZER_FILE} does not match its checksum in meta.json; {again}")
-    return tokenizer, TokenShards(shards)
+    return tokenizer, TokenShards(shards, vocabulary=tokenizer.digest)

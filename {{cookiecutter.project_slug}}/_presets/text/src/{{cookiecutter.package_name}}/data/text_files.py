@@ -6,7 +6,7 @@ training stream (`train_stream`) then reads the files again each epoch. The eval
 hash falls under `eval_fraction`: fixed by the texts alone, the same in every process and every pass.
 Order: `datasets` interleaves the files row by row, in an order drawn from `seed` and the epoch; rows keep
 their order inside a file. A shuffle buffer would mix more but cannot be resumed exactly (datasets drops
-its contents from a saved state), so write the rows of each file in random order.
+its contents from a saved state; utils/streams.py refuses one), so write each file's rows in random order.
 """
 
 from __future__ import annotations

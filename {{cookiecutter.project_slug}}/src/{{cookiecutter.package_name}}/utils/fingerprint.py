@@ -1,0 +1,199 @@
+"""What a run trains and evaluates on, as a fingerprint that every checkpoint keeps (its loop state, sealed):
+a resume on other data stops with one line naming the first file that differs, was added or was removed
+(utils/start.py), unless `continue_on_new_data`, which the checkpoint then records.
+
+Each dataset (train, eval) is fingerprinted by the first of these that applies, without asking the task:
+- it, or an object it holds (one attribute down), has `fingerprint()` -> {name: description}: its own
+  account, where a cheaper one exists (the lm preset's token shards: meta.json's SHA-256 of each shard,
+  verified when they were opened, and the vocabulary);
+- a Hugging Face `datasets` stream or dataset read from local files: each file's name, size and XXH3-128;
+- paths of files among its attributes (an image folder's list of (path, label)): each file alike;
+- a dataset that holds only tensors, arrays and plain values (a TensorDataset, digits, the lm preset's
+  windows of a text): those, tensors by dtype, shape and bytes, hashed whole;
+- else its samples as built, before any set_epoch: one XXH3-128 of every sample's tensors and values
+  (about 20 us a sample; the rules above cost about 0.1 s per GB in the page cache).
+
+Files are named relative to the folder they have in common, so a run moved to another platform (another
+absolute path to the same files) keeps its fingerprint. (Where a change leaves them a deeper folder in
+common, all of one subfolder removed, the others' names shorten: the resume is refused all the same.)
+Measured cost: the template's bench/fingerprint.py.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+MAPPED_FROM = 1 << 20  # files of this size or more are hashed in the page cache, not copied out first
+PLAIN = (str, bytes, int, float, bool, Path)
+SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ where the dataset has it
+
+
+@dataclass(frozen=True)
+class DataFingerprint:
+    """One entry per file or sample set, "<train|eval> <name>" -> its description, in reading order."""
+
+    entries: dict[str, str]
+
+    @property
+    def digest(self) -> str:
+        return fingerprint_digest(self.entries)
+
+
+def fingerprint_digest(entries: dict[str, str]) -> str:
+    """The XXH3-128 of a fingerprint's entries: one value for a run's history."""
+    return xxhash.xxh3_128_hexdigest(json.dumps(entries, sort_keys=True).encode())
+
+
+def data_fingerprint(train_set: Any, eval_set: Any) -> DataFingerprint:
+    """The fingerprint of what a run trains on and evaluates on."""
+    return DataFingerprint({**describe(train_set, "train"), **describe(eval_set, "eval")})
+
+
+def first_difference(saved: dict[str, str], now: dict[str, str]) -> str | None:
+    """The first entry that differs between two fingerprints, in words; None if they are the same."""
+    for name, description in now.items():
+        if name not in saved:
+            return f"{name} was added ({description})"
+        if saved[name] != description:
+            return f"{name} differs ({saved[name]} before, {description} now)"
+    for name, description in saved.items():
+        if name not in now:
+            return f"{name} was removed ({description})"
+    return None
+
+
+def describe(dataset: Any, role: str) -> dict[str, str]:
+    """The entries of one dataset, each named "<role> <file or part>"."""
+    for holder in (dataset, *vars_of(dataset).values()):
+        own = getattr(holder, "fingerprint", None)
+        if callable(own) and not isinstance(holder, type):
+            return {f"{role} {name}": value for name, value in own().items()}
+    files = stream_files(dataset) or attribute_files(dataset)
+    if files:
+        return file_entries(files, role)
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return {f"{role} {type(dataset).__name__}": "a stream without local files: not fingerprinted"}
+    if state := plain_state(dataset):
+        digest = xxhash.xxh3_128()
+        update(digest, state)
+        return {f"{role} samples": f"{len(dataset)} samples, xxh3 {digest.hexdigest()}"}
+    return {f"{role} samples": samples_description(dataset)}
+
+
+def vars_of(value: Any) -> dict[str, Any]:
+    try:
+        return dict(vars(value))
+    except TypeError:  # no __dict__ (slots, builtins)
+        return {}
+
+
+def stream_files(dataset: Any) -> list[Path]:
+    """The local files a Hugging Face `datasets` stream reads, found along its chain of iterables."""
+    pending, files = [getattr(dataset, "_ex_iterable", None)], []
+    while pending:
+        iterable = pending.pop(0)  # breadth first: the files in the order the stream lists them
+        if iterable is None:
+            continue
+        kwargs = getattr(iterable, "kwargs", None) or {}
+        for key in ("original_files", "base_files", "files"):  # the key differs between datasets versions
+            if key in kwargs:
+                files += [Path(str(file)) for file in flatten(kwargs[key]) if os.path.isfile(str(file))]
+                break
+        pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
+    for cache in getattr(dataset, "cache_files", None) or []:  # a map-style `datasets.Dataset`: arrow files
+        files.append(Path(cache["filename"]))
+    return list(dict.fromkeys(files))
+
+
+def flatten(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [item for part in value for item in flatten(part)]
+    return [value]
+
+
+def attribute_files(dataset: Any) -> list[Path]:
+    """Files named by the dataset's attributes: a Path, or a list of paths or of (path, ...) tuples."""
+    files: list[Path] = []
+    for value in vars_of(dataset).values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            path = item[0] if isinstance(item, (list, tuple)) and item else item
+            if isinstance(path, Path) and path.is_file():
+                files.append(path)
+    return files
+
+
+def plain_state(dataset: Any) -> dict[str, Any]:
+    """The dataset's attributes where each is a tensor, an array, a plain value or a list or tuple of them
+    (what its samples are made from, then); {} where one is anything else (a tokenizer, a transform)."""
+    state, arrays = vars_of(dataset), False
+    for value in state.values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if not all(isinstance(item, (torch.Tensor, np.ndarray, *PLAIN)) or item is None for item in items):
+            return {}
+        arrays = arrays or any(isinstance(item, (torch.Tensor, np.ndarray)) for item in items)
+    return state if arrays else {}
+
+
+def file_entries(files: list[Path], role: str) -> dict[str, str]:
+    """Each file by its name under the folder the files share, its size and its XXH3-128."""
+    paths = [os.path.abspath(file) for file in files]
+    root = os.path.commonpath([os.path.dirname(path) for path in paths])
+    entries = {}
+    for path in paths:
+        name = Path(os.path.relpath(path, root)).as_posix()
+        entries[f"{role} {name}"] = f"{os.path.getsize(path)} bytes, xxh3 {file_xxh3(Path(path))}"
+    return entries
+
+
+def file_xxh3(path: Path) -> str:
+    with path.open("rb") as file:
+        if os.fstat(file.fileno()).st_size < MAPPED_FROM:
+            return xxhash.xxh3_128_hexdigest(file.read())
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return xxhash.xxh3_128_hexdigest(mapped)
+
+
+def samples_description(dataset: Any) -> str:
+    """The count and one XXH3-128 of every sample's values, in order."""
+    digest = xxhash.xxh3_128()
+    count = len(dataset)
+    batched = hasattr(dataset, "__getitems__")
+    for start in range(0, count, SAMPLES_AT_ONCE):
+        indices = list(range(start, min(count, start + SAMPLES_AT_ONCE)))
+        samples = dataset.__getitems__(indices) if batched else [dataset[index] for index in indices]
+        update(digest, samples)
+    return f"{count} samples, xxh3 {digest.hexdigest()}"
+
+
+def update(digest: Any, value: Any) -> None:
+    """Hash a sample's values: tensors and arrays by dtype, shape and bytes, containers item by item."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"tensor {tensor.dtype} {tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy())  # hashed in place, not copied
+    elif isinstance(value, np.ndarray):
+        digest.update(f"array {value.dtype} {value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).view(np.uint8).reshape(-1))
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            digest.update(f"key {key}".encode())
+            update(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__} {len(value)}".encode())
+        for item in value:
+            update(digest, item)
+    elif isinstance(value, PLAIN) or value is None:
+        digest.update(f"{type(value).__name__} {value!r}".encode())
+    else:  # an object of the task's own: its type only (its repr may hold a memory address)
+        digest.update(f"object {type(value).__qualname__}".encode())
