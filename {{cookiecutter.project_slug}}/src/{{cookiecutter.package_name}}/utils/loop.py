@@ -25,6 +25,7 @@ from .. import task
 from ..launch import report_outcome
 from .checkpoint import LoopState, export_model, save_checkpoint
 from .config import TrainConfig
+from .history import HISTORY_FILE, History
 from .mirror import Mirror
 from .plots import plot_metrics
 from .progress import Progress
@@ -48,10 +49,11 @@ class Bookkeeping:
         stop: StopRequest,
         clock: SessionClock,
         mirror: Mirror,
+        history: History,
     ) -> None:
         self.accelerator, self.config, self.state = accelerator, config, state
         self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
-        self.stop_request, self.clock, self.mirror = stop, clock, mirror
+        self.stop_request, self.clock, self.mirror, self.history = stop, clock, mirror, history
         self.start_step = state.step
         # Train loss summed on the device since the last log: no host-device sync per step.
         self.running_loss = torch.tensor(
@@ -167,10 +169,28 @@ class Bookkeeping:
         state.loss_batches = self.running_batches
         state.metrics_bytes = metrics_size(Path(config.output_dir))
         saving, self.timed_checkpoint = time.monotonic(), False
-        self.last_saved = save_checkpoint(accelerator, config, state, protect=self.resumed_from)
+        history = {HISTORY_FILE: self.history.text(state.step, self.ending())}
+        self.last_saved = save_checkpoint(accelerator, config, state, self.resumed_from, history)
+        self.history.save(config.output_dir, state.step, self.ending())
         self.clock.saved(saving)
         self.progress.write(f"checkpoint: step {state.step} saved to {self.last_saved}")
         self.mirror.request()
+
+    def ending(self) -> str:
+        """Why this session ends at this step, as its history records it ("" while it goes on)."""
+        state, config = self.state, self.config
+        if self.diverged:
+            return f"diverged at step {state.step}: {self.diverged}"
+        if self.out_of_time:
+            return "time budget spent"
+        if self.stopping:
+            return f"stopped by {self.stop_request.signal_name or 'a signal to another process'}"
+        if state.stopped_early:
+            return "early stopping"
+        if state.step >= self.total_steps:
+            schedule = self.steps_per_epoch * config.num_epochs  # 0 for a stream: max_steps is its length
+            return "max_steps reached" if config.max_steps and config.max_steps < schedule else "done"
+        return ""
 
     def stop(self) -> bool:
         """Whether the loop ends (checked after every step, and before every epoch)."""
@@ -190,6 +210,7 @@ class Bookkeeping:
         accelerator, config, state = self.accelerator, self.config, self.state
         output_dir = Path(config.output_dir)
         self.progress.close()
+        self.history.save(output_dir, state.step, self.ending())
         if self.diverged:
             raise RunError(diverged_message(self.diverged, config, self.last_saved))
         if self.stopping and not self.out_of_time:
