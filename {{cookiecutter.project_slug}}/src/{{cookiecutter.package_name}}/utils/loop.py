@@ -56,10 +56,8 @@ class Bookkeeping:
         self.stop_request, self.clock, self.mirror, self.history = stop, clock, mirror, history
         self.start_step = state.step
         # Train loss summed on the device since the last log: no host-device sync per step.
-        self.running_loss = torch.tensor(
-            own_loss_sum(state.loss_sums, accelerator), device=accelerator.device
-        )
-        self.running_batches = state.loss_batches
+        own_sum, self.running_batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
+        self.running_loss = torch.tensor(own_sum, device=accelerator.device)
         self.stopping = self.out_of_time = self.timed_checkpoint = self.end_of_epoch = False
         self.diverged = ""  # why training cannot go on: a non-finite loss, metric or weight
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
@@ -337,8 +335,15 @@ def diverged_message(why: str, config: TrainConfig, last_saved: Path | None) -> 
     )
 
 
-def own_loss_sum(loss_sums: list[float], accelerator: Accelerator) -> float:
-    """This process's share of the loss window saved in a checkpoint (the mean if the world size changed)."""
+def own_loss_window(
+    loss_sums: list[float], loss_batches: float, accelerator: Accelerator
+) -> tuple[float, float]:
+    """This process's share of the loss window saved in a checkpoint: its loss sum and micro-batch count.
+    After a change of world size every process takes an equal share of the window's total, so that the
+    logged mean (total / processes / count) stays the mean over every micro-batch of the window."""
     if len(loss_sums) == accelerator.num_processes:
-        return loss_sums[accelerator.process_index]
-    return sum(loss_sums) / len(loss_sums) if loss_sums else 0.0
+        return loss_sums[accelerator.process_index], loss_batches
+    if not loss_sums:
+        return 0.0, 0
+    processes = accelerator.num_processes
+    return sum(loss_sums) / processes, loss_batches * len(loss_sums) / processes
