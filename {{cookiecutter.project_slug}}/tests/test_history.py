@@ -91,14 +91,15 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(tmp_path: Path
         (first, second, 2, 32),
         (second, last, 1, 32),
     ]
-    assert [s["ending"] for s in sessions] == ["max_steps reached", "max_steps reached", "done"]
+    final = run_history(reference)[0]["ending"]  # done, or max_steps reached where the task's QUICK caps it
+    assert [s["ending"] for s in sessions] == ["max_steps reached", "max_steps reached", final]
     # The same history is sealed into the last checkpoint, for the copies that carry it elsewhere.
     sealed = json.loads((list_checkpoints(output_dir)[-1] / HISTORY_FILE).read_text())["sessions"]
     assert [s["id"] for s in sealed] == [s["id"] for s in sessions]
     table = history_table(output_dir).splitlines()
     assert table[0].split()[:3] == ["session", "started", "steps"]
     assert [line.split()[0] for line in table[1:4]] == ["1", "2", "3"]
-    assert "2 x 32 x 1" in table[2] and "1 x 32 x 2" in table[3] and "done" in table[3]
+    assert "2 x 32 x 1" in table[2] and "1 x 32 x 2" in table[3] and final in table[3]
 
 
 def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path) -> None:
