@@ -17,7 +17,7 @@ import pytest
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
-from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, run_history
+from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, differences, from_meta, run_history
 
 from .conftest import (
     PROJECT,
@@ -29,8 +29,6 @@ from .conftest import (
     wait_for_training,
 )
 from .task_settings import SAME_ON_EVERY_PROCESS, SIGNAL_RUN
-
-pytestmark = pytest.mark.slow
 
 # Off its platform, a platform config's paths are given on the command line.
 OFF_PLATFORM = ["--mirror_dir", "", "--import_from", ""]
@@ -54,6 +52,7 @@ def hop(output_dir: Path, config: str, processes: int, *args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(tmp_path: Path) -> None:
     """configs/colab.yaml (1 process), kaggle.yaml (2) and local.yaml (1), one after the other on one run:
     the per-device batch stays 32, only the accumulation follows the processes, and the run ends with the
@@ -102,6 +101,7 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(tmp_path: Path
     assert "2 x 32 x 1" in table[2] and "1 x 32 x 2" in table[3] and final in table[3]
 
 
+@pytest.mark.slow
 def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path) -> None:
     """A session killed (kill -9) after its first checkpoint has no recorded end; the next one, with half
     the per-device batch, says so, and says that the split changed the rounding."""
@@ -141,3 +141,29 @@ def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path)
         "no clean end (killed or crashed)" in table
         and f"per-device batch {config.per_device_batch_size}" in table
     )
+
+
+def test_a_checkpoint_from_before_histories_is_compared_on_its_meta_json(tmp_path: Path) -> None:
+    """A run continued from a checkpoint written before histories were kept: its meta.json stands in for
+    the session, and only what it records is compared (no per-device batch, no host, no task library)."""
+    checkpoint = tmp_path / "step_00000040"
+    checkpoint.mkdir()
+    meta = {"platform": "kaggle", "world_size": 2, "mixed_precision": "fp16", "device": "cuda:0"}
+    versions = {"python": "3.12.0", "torch": "2.3.1", "accelerate": "1.6.0"}
+    (checkpoint / "meta.json").write_text(json.dumps({**meta, "versions": versions}))
+    before = from_meta(checkpoint)
+    now = {
+        **{"platform": "local", "host": "laptop", "processes": 1, "per_device_batch": 32, "accumulation": 2},
+        **{"device": "cpu", "mixed_precision": "no", "deterministic": True, "compile": False},
+        "versions": {"python": "3.12.0", "torch": "2.13.0", "accelerate": "1.6.0", "numpy": "2.4.0"},
+        **{"task_sha256": "a" * 64, "code_sha256": "b" * 64},
+    }
+    lines = differences(before, now)
+    assert [line.split(":")[0] for line in lines] == [
+        "processes 2 -> 1",
+        "device cuda -> cpu",
+        "mixed precision fp16 -> no",
+        "torch 2.3.1 -> 2.13.0",
+        "platform kaggle -> local",
+    ]
+    assert "not recorded: the checkpoint predates the run's history" in lines[0]

@@ -26,8 +26,8 @@ import os
 import platform
 import socket
 import sys
-import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ LIBRARIES = (
     ("timm", "timm"),
     ("torchvision", "torchvision"),
     ("torchdata", "torchdata"),
-    ("safetensors", "safetensors"),
     ("sklearn", "scikit-learn"),
     ("PIL", "pillow"),
 )
@@ -110,8 +109,8 @@ def session_record(accelerator: Any, config: Any, step: int, number: int) -> Rec
     if device.type == "cuda":
         name = f"cuda ({torch.cuda.get_device_name(device)})"
     versions = {"python": platform.python_version(), "torch": torch.__version__}
-    if torch.version.cuda:
-        versions["cuda"] = torch.version.cuda
+    if device.type == "cuda":  # the CUDA torch was built with: its kernels' own version
+        versions["cuda"] = str(torch.version.cuda)
     versions["accelerate"] = accelerate.__version__
     for module, shown in LIBRARIES:
         if module in sys.modules:
@@ -120,7 +119,7 @@ def session_record(accelerator: Any, config: Any, step: int, number: int) -> Rec
     return {
         "session": number,
         "id": uuid.uuid4().hex[:12],
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),  # UTC: sorts across zones
         "start_step": step,
         "end_step": step,
         "ending": "",
@@ -218,7 +217,13 @@ def describe(record: Record) -> str:
 
 
 def differences(before: Record, now: Record) -> list[str]:
-    """One line per difference between two sessions' records, with what it does to the numbers."""
+    """One line per difference between two sessions' records, with what it does to the numbers. A record
+    that stands in for a checkpoint written before histories were kept is compared on what it holds."""
+    if "host" not in before:
+        versions = {
+            name: value for name, value in now["versions"].items() if name in before.get("versions", {})
+        }
+        now = {**now, "device": now["device"].split(" (")[0], "versions": versions}
     lines = [*_batch_change(before, now)]
     if before.get("device") != now["device"]:
         why = f"other kernels round differently: {NOT_EXACT}"
@@ -247,11 +252,12 @@ def differences(before: Record, now: Record) -> list[str]:
             f"the project's code changed (train.py or src/, sha256 {before['code_sha256'][:12]} -> "
             f"{now['code_sha256'][:12]}): the loop or the task's modules may compute differently"
         )
-    if (before.get("platform"), before.get("host")) != (now["platform"], now["host"]):
-        lines.append(
-            f"platform {before.get('platform')} -> {now['platform']}, host {before.get('host', '?')} -> "
-            f"{now['host']}: no effect on the numbers by itself"
-        )
+    if moved := [
+        f"{key} {before[key]} -> {now[key]}"
+        for key in ("platform", "host")
+        if key in before and before[key] != now[key]
+    ]:
+        lines.append(f"{', '.join(moved)}: no effect on the numbers by itself")
     return lines
 
 
@@ -265,12 +271,17 @@ def _on(value: Any) -> str:
 def _batch_change(before: Record, now: Record) -> list[str]:
     names = {"processes": "processes", "per_device_batch": "per-device batch", "accumulation": "accumulation"}
     changed = [
-        f"{shown} {before.get(key, '?')} -> {now[key]}"
+        f"{shown} {before[key]} -> {now[key]}"
         for key, shown in names.items()
-        if before.get(key) != now[key]
+        if key in before and before[key] != now[key]
     ]
     if not changed:
         return []
+    if "per_device_batch" not in before:
+        return [
+            f"{', '.join(changed)}: bitwise only if the per-device batch is the one the checkpoint was "
+            "written with (not recorded: the checkpoint predates the run's history)"
+        ]
     if before.get("per_device_batch") == now["per_device_batch"]:
         return [
             f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same sums in the "
@@ -286,7 +297,8 @@ def _batch_change(before: Record, now: Record) -> list[str]:
 def _version_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
     lines = []
     for name in [*now, *(name for name in before if name not in now)]:
-        old, new = before.get(name, "(not imported)"), now.get(name, "(not imported)")
+        absent = "(none: not on a GPU)" if name == "cuda" else "(not imported)"
+        old, new = before.get(name, absent), now.get(name, absent)
         if old == new:
             continue
         if name in ("torch", "cuda"):
