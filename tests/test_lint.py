@@ -81,9 +81,10 @@ def test_repository_tooling_passes_ruff() -> None:
         assert result.returncode == 0, explain(result)
 
 
-@pytest.mark.parametrize("name", ["run", "lowest", "platform"])
+@pytest.mark.parametrize("name", ["run", "lowest", "stacks", "platform"])
 def test_ci_script_passes_shellcheck(name: str) -> None:
-    """.ci/run (the CI entry point), .ci/lowest and .ci/platform pass shellcheck and are executable."""
+    """.ci/run (the CI entry point), .ci/lowest, .ci/stacks and .ci/platform pass shellcheck and are
+    executable."""
     script = TEMPLATE / ".ci" / name
     assert script.stat().st_mode & 0o111, f".ci/{name} is not executable"
     result = run([tool("shellcheck"), str(script.relative_to(TEMPLATE))], cwd=TEMPLATE)

@@ -352,8 +352,8 @@ def test_colab_run_packed_continues_in_a_new_kaggle_session(
     tmp_path: Path,
 ) -> None:
     """The interrupted Colab run, packed from its copy on Drive with `python -m <package>.utils.runs pack`
-    and uploaded as a Kaggle dataset, is continued by a new Kaggle session (another per-device batch size:
-    configs/kaggle.yaml's). Stood in for: the upload (the .tar copied to /kaggle/input/<dataset>/); the
+    and uploaded as a Kaggle dataset, is continued by a new Kaggle session (with configs/kaggle.yaml's
+    settings). Stood in for: the upload (the .tar copied to /kaggle/input/<dataset>/); the
     rest as in the module's docstring."""
     project = render()
     mirror = Path(yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"])

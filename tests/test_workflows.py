@@ -121,13 +121,14 @@ def test_the_checkers_reject_a_broken_workflow(tmp_path: Path) -> None:
 
 
 def test_template_workflow_runs_the_ci_scripts_of_the_readme() -> None:
-    """ci.yml runs `bash .ci/run` (the README's test command), `bash .ci/lowest` and `bash .ci/platform`,
+    """ci.yml runs `bash .ci/run` (the README's test command), `bash .ci/lowest`, `bash .ci/stacks` and
+    `bash .ci/platform`,
     commands of the README, and nothing else: the steps live in those scripts, once. Its legs are the
     oldest and the newest Python that cookiecutter.json offers, and the platform script runs on Windows
     and macOS."""
     workflow = WORKFLOWS / "ci.yml"
     lines = run_lines(workflow)
-    assert set(lines) == {"bash .ci/run", "bash .ci/lowest", "bash .ci/platform"}, lines
+    assert set(lines) == {"bash .ci/run", "bash .ci/lowest", "bash .ci/stacks", "bash .ci/platform"}, lines
     assert set(lines) <= readme_commands(TEMPLATE / "README.md")
     jobs = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]
     assert jobs["tests"]["strategy"]["matrix"]["python"] == [PYTHONS[0], PYTHONS[-1]]

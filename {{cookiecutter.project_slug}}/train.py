@@ -63,6 +63,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
+from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
@@ -182,9 +183,10 @@ def train(
         # Drop what was logged after the checkpoint (or repair a log cut shorter than it: one warning).
         if warning := truncate_metrics(output_dir, state.metrics_bytes, state.step):
             print(warning)
+    history = begin_history(accelerator, config, state, resumed_from)  # prints what changed since last time
     start_trackers(accelerator, config, state, finished=state.step >= total_steps)
     book = Bookkeeping(
-        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, mirror
+        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, mirror, history
     )
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)

@@ -237,9 +237,13 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     result = run_training(copy_of, *FAST, check=False)
     refused(result, "training diverged", f"the last checkpoint, {older}")
     assert list_checkpoints(copy_of) == [older]
-    # What the session writes at its start aside: config.yaml (with this copy's output_dir), the metrics
-    # and the tracker's files (TensorBoard's logs/; MLflow marks its run as running again in mlflow.db).
-    session = ("config.yaml", "metrics.jsonl", "logs/", "mlflow.db", "wandb/")
+    # The run's history records the divergence, which no checkpoint saw.
+    last = json.loads((copy_of / "history.json").read_text())["sessions"][-1]
+    assert last["ending"].startswith(f"diverged at step {last['end_step']}: the train loss")
+    # What the session writes at its start aside: config.yaml (with this copy's output_dir), the metrics,
+    # the history and the tracker's files (TensorBoard's logs/; MLflow marks its run as running again in
+    # mlflow.db).
+    session = ("config.yaml", "metrics.jsonl", "history.json", "logs/", "mlflow.db", "wandb/")
     assert {k: v for k, v in snapshot(copy_of).items() if not k.startswith(session)} == {
         k: v for k, v in before.items() if not k.startswith(session)
     }

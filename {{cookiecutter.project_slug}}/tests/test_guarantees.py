@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
+from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
@@ -65,6 +66,7 @@ def stopped_for_time(output_dir: Path, *args: str, processes: int = 1) -> Path:
     assert [int(path.name[5:]) for path in list_checkpoints(output_dir)] == [config.log_every]
     assert json.loads((output_dir / "model" / "export.json").read_text())["step"] == config.log_every
     assert (output_dir / "curves.svg").is_file()
+    assert [session["ending"] for session in run_history(output_dir)] == ["time budget spent"]
     return list_checkpoints(output_dir)[0]
 
 
@@ -94,6 +96,13 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
     resumed = run_training(output_dir, *SIGNAL_RUN)
     assert f"step_{stopped_at:08d}" in resumed.stdout and "resuming from" in resumed.stdout
     assert_same_run(output_dir, reference)
+    # The run's history: two sessions, why each ended, and nothing changed between them.
+    sessions = run_history(output_dir)
+    assert [(s["start_step"], s["ending"]) for s in sessions] == [
+        (0, "stopped by SIGTERM"),
+        (stopped_at, "done"),
+    ]
+    assert "; nothing changed since session 1 (local, steps 0-" in resumed.stdout
 
 
 def test_a_run_stopped_for_time_then_rerun_ends_bitwise_identical(single_run: tuple, tmp_path: Path) -> None:

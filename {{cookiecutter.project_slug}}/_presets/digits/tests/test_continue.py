@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     export_problem,
     list_checkpoints,
 )
+from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.runs import pack
@@ -60,6 +61,8 @@ def test_a_new_session_continues_the_previous_versions_output_among_its_inputs(
     assert "resuming from" in result.stdout and "starting fresh" not in result.stdout
     assert_same_run(output_dir, single_run[0])
     assert run_id(output_dir) == run_id(source)  # the same run, continued
+    assert "history: session 2 of run" in result.stdout
+    assert "(local, steps 0-40, max_steps reached)" in result.stdout
 
 
 def test_a_packed_run_is_continued_from_its_tar_file(
@@ -90,6 +93,9 @@ def test_a_packed_run_is_continued_from_its_tar_file(
     result = run_training(output_dir, *QUICK, "--import_from", str(tmp_path / "upload"))
     assert f"continuing from {archive} (step 40" in result.stdout
     assert_same_run(output_dir, single_run[0])
+    # The packed checkpoint carried the run's history: the first session, then this one.
+    assert "history: session 2 of run" in result.stdout
+    assert [(s["start_step"], s["end_step"]) for s in run_history(output_dir)] == [(0, 40), (40, 88)]
 
 
 def test_two_different_runs_are_never_chosen_silently(first_session: Path, tmp_path: Path) -> None:

@@ -203,7 +203,11 @@ def test_checkpoint_moves_to_another_world_size(reference: tuple[int, Path], tmp
     result = run_training(output_dir, *EXACT, *PER_DEVICE[processes], processes=other)
     accumulation = 2 * processes // other
     assert f"x {other} processes x {accumulation} accumulation = global batch 64" in result.stdout
-    assert f"saved by {processes} process(es), resumed by {other}" in result.stdout
+    per_device = PER_DEVICE[processes][1]
+    assert (
+        f"history: processes {processes} -> {other}, accumulation 2 -> {accumulation} (per-device batch "
+        f"{per_device} kept): the same sums in the same order" in result.stdout
+    )
     assert f"resuming from {oldest}" in result.stdout
     resumed, expected = read_metrics(output_dir), read_metrics(reference_dir)
     last_train = [row for row in resumed if "train/samples_seen" in row][-1]

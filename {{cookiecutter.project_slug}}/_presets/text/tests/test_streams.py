@@ -153,7 +153,7 @@ def test_two_processes_train_a_stream_as_one_and_hand_it_to_one(
     assert read_loop_state(list_checkpoints(hop)[-1]).epoch == 1
 
     second = run_training(hop, *args)
-    assert "saved by 2 process(es), resumed by 1" in second.stdout
+    assert "history: processes 2 -> 1, accumulation 1 -> 2 (per-device batch 32 kept)" in second.stdout
     assert framework_warnings(one) == framework_warnings(second) == []
     ones, hops = (load_file(folder / "model" / "model.safetensors") for folder in (tmp_path / "one", hop))
     assert [name for name in ones if not torch.equal(ones[name], hops[name])] == []

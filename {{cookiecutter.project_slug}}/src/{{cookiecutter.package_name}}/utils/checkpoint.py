@@ -211,12 +211,16 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def save_checkpoint(
-    accelerator: Accelerator, config: TrainConfig, state: LoopState, protect: Path | None = None
+    accelerator: Accelerator,
+    config: TrainConfig,
+    state: LoopState,
+    protect: Path | None = None,
+    files: dict[str, str] | None = None,
 ) -> Path:
     """Save on every process (each writes its own RNG state), then publish by renaming on the main one.
 
     All processes must call this at the same step. `protect` (the checkpoint the run resumed from)
-    is never removed by rotation.
+    is never removed by rotation. `files` (name: text, the run's history) are sealed in with the rest.
     """
     root = checkpoint_root(config.output_dir)
     final = root / f"step_{state.step:08d}"
@@ -231,7 +235,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
-            _publish(accelerator, config, state, staging, final)
+            _publish(accelerator, config, state, staging, final, files or {})
         except OSError as error:
             raise write_error(staging, error) from error
         _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect, latest=final)
@@ -240,10 +244,17 @@ def save_checkpoint(
 
 
 def _publish(
-    accelerator: Accelerator, config: TrainConfig, state: LoopState, staging: Path, final: Path
+    accelerator: Accelerator,
+    config: TrainConfig,
+    state: LoopState,
+    staging: Path,
+    final: Path,
+    extra: dict[str, str],
 ) -> None:
     """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
     save_config(config, staging / "config.yaml", durable=False)
+    for name, text in extra.items():
+        (staging / name).write_text(text, encoding="utf-8")
     _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
     paths = [path for path in sorted(staging.iterdir()) if path.is_file()]
     # The checksums are computed from the page cache by a second thread while this one waits for the disk

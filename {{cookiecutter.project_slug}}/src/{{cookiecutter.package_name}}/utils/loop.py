@@ -25,6 +25,7 @@ from .. import task
 from ..launch import report_outcome
 from .checkpoint import LoopState, export_model, save_checkpoint
 from .config import TrainConfig
+from .history import HISTORY_FILE, History
 from .mirror import Mirror
 from .plots import plot_metrics
 from .progress import Progress
@@ -48,16 +49,15 @@ class Bookkeeping:
         stop: StopRequest,
         clock: SessionClock,
         mirror: Mirror,
+        history: History,
     ) -> None:
         self.accelerator, self.config, self.state = accelerator, config, state
         self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
-        self.stop_request, self.clock, self.mirror = stop, clock, mirror
+        self.stop_request, self.clock, self.mirror, self.history = stop, clock, mirror, history
         self.start_step = state.step
         # Train loss summed on the device since the last log: no host-device sync per step.
-        self.running_loss = torch.tensor(
-            own_loss_sum(state.loss_sums, accelerator), device=accelerator.device
-        )
-        self.running_batches = state.loss_batches
+        own_sum, self.running_batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
+        self.running_loss = torch.tensor(own_sum, device=accelerator.device)
         self.stopping = self.out_of_time = self.timed_checkpoint = self.end_of_epoch = False
         self.diverged = ""  # why training cannot go on: a non-finite loss, metric or weight
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
@@ -168,10 +168,28 @@ class Bookkeeping:
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
-        self.last_saved = save_checkpoint(accelerator, config, state, protect=self.resumed_from)
+        history = {HISTORY_FILE: self.history.text(state.step, self.ending())}
+        self.last_saved = save_checkpoint(accelerator, config, state, self.resumed_from, history)
+        self.history.save(config.output_dir, state.step, self.ending())
         self.clock.saved(saving)
         self.progress.write(f"checkpoint: step {state.step} saved to {self.last_saved}")
         self.mirror.request()
+
+    def ending(self) -> str:
+        """Why this session ends at this step, as its history records it ("" while it goes on)."""
+        state, config = self.state, self.config
+        if self.diverged:
+            return f"diverged at step {state.step}: {self.diverged}"
+        if self.out_of_time:
+            return "time budget spent"
+        if self.stopping:
+            return f"stopped by {self.stop_request.signal_name or 'a signal to another process'}"
+        if state.stopped_early:
+            return "early stopping"
+        if state.step >= self.total_steps:
+            schedule = self.steps_per_epoch * config.num_epochs  # 0 for a stream: max_steps is its length
+            return "max_steps reached" if config.max_steps and config.max_steps < schedule else "done"
+        return ""
 
     def stop(self) -> bool:
         """Whether the loop ends (checked after every step, and before every epoch)."""
@@ -191,6 +209,7 @@ class Bookkeeping:
         accelerator, config, state = self.accelerator, self.config, self.state
         output_dir = Path(config.output_dir)
         self.progress.close()
+        self.history.save(output_dir, state.step, self.ending())
         if self.diverged:
             raise RunError(diverged_message(self.diverged, config, self.last_saved))
         if self.stopping and not self.out_of_time:
@@ -317,8 +336,15 @@ def diverged_message(why: str, config: TrainConfig, last_saved: Path | None) -> 
     )
 
 
-def own_loss_sum(loss_sums: list[float], accelerator: Accelerator) -> float:
-    """This process's share of the loss window saved in a checkpoint (the mean if the world size changed)."""
+def own_loss_window(
+    loss_sums: list[float], loss_batches: float, accelerator: Accelerator
+) -> tuple[float, float]:
+    """This process's share of the loss window saved in a checkpoint: its loss sum and micro-batch count.
+    After a change of world size every process takes an equal share of the window's total, so that the
+    logged mean (total / processes / count) stays the mean over every micro-batch of the window."""
     if len(loss_sums) == accelerator.num_processes:
-        return loss_sums[accelerator.process_index]
-    return sum(loss_sums) / len(loss_sums) if loss_sums else 0.0
+        return loss_sums[accelerator.process_index], loss_batches
+    if not loss_sums:
+        return 0.0, 0
+    processes = accelerator.num_processes
+    return sum(loss_sums) / processes, loss_batches * len(loss_sums) / processes

@@ -34,7 +34,6 @@ from .checkpoint import (
     list_checkpoints,
     load_checkpoint,
     read_loop_state,
-    read_meta,
 )
 from .config import ConfigError, TrainConfig
 from .fingerprint import DataFingerprint, first_difference
@@ -106,17 +105,12 @@ def resume(
             "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
         )
     keep_fingerprint(state, data)
-    saved_world = read_meta(path).get("world_size", accelerator.num_processes)
+    # What else changed since the checkpoint was written (processes, batch split, versions) and what it
+    # does to the numbers is printed by utils/history.py.
     accelerator.print(
         f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
         f"run {state.run_id or '(unnamed)'})"
     )
-    if saved_world != accelerator.num_processes:
-        accelerator.print(
-            f"note: saved by {saved_world} process(es), resumed by {accelerator.num_processes}: "
-            "weights, optimizer, schedule and data position carry over; the random streams of "
-            "processes that did not exist before start from the seed, so the run is not bit-exact"
-        )
     return state, path
 
 

@@ -1,0 +1,387 @@
+"""A run's history: one record per session, so that nothing changes silently between sessions.
+
+Each session's record says where it ran (platform, host, device, precision, processes x per-device batch x
+accumulation), on what (the versions of Python, torch, Accelerate and of the task's libraries that are
+imported, the hashes of task.py and of the project's code) and which steps it trained: the step it started
+at, the last step it reached, and why it ended (done, max_steps reached, early stopping, time budget
+spent, stopped by a signal, diverged; none recorded: killed or crashed after its last checkpoint). The
+history of every session travels inside every checkpoint (`history.json`, covered by the checkpoint's
+checksums and seal), so the mirror, a remote store and packed copies carry it and verify it;
+the run folder holds a readable copy (`<output_dir>/history.json`), rewritten atomically at the start of a
+session, at each checkpoint and at its end. That copy also knows the sessions whose end no checkpoint saw
+(a divergence, a session killed before its first checkpoint).
+
+At a resume every difference from the previous session is printed, one line each, with what it does to
+the numbers. Print a run's history as a table:
+
+    python -m {{ cookiecutter.package_name }}.utils.history outputs/{{ cookiecutter.task }}
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import accelerate
+import torch
+
+from .devices import detect_platform
+
+HISTORY_FILE = "history.json"
+# The task's libraries whose version is recorded when the task imported them (import name, shown name).
+LIBRARIES = (
+    ("numpy", "numpy"),
+    ("transformers", "transformers"),
+    ("tokenizers", "tokenizers"),
+    ("datasets", "datasets"),
+    ("peft", "peft"),
+    ("timm", "timm"),
+    ("torchvision", "torchvision"),
+    ("torchdata", "torchdata"),
+    ("sklearn", "scikit-learn"),
+    ("PIL", "pillow"),
+)
+Record = dict[str, Any]
+
+
+class History:
+    """The sessions of a run before this one, and this one's record; written by the main process only."""
+
+    def __init__(self, run_id: str, sessions: list[Record], current: Record, enabled: bool) -> None:
+        self.run_id, self.sessions, self.current, self.enabled = run_id, sessions, current, enabled
+
+    def text(self, step: int, ending: str = "") -> str:
+        """The history as written into a checkpoint at `step` (`ending`: why this session ends there)."""
+        self.current.update(end_step=step, ending=ending)
+        return json.dumps({"run": self.run_id, "sessions": [*self.sessions, self.current]}, indent=1)
+
+    def save(self, output_dir: str | Path, step: int, ending: str = "") -> None:
+        """Rewrite the run folder's copy, atomically: a kill leaves the previous one or this one."""
+        if self.enabled:
+            write_atomically(Path(output_dir) / HISTORY_FILE, self.text(step, ending))
+
+    def changes(self) -> list[str]:
+        """Every difference from the previous session, with its consequence (empty for a first session)."""
+        if not self.sessions:
+            return []
+        previous = self.sessions[-1]
+        lines = [] if previous.get("ending") else [unclean_end(previous)]
+        return lines + differences(previous, self.current)
+
+
+def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path | None) -> History:
+    """This session's History: the sessions before it (from the checkpoint it resumed from, completed by the
+    run folder's copy), and its own record. Prints what changed since the previous session and writes the
+    run folder's copy (main process)."""
+    enabled = accelerator.is_main_process
+    sessions: list[Record] = []
+    if enabled and resumed_from is not None:
+        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id) or [from_meta(resumed_from)]
+        sessions = merge(sessions, read_sessions(Path(config.output_dir) / HISTORY_FILE, state.run_id))
+    current = session_record(accelerator, config, state.step, len(sessions) + 1)
+    history = History(state.run_id, sessions, current, enabled)
+    if enabled and sessions:
+        previous = sessions[-1]
+        changed = history.changes()
+        summary = f"changed since session {previous['session']} ({describe(previous)})"
+        if not changed:
+            summary = f"nothing changed since session {previous['session']} ({describe(previous)})"
+        print(f"history: session {current['session']} of run {state.run_id}; {summary}")
+        for line in changed:
+            print(f"history: {line}")
+    history.save(config.output_dir, state.step)
+    return history
+
+
+def session_record(accelerator: Any, config: Any, step: int, number: int) -> Record:
+    """What this session is: where, on what and with which split of the global batch."""
+    device = accelerator.device
+    name = str(device.type)
+    if device.type == "cuda":
+        name = f"cuda ({torch.cuda.get_device_name(device)})"
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    if device.type == "cuda":  # the CUDA torch was built with: its kernels' own version
+        versions["cuda"] = str(torch.version.cuda)
+    versions["accelerate"] = accelerate.__version__
+    for module, shown in LIBRARIES:
+        if module in sys.modules:
+            versions[shown] = str(getattr(sys.modules[module], "__version__", "?"))
+    task_file, code_sha256 = code_hashes()
+    return {
+        "session": number,
+        "id": uuid.uuid4().hex[:12],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # UTC: sorts across time zones
+        "start_step": step,
+        "end_step": step,
+        "ending": "",
+        "platform": detect_platform(),
+        "host": socket.gethostname(),
+        "processes": accelerator.num_processes,
+        "per_device_batch": config.per_device_batch_size,
+        "accumulation": accelerator.gradient_accumulation_steps,
+        "device": name,
+        "mixed_precision": str(accelerator.mixed_precision),
+        "deterministic": config.deterministic,
+        "compile": config.compile,
+        "versions": versions,
+        "task_sha256": task_file,
+        "code_sha256": code_sha256,
+    }
+
+
+def code_hashes() -> tuple[str, str]:
+    """SHA-256 of task.py, and of the whole project's code: the package's .py files and the script run."""
+    package = Path(__file__).resolve().parents[1]
+    files = sorted(package.rglob("*.py"))
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main and main.endswith(".py"):
+        files.append(Path(main).resolve())
+    code = hashlib.sha256()
+    for path in files:
+        code.update(f"{path.name}\0".encode() + path.read_bytes())
+    return hashlib.sha256((package / "task.py").read_bytes()).hexdigest(), code.hexdigest()
+
+
+def read_sessions(path: Path, run_id: str) -> list[Record]:
+    """The sessions a history file holds for run `run_id` (none if absent, unreadable or another run's)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        sessions = saved["sessions"] if saved.get("run") == run_id else []
+        return [record for record in sessions if isinstance(record, dict) and "session" in record]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def from_meta(checkpoint: Path) -> Record:
+    """A stand-in record for a checkpoint written before histories were kept: what its meta.json says."""
+    try:
+        meta = json.loads((checkpoint / "meta.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    step = int(checkpoint.name[5:]) if checkpoint.name[5:].isdigit() else 0
+    return {
+        "session": "?",
+        "id": "",
+        "started": "",
+        "start_step": "?",
+        "end_step": step,
+        "ending": "unknown (a checkpoint written before histories were kept)",
+        "platform": meta.get("platform", "?"),
+        "processes": meta.get("world_size", "?"),
+        "device": str(meta.get("device", "?")).split(":")[0],
+        "mixed_precision": meta.get("mixed_precision", "?"),
+        "versions": meta.get("versions", {}),
+    }
+
+
+def merge(sessions: list[Record], folder_copy: list[Record]) -> list[Record]:
+    """The checkpoint's sessions, completed by the run folder's copy: a session that went on after the
+    checkpoint (its end, a divergence) and sessions that no checkpoint saw. Ordered by start."""
+    merged = {record.get("id") or str(index): record for index, record in enumerate(sessions)}
+    for record in folder_copy:
+        known = merged.get(record.get("id", ""))
+        if known is None or _reached(record) >= _reached(known):
+            merged[record.get("id", "")] = record
+    ordered = sorted(merged.values(), key=lambda record: str(record.get("started", "")))
+    for number, record in enumerate(ordered, 1):
+        if record.get("session") != "?":
+            record["session"] = number
+    return ordered
+
+
+def _reached(record: Record) -> int:
+    step = record.get("end_step", 0)
+    return step if isinstance(step, int) else 0
+
+
+def unclean_end(record: Record) -> str:
+    return (
+        f"session {record['session']} has no recorded end: it was killed or crashed after its last "
+        f"checkpoint (step {record.get('end_step')}); the steps it trained after that are trained again"
+    )
+
+
+def describe(record: Record) -> str:
+    ending = record.get("ending") or "no clean end"
+    steps = f"{record.get('start_step')}-{record.get('end_step')}"
+    return f"{record.get('platform', '?')}, steps {steps}, {ending}"
+
+
+def differences(before: Record, now: Record) -> list[str]:
+    """One line per difference between two sessions' records, with what it does to the numbers. A record
+    that stands in for a checkpoint written before histories were kept is compared on what it holds."""
+    if "host" not in before:
+        versions = {
+            name: value for name, value in now["versions"].items() if name in before.get("versions", {})
+        }
+        now = {**now, "device": now["device"].split(" (")[0], "versions": versions}
+    lines = [*_batch_change(before, now)]
+    if before.get("device") != now["device"]:
+        why = f"other kernels round differently: {NOT_EXACT}"
+        lines.append(f"device {before.get('device')} -> {now['device']}: {why}")
+    if before.get("mixed_precision") != now["mixed_precision"]:
+        lines.append(
+            f"mixed precision {before.get('mixed_precision')} -> {now['mixed_precision']}: the arithmetic "
+            f"itself changed: {NOT_EXACT}"
+        )
+    for name, says in (("deterministic", "deterministic kernels"), ("compile", "torch.compile")):
+        if name in before and before[name] != now[name]:
+            why = (
+                "on a GPU, some sums are then added in an order that varies"
+                if name == "deterministic"
+                else "compiled kernels fuse operations and round differently"
+            )
+            lines.append(f"{says} {_on(before[name])} -> {_on(now[name])}: {why}: {NOT_EXACT}")
+    lines += _version_changes(before.get("versions", {}), now["versions"])
+    if "task_sha256" in before and before["task_sha256"] != now["task_sha256"]:
+        lines.append(
+            f"task.py changed (sha256 {before['task_sha256'][:12]} -> {now['task_sha256'][:12]}): the data, "
+            "model, loss or metrics may differ from the sessions before: one run, two experiments"
+        )
+    elif "code_sha256" in before and before["code_sha256"] != now["code_sha256"]:
+        lines.append(
+            f"the project's code changed (train.py or src/, sha256 {before['code_sha256'][:12]} -> "
+            f"{now['code_sha256'][:12]}): the loop or the task's modules may compute differently"
+        )
+    if moved := [
+        f"{key} {before[key]} -> {now[key]}"
+        for key in ("platform", "host")
+        if key in before and before[key] != now[key]
+    ]:
+        lines.append(f"{', '.join(moved)}: no effect on the numbers by itself")
+    return lines
+
+
+NOT_EXACT = "not bitwise as one uninterrupted run from here on"
+
+
+def _on(value: Any) -> str:
+    return "on" if value else "off"
+
+
+def _batch_change(before: Record, now: Record) -> list[str]:
+    names = {"processes": "processes", "per_device_batch": "per-device batch", "accumulation": "accumulation"}
+    changed = [
+        f"{shown} {before[key]} -> {now[key]}"
+        for key, shown in names.items()
+        if key in before and before[key] != now[key]
+    ]
+    if not changed:
+        return []
+    if "per_device_batch" not in before:
+        return [
+            f"{', '.join(changed)}: bitwise only if the per-device batch is the one the checkpoint was "
+            "written with (not recorded: the checkpoint predates the run's history)"
+        ]
+    if before.get("per_device_batch") == now["per_device_batch"]:
+        return [
+            f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same sums in the "
+            "same order, bitwise as one uninterrupted run, unless the model draws random numbers while "
+            "training (dropout): each process draws from its own stream, and new ones start from the seed"
+        ]
+    return [
+        f"{', '.join(changed)}: the same optimization (same global batch, same samples), but the float "
+        f"rounding now differs from an uninterrupted run: {NOT_EXACT}"
+    ]
+
+
+def _version_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
+    lines = []
+    for name in [*now, *(name for name in before if name not in now)]:
+        absent = "(none: not on a GPU)" if name == "cuda" else "(not imported)"
+        old, new = before.get(name, absent), now.get(name, absent)
+        if old == new:
+            continue
+        if name in ("torch", "cuda"):
+            why = f"its kernels may compute differently: numerics may differ, {NOT_EXACT}"
+        elif name == "accelerate":
+            why = "the library around the loop: checkpoints carry over, but numerics may differ"
+        elif name == "python":
+            why = "no effect on the numbers by itself (the libraries built for it may have one)"
+        else:
+            why = "a library of the task: its models, data or tokenization may compute differently"
+        lines.append(f"{name} {old} -> {new}: {why}")
+    return lines
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `path` through a temporary file renamed over it: readers see the old or the new text."""
+    partial = path.with_name(f".{path.name}.partial")
+    with partial.open("w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+
+
+def table(sessions: list[Record]) -> list[str]:
+    """The sessions as rows, each followed by what changed since the session before it."""
+    header = ("session", "started", "steps", "ended", "platform", "processes x batch x accum", "device")
+    rows = [(*header, "precision", "torch", "accelerate", "task.py")]
+    for record in sessions:
+        versions = record.get("versions", {})
+        rows.append(
+            (
+                str(record.get("session")),
+                str(record.get("started", ""))[:19].replace("T", " ") or "?",
+                f"{record.get('start_step')}-{record.get('end_step')}",
+                record.get("ending") or "no clean end (killed or crashed)",
+                str(record.get("platform", "?")),
+                f"{record.get('processes', '?')} x {record.get('per_device_batch', '?')} x "
+                f"{record.get('accumulation', '?')}",
+                str(record.get("device", "?")),
+                str(record.get("mixed_precision", "?")),
+                versions.get("torch", "?"),
+                versions.get("accelerate", "?"),
+                str(record.get("task_sha256", "?"))[:12],
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines = [line.rstrip() for line in lines]
+    for index in range(1, len(sessions)):
+        changed = differences(sessions[index - 1], sessions[index]) if "host" in sessions[index] else []
+        lines += [f"  session {sessions[index]['session']}: {line}" for line in changed]
+    return lines
+
+
+def run_history(output_dir: Path) -> list[Record]:
+    """A run folder's sessions: its readable copy, or else the newest checkpoint's."""
+    from .checkpoint import checkpoint_problem, list_checkpoints
+
+    checkpoints = [path / HISTORY_FILE for path in reversed(list_checkpoints(output_dir))]
+    for path in [output_dir / HISTORY_FILE, *checkpoints]:
+        if path.parent != output_dir and checkpoint_problem(path.parent, contents=False) is not None:
+            continue
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            return read_sessions(path, saved.get("run", ""))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print a run's sessions: where, on what, which steps, why.")
+    parser.add_argument("output_dir", type=Path, help="the run's output_dir")
+    args = parser.parse_args(argv)
+    sessions = run_history(args.output_dir)
+    if not sessions:
+        where = f"{args.output_dir} (no {HISTORY_FILE} there or in its checkpoints)"
+        print(f"error: no history in {where}", file=sys.stderr)
+        return 1
+    print("\n".join(table(sessions)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

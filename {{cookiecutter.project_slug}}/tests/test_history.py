@@ -1,0 +1,169 @@
+"""A run's history, with real runs of this project's task: every session is recorded inside the checkpoints
+and in the run folder, every change between sessions is printed with its consequence at the resume, and
+the common hop (Colab, one GPU -> Kaggle, two -> a laptop) keeps the per-device batch, so that a run
+continued through the three platform configs ends bitwise equal to one that was never stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.config import load_config
+from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, differences, from_meta, run_history
+
+from .conftest import (
+    PROJECT,
+    QUICK,
+    assert_same_run,
+    read_metrics,
+    run_training,
+    training_command,
+    wait_for_training,
+)
+from .task_settings import SAME_ON_EVERY_PROCESS, SIGNAL_RUN
+
+# Off its platform, a platform config's paths are given on the command line.
+OFF_PLATFORM = ["--mirror_dir", "", "--import_from", ""]
+
+
+def history_table(output_dir: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}.utils.history", str(output_dir)],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def hop(output_dir: Path, config: str, processes: int, *args: str) -> str:
+    """One session of the run with a platform's config, on `processes` CPU processes; its output."""
+    result = run_training(output_dir, *args, "--config", f"configs/{config}.yaml", processes=processes)
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(tmp_path: Path) -> None:
+    """configs/colab.yaml (1 process), kaggle.yaml (2) and local.yaml (1), one after the other on one run:
+    the per-device batch stays 32, only the accumulation follows the processes, and the run ends with the
+    weights and metrics of an uninterrupted one. The history names the hops and says they keep it exact.
+    The first hop falls inside a logging interval: the train loss logged at its end is the mean over the
+    interval's micro-batches on both sides of the hop (summed in another order: equal to rounding)."""
+    args = [*QUICK, *SAME_ON_EVERY_PROCESS, "--mixed_precision", "no", *OFF_PLATFORM]
+    reference = tmp_path / "reference"
+    run_training(reference, *args)
+    config, _ = load_config(args, PROJECT / "configs" / "local.yaml", task.Config)
+    last = int(list_checkpoints(reference)[-1].name[5:])
+    first, second = config.log_every + 2, 3 * config.log_every  # inside an interval, then at its end
+    output_dir = tmp_path / "run"
+    colab = hop(output_dir, "colab", 1, *args, "--max_steps", str(first))
+    assert "per-device batch 32 x 1 processes x 2 accumulation" in colab
+    kaggle = hop(output_dir, "kaggle", 2, *args, "--max_steps", str(second))
+    assert "per-device batch 32 x 2 processes x 1 accumulation" in kaggle
+    assert (
+        "history: processes 1 -> 2, accumulation 2 -> 1 (per-device batch 32 kept): the same sums" in kaggle
+    )
+    assert "history: session 2 of run" in kaggle and f"(local, steps 0-{first}, max_steps reached)" in kaggle
+    laptop = hop(output_dir, "local", 1, *args)
+    assert "history: processes 2 -> 1, accumulation 1 -> 2 (per-device batch 32 kept)" in laptop
+    rows, expected = read_metrics(output_dir), read_metrics(reference)
+    (hop_row,) = [
+        i for i, row in enumerate(expected) if row["step"] == 2 * config.log_every and "train/loss" in row
+    ]
+    assert rows[hop_row].pop("train/loss") == pytest.approx(expected[hop_row].pop("train/loss"), rel=1e-6)
+    (output_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (reference / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in expected))
+    assert_same_run(output_dir, reference)  # the weights, bitwise, and every other logged number
+    sessions = run_history(output_dir)
+    assert [(s["start_step"], s["end_step"], s["processes"], s["per_device_batch"]) for s in sessions] == [
+        (0, first, 1, 32),
+        (first, second, 2, 32),
+        (second, last, 1, 32),
+    ]
+    final = run_history(reference)[0]["ending"]  # done, or max_steps reached where the task's QUICK caps it
+    assert [s["ending"] for s in sessions] == ["max_steps reached", "max_steps reached", final]
+    # The same history is sealed into the last checkpoint, for the copies that carry it elsewhere.
+    sealed = json.loads((list_checkpoints(output_dir)[-1] / HISTORY_FILE).read_text())["sessions"]
+    assert [s["id"] for s in sealed] == [s["id"] for s in sessions]
+    table = history_table(output_dir).splitlines()
+    assert table[0].split()[:3] == ["session", "started", "steps"]
+    assert [line.split()[0] for line in table[1:4]] == ["1", "2", "3"]
+    assert "2 x 32 x 1" in table[2] and "1 x 32 x 2" in table[3] and final in table[3]
+
+
+@pytest.mark.slow
+def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path) -> None:
+    """A session killed (kill -9) after its first checkpoint has no recorded end; the next one, with half
+    the per-device batch, says so, and says that the split changed the rounding."""
+    output_dir = tmp_path / "run"
+    config, _ = load_config(list(SIGNAL_RUN), PROJECT / "configs" / "local.yaml", task.Config)
+    command, env = training_command(output_dir, *SIGNAL_RUN)
+    since = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for_training(output_dir, process, since, step=config.checkpoint_every + config.log_every)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    saved = int(list_checkpoints(output_dir)[-1].name[5:])
+    smaller = str(config.per_device_batch_size // 2)
+    end = saved + config.log_every
+    resumed = run_training(
+        output_dir, *SIGNAL_RUN, "--per_device_batch_size", smaller, "--max_steps", str(end)
+    )
+    accumulation = config.global_batch_size // config.per_device_batch_size
+    assert (
+        f"history: session 1 has no recorded end: it was killed or crashed after its last checkpoint "
+        f"(step {saved})" in resumed.stdout
+    )
+    assert (
+        f"history: per-device batch {config.per_device_batch_size} -> {smaller}, accumulation "
+        f"{accumulation} -> {2 * accumulation}: the same optimization (same global batch, same samples), "
+        "but the float rounding now differs" in resumed.stdout
+    )
+    sessions = run_history(output_dir)
+    assert [(s["start_step"], s["end_step"], s["ending"]) for s in sessions] == [
+        (0, saved, ""),
+        (saved, end, "max_steps reached"),
+    ]
+    table = history_table(output_dir)
+    assert (
+        "no clean end (killed or crashed)" in table
+        and f"per-device batch {config.per_device_batch_size}" in table
+    )
+
+
+def test_a_checkpoint_from_before_histories_is_compared_on_its_meta_json(tmp_path: Path) -> None:
+    """A run continued from a checkpoint written before histories were kept: its meta.json stands in for
+    the session, and only what it records is compared (no per-device batch, no host, no task library)."""
+    checkpoint = tmp_path / "step_00000040"
+    checkpoint.mkdir()
+    meta = {"platform": "kaggle", "world_size": 2, "mixed_precision": "fp16", "device": "cuda:0"}
+    versions = {"python": "3.12.0", "torch": "2.3.1", "accelerate": "1.6.0"}
+    (checkpoint / "meta.json").write_text(json.dumps({**meta, "versions": versions}))
+    before = from_meta(checkpoint)
+    now = {
+        **{"platform": "local", "host": "laptop", "processes": 1, "per_device_batch": 32, "accumulation": 2},
+        **{"device": "cpu", "mixed_precision": "no", "deterministic": True, "compile": False},
+        "versions": {"python": "3.12.0", "torch": "2.13.0", "accelerate": "1.6.0", "numpy": "2.4.0"},
+        **{"task_sha256": "a" * 64, "code_sha256": "b" * 64},
+    }
+    lines = differences(before, now)
+    assert [line.split(":")[0] for line in lines] == [
+        "processes 2 -> 1",
+        "device cuda -> cpu",
+        "mixed precision fp16 -> no",
+        "torch 2.3.1 -> 2.13.0",
+        "platform kaggle -> local",
+    ]
+    assert "not recorded: the checkpoint predates the run's history" in lines[0]
