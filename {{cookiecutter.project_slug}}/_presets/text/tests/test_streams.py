@@ -325,6 +325,8 @@ def test_continue_on_new_data_continues_on_purpose_and_the_checkpoints_record_it
     assert "continue_on_new_data: continuing step_00000002 on other data (train part0.jsonl differs" in (
         result.stdout
     )
+    # The run's history names it too, as a change between two sessions (utils/history.py).
+    assert "history: data changed (fingerprint " in result.stdout
     saved = read_loop_state(list_checkpoints(output_dir)[-1])
     assert saved.step == 4
     assert [change.split(" (")[0] for change in saved.data_changes] == ["step 2: train part0.jsonl differs"]

@@ -35,6 +35,7 @@ import accelerate
 import torch
 
 from .devices import detect_platform
+from .fingerprint import fingerprint_digest
 
 HISTORY_FILE = "history.json"
 # The task's libraries whose version is recorded when the task imported them (import name, shown name).
@@ -88,6 +89,8 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id) or [from_meta(resumed_from)]
         sessions = merge(sessions, read_sessions(Path(config.output_dir) / HISTORY_FILE, state.run_id))
     current = session_record(accelerator, config, state.step, len(sessions) + 1)
+    # What it trains on (utils/fingerprint.py; the main process's): other data passed only continue_on_new_data.
+    current["data"] = fingerprint_digest(state.data_fingerprint) if state.data_fingerprint else ""
     history = History(state.run_id, sessions, current, enabled)
     if enabled and sessions:
         previous = sessions[-1]
@@ -242,6 +245,11 @@ def differences(before: Record, now: Record) -> list[str]:
             )
             lines.append(f"{says} {_on(before[name])} -> {_on(now[name])}: {why}: {NOT_EXACT}")
     lines += _version_changes(before.get("versions", {}), now["versions"])
+    if before.get("data") and now.get("data") and before["data"] != now["data"]:
+        lines.append(
+            f"data changed (fingerprint {before['data'][:12]} -> {now['data'][:12]}, let through by "
+            "continue_on_new_data): the steps from here train on other data: one run, two datasets"
+        )
     if "task_sha256" in before and before["task_sha256"] != now["task_sha256"]:
         lines.append(
             f"task.py changed (sha256 {before['task_sha256'][:12]} -> {now['task_sha256'][:12]}): the data, "
@@ -326,7 +334,7 @@ def write_atomically(path: Path, text: str) -> None:
 def table(sessions: list[Record]) -> list[str]:
     """The sessions as rows, each followed by what changed since the session before it."""
     header = ("session", "started", "steps", "ended", "platform", "processes x batch x accum", "device")
-    rows = [(*header, "precision", "torch", "accelerate", "task.py")]
+    rows = [(*header, "precision", "torch", "accelerate", "task.py", "data")]
     for record in sessions:
         versions = record.get("versions", {})
         rows.append(
@@ -343,6 +351,7 @@ def table(sessions: list[Record]) -> list[str]:
                 versions.get("torch", "?"),
                 versions.get("accelerate", "?"),
                 str(record.get("task_sha256", "?"))[:12],
+                str(record.get("data") or "?")[:12],
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
