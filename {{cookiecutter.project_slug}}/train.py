@@ -74,7 +74,7 @@ from {{ cookiecutter.package_name }}.utils.signals import (
 )
 from {{ cookiecutter.package_name }}.utils.start import resume
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
-from {{ cookiecutter.package_name }}.utils.task_check import check_task
+from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
 from {{ cookiecutter.package_name }}.utils.tracking import start_trackers, trackers, truncate_metrics
 
@@ -168,6 +168,9 @@ def train(
         auto_batch_size(accelerator, model, config, train_set)
     # The compiled module shares the prepared model's weights; checkpoints and exports use `model`.
     forward = torch.compile(model) if config.compile else model
+    # What task.loss gets: calls run `forward`, attributes come from the model build_model returned (DDP's
+    # wrapper has none of them), on any number of processes.
+    task_model = TaskModel(forward, accelerator.unwrap_model(model), training=True)
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     # Or refuse: a folder of another run, or whose checkpoints cannot be read. The newest checkpoint of
@@ -199,7 +202,7 @@ def train(
                     # batch, so 1 and N processes end with the same statistics.
                     for layer in norms:
                         layer.track_running_stats = stats_here and micro == 0
-                    loss = task.loss(forward, micro_batch)
+                    loss = task.loss(task_model, micro_batch)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(trained, config.max_grad_norm)
@@ -258,7 +261,7 @@ def build_loaders(
     global_batch_size samples and an epoch has len(train_set) // global_batch_size steps on any
     number of processes, which is what lets a checkpoint move between world sizes.
     """
-    train_set, eval_set = task.build_datasets(config)
+    train_set, eval_set = build_datasets(config)  # two sets, neither empty, or one line (utils/task_check.py)
     pin_memory = accelerator.device.type == "cuda"  # page-locked batches: faster, asynchronous copies
     stream = isinstance(train_set, IterableDataset)  # no length: max_steps instead (utils/streams.py)
     if stream:  # its own state, saved with each checkpoint (registered), is where a resume continues

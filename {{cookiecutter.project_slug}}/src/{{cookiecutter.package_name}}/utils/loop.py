@@ -30,6 +30,7 @@ from .plots import plot_metrics
 from .progress import Progress
 from .run_dir import RunError
 from .signals import StopRequest
+from .task_check import TaskModel
 from .timing import SessionClock
 from .tracking import metrics_size
 
@@ -257,9 +258,10 @@ def evaluate(
     the result independent of how the set was split.
     """
     model.eval()
+    view = TaskModel(model, accelerator.unwrap_model(model, keep_torch_compile=False))  # its attributes too
     gathered: dict[str, list[torch.Tensor]] = {}
     for batch in loader:
-        for name, values in accelerator.gather_for_metrics(task.eval_step(model, batch)).items():
+        for name, values in accelerator.gather_for_metrics(task.eval_step(view, batch)).items():
             gathered.setdefault(name, []).append(values)
     model.train()
     return task.metrics({name: torch.cat(parts) for name, parts in gathered.items()}, config)
