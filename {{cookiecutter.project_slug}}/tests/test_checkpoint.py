@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
     LoopState,
     _rotate,
@@ -24,7 +26,8 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     save_trained_weights_only,
     seal,
 )
-from {{ cookiecutter.package_name }}.utils.config import TrainConfig
+from {{ cookiecutter.package_name }}.utils.config import TrainConfig, setting
+from {{ cookiecutter.package_name }}.utils.start import base_model_hint
 
 from .conftest import last_eval, run_training
 
@@ -138,3 +141,16 @@ def test_bf16_checkpoint_resumes_in_fp32_and_back(tmp_path: Path) -> None:
     assert "resuming from" in third.stdout and "step_00000020" in third.stdout
     assert last_eval(output_dir)["step"] == 30
     assert math.isfinite(last_eval(output_dir)["eval/loss"])
+
+
+def test_the_hint_for_other_frozen_weights_names_the_field_the_task_has() -> None:
+    """A resume against other frozen weights says which field to point at the base model: this task's own
+    field that names it, never a preset's that the task may not have."""
+
+    @dataclasses.dataclass
+    class WithBase(task.Config):
+        base_weights: str = setting("models/tiny-bert", "the frozen base model")
+
+    hint = base_model_hint(WithBase(), "/home/me/project/models/tiny-bert", "models/other-bert")
+    assert hint == "point base_weights at the base model it was trained from"
+    assert "pretrained_model" not in base_model_hint(task.Config(), "/somewhere/tiny-bert", "Sequential")
