@@ -219,6 +219,7 @@ def train(
             book.checkpoint(model)  # when due, for time, or before a stop; never of non-finite weights
             if book.stop():
                 break
+        book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
     # --- final evaluation and export (or, after a stop, what a session that ends now should leave)
     return book.finish(model, forward, eval_loader, scheduler)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -120,6 +121,26 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     assert saved.epoch + 1 in epochs, epochs  # the resumed run went through an epoch boundary
     assert framework_warnings(resumed) == []  # datasets' warning about a shuffle buffer, among others
     assert_same_run(output_dir, reference)
+
+
+@pytest.mark.slow
+def test_eval_every_0_evaluates_a_stream_at_the_end_of_each_epoch(jsonl_files: str, tmp_path: Path) -> None:
+    """An epoch of a stream ends where it runs out, one read after its last step: evaluated there as a
+    map-style epoch is. A run resumed from the checkpoint of an epoch's last step, taken before the stream
+    was seen to run out, evaluates at that step as the run never stopped did, once."""
+    output_dir = tmp_path / "run"
+    args = ["--data_files", jsonl_files, "--max_steps", "20", "--log_every", "2", "--eval_every", "0"]
+    args += ["--checkpoint_every", "7", "--keep_checkpoints", "5"]
+    run_training(output_dir, *args)
+    rows = read_metrics(output_dir)
+    assert [row["step"] for row in rows if "eval/loss" in row] == [7, 14, 20], rows
+    first = tmp_path / "first"
+    shutil.copytree(output_dir, first)
+    for checkpoint in list_checkpoints(output_dir)[1:]:  # step 7, the first epoch's last step, is left
+        shutil.rmtree(checkpoint)
+    resumed = run_training(output_dir, *args)
+    assert "resuming from" in resumed.stdout and "step 7," in resumed.stdout
+    assert_same_run(output_dir, first)
 
 
 @pytest.mark.slow
