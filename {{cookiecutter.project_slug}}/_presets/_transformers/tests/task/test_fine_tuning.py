@@ -30,7 +30,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from .conftest import (
+from ..conftest import (
     PROJECT,
     assert_same_run,
     framework_warnings,
@@ -40,7 +40,7 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import (
+from ..task_settings import (
     FINE_TUNING_MODES,
     FINE_TUNING_RUN,
     PIPELINE,

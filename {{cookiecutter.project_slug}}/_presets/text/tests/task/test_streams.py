@@ -31,7 +31,7 @@ from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_confi
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
 
-from .conftest import (
+from ..conftest import (
     PROJECT,
     assert_same_run,
     framework_warnings,
@@ -40,7 +40,7 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import SAME_ON_EVERY_PROCESS
+from ..task_settings import SAME_ON_EVERY_PROCESS
 
 datasets = pytest.importorskip("datasets", reason="data_files streams with datasets: pip install datasets")
 parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")
