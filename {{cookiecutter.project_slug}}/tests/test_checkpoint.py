@@ -140,7 +140,7 @@ def test_bf16_checkpoint_resumes_in_fp32_and_back(tmp_path: Path) -> None:
     third = run_training(output_dir, *args, "--mixed_precision", "bf16", "--max_steps", "30")
     assert "resuming from" in third.stdout and "step_00000020" in third.stdout
     assert last_eval(output_dir)["step"] == 30
-    assert math.isfinite(last_eval(output_dir)["eval/loss"])
+    assert math.isfinite(last_eval(output_dir)[task.Config().best_metric])
 
 
 def test_the_hint_for_other_frozen_weights_names_the_field_the_task_has() -> None:
