@@ -35,10 +35,15 @@ import torch
 import xxhash
 import yaml
 from accelerate import Accelerator
+from safetensors import SafetensorError
 
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
 from .devices import detect_platform
 from .run_dir import set_aside, write_error
+
+# What a failed write of a checkpoint or an export raises: torch reports a full disk as a RuntimeError,
+# safetensors (the weights of a small model, the first file written) as its own SafetensorError.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 # Accelerate logs every tied tensor it leaves out of a safetensors file, asking to check that reloading
 # warns of nothing: check_weight_names makes that check on every resume, and a failed one stops the run.
@@ -215,7 +220,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     try:
         accelerator.save_state(str(staging))
-    except (OSError, RuntimeError) as error:  # torch reports a full disk as a RuntimeError
+    except WRITE_ERRORS as error:
         raise write_error(staging, error) from error
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -277,7 +282,7 @@ def export_model(
                 task.export(accelerator.unwrap_model(model), state_dict, staging, config)
         else:
             accelerator.save_model(model, staging)
-    except (OSError, RuntimeError) as error:
+    except WRITE_ERRORS as error:
         raise write_error(staging, error) from error
     # Every process looks into the staging folder inside save_model: none may still be there when the
     # main process renames it (rank 1 of 2 CPU processes once failed with FileNotFoundError).
