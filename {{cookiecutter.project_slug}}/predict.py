@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.utils.contract import check_contract
 from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
 from {{ cookiecutter.package_name }}.utils.durable import write_atomically
 from {{ cookiecutter.package_name }}.utils.hardware import (
@@ -82,6 +83,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    check_contract(task)  # predict_inputs and predict there, taking what this file passes
     # Every check runs on every process, before any prediction: all stop alike, none waits. Those of the
     # command come first, before torch loads.
     check_overrides(overrides)

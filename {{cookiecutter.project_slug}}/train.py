@@ -76,7 +76,7 @@ from {{ cookiecutter.package_name }}.utils.signals import (
 )
 from {{ cookiecutter.package_name }}.utils.start import resume
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
-from {{ cookiecutter.package_name }}.utils.task_check import check_task
+from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
 from {{ cookiecutter.package_name }}.utils.tracking import start_trackers, trackers, truncate_metrics
 
@@ -172,6 +172,9 @@ def train(
         auto_batch_size(accelerator, model, config, train_set)
     # The compiled module shares the prepared model's weights; checkpoints and exports use `model`.
     forward = torch.compile(model) if config.compile else model
+    # What task.loss gets: calls run `forward`, attributes come from the model build_model returned (DDP's
+    # wrapper has none of them), on any number of processes.
+    task_model = TaskModel(forward, accelerator.unwrap_model(model), training=True)
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     # Or refuse: a folder of another run, or of other data, or whose checkpoints cannot be read. The newest
@@ -206,7 +209,7 @@ def train(
                     # batch, so 1 and N processes end with the same statistics.
                     for layer in norms:
                         layer.track_running_stats = stats_here and micro == 0
-                    loss = task.loss(forward, micro_batch)
+                    loss = task.loss(task_model, micro_batch)
                     accelerator.backward(loss)  # divides by the accumulation steps
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(trained, config.max_grad_norm)
@@ -223,6 +226,7 @@ def train(
             book.checkpoint(model)  # when due, for time, or before a stop; never of non-finite weights
             if book.stop():
                 break
+        book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
     # --- final evaluation and export (or, after a stop, what a session that ends now should leave)
     return book.finish(model, forward, eval_loader, scheduler)
 
@@ -265,7 +269,7 @@ def build_loaders(
     global_batch_size samples and an epoch has len(train_set) // global_batch_size steps on any
     number of processes, which is what lets a checkpoint move between world sizes.
     """
-    train_set, eval_set = task.build_datasets(config)
+    train_set, eval_set = build_datasets(config)  # two sets, neither empty, or one line (utils/task_check.py)
     pin_memory = accelerator.device.type == "cuda"  # page-locked batches: faster, asynchronous copies
     stream = isinstance(train_set, IterableDataset)  # no length: max_steps instead (utils/streams.py)
     if stream:  # its own state, saved with each checkpoint (registered), is where a resume continues
@@ -297,9 +301,10 @@ def build_loaders(
             f"global_batch_size={config.global_batch_size} is larger than the training set ({len(train_set)})"
         )
     if len(eval_set) < accelerator.num_processes:  # gather_for_metrics needs a sample on every process
+        more = " (a larger eval_fraction)" if "eval_fraction" in vars(config) else ""  # a preset's field
         raise ConfigError(
             f"the eval split has {len(eval_set)} sample(s), fewer than the {accelerator.num_processes} "
-            "process(es): give it more data (for example a larger eval_fraction)"
+            f"process(es): give it more data{more}"
         )
     for warning in check_task(config, train_set, eval_set):  # task.py's contract, on two samples
         accelerator.print(f"WARNING: {warning}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -15,6 +16,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
     LoopState,
     _rotate,
@@ -26,8 +28,9 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     save_trained_weights_only,
     seal,
 )
-from {{ cookiecutter.package_name }}.utils.config import TrainConfig, save_config
+from {{ cookiecutter.package_name }}.utils.config import TrainConfig, save_config, setting
 from {{ cookiecutter.package_name }}.utils.durable import write_atomically
+from {{ cookiecutter.package_name }}.utils.start import base_model_hint
 
 from .conftest import last_eval, run_training
 
@@ -140,7 +143,7 @@ def test_bf16_checkpoint_resumes_in_fp32_and_back(tmp_path: Path) -> None:
     third = run_training(output_dir, *args, "--mixed_precision", "bf16", "--max_steps", "30")
     assert "resuming from" in third.stdout and "step_00000020" in third.stdout
     assert last_eval(output_dir)["step"] == 30
-    assert math.isfinite(last_eval(output_dir)["eval/loss"])
+    assert math.isfinite(last_eval(output_dir)[task.Config().best_metric])
 
 
 def test_a_write_that_fails_half_way_leaves_the_old_file_whole(
@@ -165,3 +168,16 @@ def test_a_write_that_fails_half_way_leaves_the_old_file_whole(
     monkeypatch.undo()
     write_atomically(path, "seed: 3\n")
     assert path.read_text() == "seed: 3\n"
+
+
+def test_the_hint_for_other_frozen_weights_names_the_field_the_task_has() -> None:
+    """A resume against other frozen weights says which field to point at the base model: this task's own
+    field that names it, never a preset's that the task may not have."""
+
+    @dataclasses.dataclass
+    class WithBase(task.Config):
+        base_weights: str = setting("models/tiny-bert", "the frozen base model")
+
+    hint = base_model_hint(WithBase(), "/home/me/project/models/tiny-bert", "models/other-bert")
+    assert hint == "point base_weights at the base model it was trained from"
+    assert "pretrained_model" not in base_model_hint(task.Config(), "/somewhere/tiny-bert", "Sequential")

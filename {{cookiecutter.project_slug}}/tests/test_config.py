@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -21,6 +22,8 @@ from {{ cookiecutter.package_name }}.utils.config import (
 )
 
 from .conftest import PROJECT
+
+BEST = task.Config().best_metric
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -73,7 +76,10 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
         ("num_epochs: 0\n", r"config\.yaml: num_epochs=0 is invalid: it must be > 0"),
         ("- a list\n", r"config\.yaml: expected a mapping"),
         ("resume: /no/such\n", r"resume='/no/such' is invalid: it must be auto, never or a checkpoint"),
-        ("best_metric: loss\n", r"best_metric='loss' is not one of .*did you mean 'eval/loss'"),
+        (  # a letter short of this task's best metric, whatever it is called
+            f"best_metric: {BEST[:-1]}\n",
+            rf"best_metric='{re.escape(BEST[:-1])}' is not one of .*did you mean '{re.escape(BEST)}'",
+        ),
         ("early_stopping_patience: -1\n", r"early_stopping_patience=-1 is invalid: it must be >= 0"),
         ("auto_batch_size: maybe\n", r"auto_batch_size must be bool, got 'maybe'"),
         ("learning_rate: .inf\n", r"config\.yaml: learning_rate must be a finite number, got inf"),

@@ -28,7 +28,7 @@ import pytest
 
 from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1, step_signal
 
-from .conftest import PROJECT, framework_warnings, free_port
+from .conftest import PROJECT, framework_warnings, free_port, wait_for_training
 
 # Windows: tests/test_portability.py starts the launcher as `python -m <package>.launch` instead.
 pytestmark = pytest.mark.skipif(
@@ -71,7 +71,7 @@ RECORD_AND_EXIT = RECORDER + 'sys.exit(int(os.environ.get("FAKE_EXIT", "0")))\n'
 FAKE_PYTHON = (
     """\
 import os, sys
-if sys.argv[1:3] == ["-m", "{{ cookiecutter.package_name }}.launch"]:
+if sys.argv[1:3] == ["-m", "{{ cookiecutter.package_name }}.launch"] and sys.argv[3:4] != ["accelerate"]:
     os.execv(REAL_PYTHON, [REAL_PYTHON, *sys.argv[1:]])
 """
     + RECORDER
@@ -215,6 +215,11 @@ def train(platform: str, precision: str, *user_args: str) -> list[str]:
     return ["train.py", "--config", f"configs/{platform}.yaml", "--mixed_precision", precision, *user_args]
 
 
+def launched(accelerate_launch: list[str]) -> list[str]:
+    """`accelerate launch` on one machine, run inside the launcher module (a stop exits 75 there)."""
+    return ["-m", "{{ cookiecutter.package_name }}.launch", "accelerate", *accelerate_launch]
+
+
 def multi_gpu(processes: int, precision: str, port: str = "PORT") -> list[str]:
     return [
         "launch",
@@ -262,8 +267,8 @@ SINGLE_MACHINE_CASES = [
         {},
         [
             {
-                "tool": "accelerate",
-                "argv": multi_gpu(2, "fp16") + train("kaggle", "fp16", *USER_ARGS),
+                "tool": "python",
+                "argv": launched(multi_gpu(2, "fp16")) + train("kaggle", "fp16", *USER_ARGS),
                 "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS, "NCCL_P2P_DISABLE": "1"},
             }
         ],
@@ -284,8 +289,8 @@ SINGLE_MACHINE_CASES = [
         {"NUM_PROCESSES": "2"},
         [
             {
-                "tool": "accelerate",
-                "argv": multi_gpu(2, "no") + train("local", "no", *USER_ARGS),
+                "tool": "python",
+                "argv": launched(multi_gpu(2, "no")) + train("local", "no", *USER_ARGS),
                 "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS, "ACCELERATE_USE_CPU": "1"},
             }
         ],
@@ -306,8 +311,8 @@ SINGLE_MACHINE_CASES = [
         {"MAIN_PROCESS_PORT": "29555"},
         [
             {
-                "tool": "accelerate",
-                "argv": multi_gpu(4, "fp16", "29555") + train("local", "fp16", *USER_ARGS),
+                "tool": "python",
+                "argv": launched(multi_gpu(4, "fp16", "29555")) + train("local", "fp16", *USER_ARGS),
                 "env": {"PYTHONPATH": SRC, "PET_SIGNALS_TO_HANDLE": SIGNALS},
             }
         ],
@@ -410,7 +415,7 @@ def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -
     )
     assert run.result.returncode == 0, run.explain()
     assert [record["argv"] for record in run.records] == [
-        multi_gpu(2, "bf16") + train("kaggle", "fp16", *user)
+        launched(multi_gpu(2, "bf16")) + train("kaggle", "fp16", *user)
     ]
     assert "precision: bf16 (your --mixed_precision; the hardware suggests fp16" in run.result.stdout
     assert "config: configs/local.yaml (your --config, instead of configs/kaggle.yaml)" in run.result.stdout
@@ -728,12 +733,9 @@ def test_documented_accelerate_launch_commands_give_every_setting() -> None:
             assert flag in command, command
 
 
-@pytest.mark.slow
-def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) -> None:
-    """No fakes: NUM_PROCESSES=2 scripts/run_local.sh trains in one 2-process gloo group (world size 2)
-    to the end and exports the model."""
-    output_dir = tmp_path / "run"
-    env = {
+def two_cpu_processes_env() -> dict[str, str]:
+    """run_local.sh's environment for a real 2-process CPU run, without fakes."""
+    return {
         **{key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")},
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "PYTHON": sys.executable,
@@ -743,10 +745,17 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
         "MAIN_PROCESS_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     }
+
+
+@pytest.mark.slow
+def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) -> None:
+    """No fakes: NUM_PROCESSES=2 scripts/run_local.sh trains in one 2-process gloo group (world size 2)
+    to the end and exports the model."""
+    output_dir = tmp_path / "run"
     result = subprocess.run(
         ["bash", "scripts/run_local.sh", "--max_steps", "6", "--output_dir", str(output_dir)],
         cwd=PROJECT,
-        env=env,
+        env=two_cpu_processes_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -761,3 +770,57 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
     assert "world size 2" in output, output[-5000:]
     assert (output_dir / "model" / "model.safetensors").is_file()
     assert framework_warnings(result) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ctrl_c", [True, False], ids=["ctrl-c", "sigterm-to-the-launcher"])
+def test_a_stopped_two_process_run_of_run_local_exits_75_with_its_line(tmp_path: Path, ctrl_c: bool) -> None:
+    """No fakes: Ctrl-C (SIGINT to the whole process group) or a SIGTERM to the launcher alone stops
+    NUM_PROCESSES=2 scripts/run_local.sh after a checkpoint with exit 75 and train.py's line last, not 1
+    with torch's launcher traceback."""
+    output_dir = tmp_path / "run"
+    started = time.time()
+    process = subprocess.Popen(
+        ["bash", "scripts/run_local.sh", "--num_epochs", "500", "--output_dir", str(output_dir)],
+        cwd=PROJECT,
+        env=two_cpu_processes_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    wait_for_training(output_dir, process, since=started, timeout=300)
+    if ctrl_c:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)  # run_local.sh execs the launcher: the same process
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 75, output[-5000:]
+    assert "Traceback" not in output, output[-5000:]
+    name = "SIGINT" if ctrl_c else "SIGTERM"
+    last = output.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"stopped by {name} at step \d+: checkpoint saved, run the same command to continue", last
+    ), output[-3000:]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_of_two_processes_on_a_cpu_says_how_in_one_line(tmp_path: Path) -> None:
+    """`accelerate launch --num_processes 2 train.py` on a machine without GPUs starts one process, which
+    would train alone as if asked for one: it stops before writing anything and says how to start two.
+    (Accelerate's one-process launcher then adds its own traceback, as after any failed exit.)"""
+    output_dir = tmp_path / "run"
+    env = {**two_cpu_processes_env(), "ACCELERATE_USE_CPU": "0"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir)]
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (
+        "config error: `accelerate launch --num_processes 2` started 1 process (without GPUs or --multi_gpu "
+        "it runs one): for 2 CPU processes that train together run `ACCELERATE_USE_CPU=1 accelerate launch "
+        "--multi_gpu --num_processes 2 train.py` or `NUM_PROCESSES=2 scripts/run_local.sh`; for one, leave "
+        "out --num_processes"
+    ) in result.stderr.splitlines(), result.stderr[-3000:]
+    assert not output_dir.exists()

@@ -15,9 +15,11 @@ from torch.utils.data import Dataset, Subset
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.task_check import TaskError, check_task
+from {{ cookiecutter.package_name }}.utils.contract import check_contract
+from {{ cookiecutter.package_name }}.utils.task_check import TaskError, build_datasets, check_task
 
-from .conftest import PROJECT
+from .conftest import PROJECT, training_command
+from .task_settings import QUICK
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def test_this_task_follows_the_contract_and_the_random_streams_are_kept(setup: t
 
 
 original_loss, original_eval_step, original_metrics = task.loss, task.eval_step, task.metrics
+original_collate = task.collate
 BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
     "per-sample loss": (
         "loss",
@@ -51,6 +54,16 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         "loss",
         lambda model, batch: 1 // 0,
         "task.py's loss(model, batch) raised ZeroDivisionError",
+    ),
+    "a collate that loss cannot read": (
+        "collate",
+        lambda samples: (original_collate(samples), "extra"),
+        "; its batch is what collate(samples) returned, a tuple of [",
+    ),
+    "a loss that calls the model's forward itself": (
+        "loss",
+        lambda model, batch: original_loss(model.forward, batch),
+        "loss(model, batch) calls model.forward: on several processes only model(...) itself syncs",
     ),
     "scalar eval_step": (
         "eval_step",
@@ -82,6 +95,68 @@ def test_each_breach_is_one_line(setup: tuple, monkeypatch: pytest.MonkeyPatch, 
         check_task(*setup)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_setting_kept_on_the_model_is_read_in_loss_and_eval_step(
+    setup: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """loss gets no config: a task may keep a setting on its model (see the gloo run below)."""
+    build = task.build_model
+
+    def build_model(config: task.Config) -> torch.nn.Module:
+        model = build(config)
+        model.loss_scale = 0.5
+        return model
+
+    monkeypatch.setattr(task, "build_model", build_model)
+    monkeypatch.setattr(task, "loss", lambda model, batch: original_loss(model, batch) * model.loss_scale)
+    scaled = lambda model, batch: original_eval_step(model, batch) if model.loss_scale else {}  # noqa: E731
+    monkeypatch.setattr(task, "eval_step", scaled)
+    assert check_task(*setup) == []
+
+
+DATASETS = {
+    "one set instead of two": (
+        lambda sets: sets[0],
+        "build_datasets(config) returned a ",
+        ": the contract wants two datasets, (train_set, eval_set)",
+    ),
+    "an empty train set": (
+        lambda sets: (Subset(sets[0], []), sets[1]),
+        "build_datasets returned an empty train set (a Subset of 0 samples): the contract wants samples",
+        "",
+    ),
+    "an empty eval set": (
+        lambda sets: (sets[0], Subset(sets[1], [])),
+        "build_datasets returned an empty eval set",
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", DATASETS)
+def test_what_build_datasets_returns_is_one_line(
+    setup: tuple, monkeypatch: pytest.MonkeyPatch, mistake: str
+) -> None:
+    change, start, end = DATASETS[mistake]
+    monkeypatch.setattr(task, "build_datasets", lambda config: change(setup[1:]))
+    with pytest.raises(TaskError) as caught:
+        build_datasets(setup[0])
+    assert start in str(caught.value) and end in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_or_misshapen_function_is_one_line_before_the_config_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    check_contract(task)
+    monkeypatch.delattr(task, "predict_inputs")
+    with pytest.raises(ConfigError, match=r"^task.py has no predict_inputs: the contract wants a function "):
+        check_contract(task)
+    monkeypatch.undo()
+    monkeypatch.setattr(task, "loss", lambda batch: 0.0)
+    with pytest.raises(ConfigError, match=r"does not take the arguments of loss\(model, batch\)"):
+        check_contract(task)
 
 
 def test_a_typo_in_metric_goals_is_refused_with_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,3 +220,27 @@ def test_train_py_checks_before_writing_and_check_task_alone(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr[-3000:]
     assert "task.py follows the contract" in result.stdout
     assert not output_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_setting_kept_on_the_model_trains_on_two_processes(tmp_path: Path) -> None:
+    """DDP wraps the model on two processes; loss and eval_step still read what build_model set on it."""
+    script = tmp_path / "train_with_a_setting_on_the_model.py"
+    script.write_text(
+        "import runpy\n"
+        "from {{ cookiecutter.package_name }} import task\n"
+        "build, loss, eval_step = task.build_model, task.loss, task.eval_step\n"
+        "def build_model(config):\n"
+        "    model = build(config)\n"
+        "    model.loss_scale = 0.5\n"
+        "    return model\n"
+        "task.build_model = build_model\n"
+        "task.loss = lambda model, batch: loss(model, batch) * model.loss_scale\n"
+        "task.eval_step = lambda model, batch: eval_step(model, batch) if model.loss_scale else {}\n"
+        f"runpy.run_path({str(PROJECT / 'train.py')!r}, run_name='__main__')\n"
+    )
+    command, env = training_command(tmp_path / "run", *QUICK, "--max_steps", "4", processes=2)
+    command[command.index("train.py")] = str(script)
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "world size 2" in result.stdout and "done: 4 optimizer steps" in result.stdout

@@ -21,7 +21,9 @@ occurrence of a flag, so yours win). The steps, one printed line each:
   6. launch: one process is `python train.py ...` (signals reach it directly; on Windows, which has no
      exec, the launcher waits for it and exits with its status); several are
      `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
-     signals to every process. CPU processes form one gloo group (ACCELERATE_USE_CPU=1).
+     signals to every process, run inside this module (`python -m ...launch accelerate launch ...`) so
+     that a stop after a checkpoint exits 75 with train.py's line, not 1 with torch's traceback. CPU
+     processes form one gloo group (ACCELERATE_USE_CPU=1).
 On SLURM, inside a job (sbatch scripts/run_slurm.sh), training runs as an srun step and the job requeues
 itself when training stopped after a checkpoint (exit 75: a signal, or its time_budget) and made
 progress; outside a job, `bash scripts/run_slurm.sh` submits one, asking for the GPUs and CPUs the
@@ -33,6 +35,7 @@ Standard library only: this runs before anything is installed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -61,6 +64,8 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # The first torch whose launcher reads that list (PET_SIGNALS_TO_HANDLE). Older launchers forward only
 # SIGTERM, SIGINT, SIGHUP and SIGQUIT, and die of a SIGUSR1 while training runs on without a checkpoint.
 FORWARDS_SIGUSR1_SINCE = (2, 10)
+# train.py's exit status after a checkpoint, on a signal or for time (utils/signals.py's EXIT_STOPPED).
+EXIT_STOPPED = 75
 # Where train.py's main process reports how it ended, for the SLURM launcher's requeue decision.
 OUTCOME_FILE = "TRAIN_OUTCOME_FILE"
 GPU_HINTS = {
@@ -386,7 +391,9 @@ def launch_here(platform: str, args: list[str]) -> None:
         extra, line = multi_process_env(plan["gpus"], plan["processes"], f", port {port} ({why})")
         say(platform, line)
         env.update(extra)
-        command = accelerate_command(plan["processes"], plan["precision"], port) + plan["train"]
+        # Through this module's `accelerate` mode (run_accelerate): a stop exits 75, not 1 with a traceback.
+        launcher = [interpreter(), "-m", f"{__package__}.launch"]
+        command = launcher + accelerate_command(plan["processes"], plan["precision"], port) + plan["train"]
     say(platform, f"launch: {shlex.join(command)}")
     if plan["processes"] > 1:
         say(platform, starting_note(plan["processes"]))
@@ -569,8 +576,36 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     return status or 1
 
 
+def run_accelerate(args: list[str]) -> int:
+    """`accelerate launch ARGS` in this process, for several processes on one machine. A stop (a signal,
+    or train.py's time_budget) ends its workers with 75 after a checkpoint, which torch's launcher reports
+    as a failure: a 30-line traceback and exit 1. train.py's main process says how it ended
+    (report_outcome); when that is "stopped", this exits 75 and train.py's last line is the last line."""
+    import torch.distributed.run  # noqa: F401 (creates the loggers quieted below)
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    # Its warnings on a stop ("Received 2 death signal, shutting down workers") say what train.py says.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix="launch-") as folder:
+        outcome = Path(folder) / "outcome.json"
+        os.environ[OUTCOME_FILE] = str(outcome)
+        try:
+            launch_command(launch_command_parser().parse_args(args))
+        except (SignalException, ChildFailedError):
+            if not outcome.exists() or json.loads(outcome.read_text()).get("status") != "stopped":
+                raise
+            return EXIT_STOPPED
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["accelerate", "launch"]:  # the multi-process command of launch_here
+        return run_accelerate(argv[2:])
     # First: a SLURM warning that arrives during start-up must not kill the batch process.
     signals = StepSignals() if argv[:1] == ["slurm"] and "SLURM_JOB_ID" in os.environ else None
     if not argv or argv[0] not in PLATFORMS:

@@ -20,10 +20,10 @@ SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
 # merely to rounding.
 EVAL_ROUNDING_DTYPE = None
 
-# Fine-tuning (tests/test_fine_tuning.py): a pretrained model stood in for by a tiny ViT with random weights
-# (32-pixel images in 8-pixel patches) and its image processor, saved as a download is (save_pretrained); a
-# run of 24 optimizer steps with dropout on and a checkpoint every 10, long enough for a signal to land
-# mid-run.
+# Fine-tuning (tests/task/test_fine_tuning.py): a pretrained model stood in for by a tiny ViT with random
+# weights (32-pixel images in 8-pixel patches) and its image processor, saved as a download is
+# (save_pretrained); a run of 24 optimizer steps with dropout on and a checkpoint every 10, long enough for
+# a signal to land mid-run.
 FINE_TUNING_RUN = ["--max_steps", "24", "--log_every", "2", "--checkpoint_every", "10"]
 # LoRA, with every guarantee. Full fine-tuning goes through the same code as the text preset's, which
 # proves it there, and as the CNN's (tests/test_guarantees.py).

@@ -23,7 +23,7 @@ SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
 # both compute on the same shapes.
 EVAL_ROUNDING_DTYPE = None
 
-# Fine-tuning (tests/test_fine_tuning.py): a pretrained model stood in for by the tiny BERT with random
+# Fine-tuning (tests/task/test_fine_tuning.py): a pretrained model stood in for by the tiny BERT with random
 # weights and the word-level tokenizer, saved as a download is (save_pretrained); a run of 30 optimizer
 # steps with dropout on and a checkpoint every 10, long enough for a signal to land mid-run.
 FINE_TUNING_RUN = ["--max_steps", "30", "--log_every", "2", "--checkpoint_every", "10"]

@@ -43,6 +43,10 @@ from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
 from .run_dir import set_aside, write_error
 
+# What a failed write of a checkpoint or an export raises: torch reports a full disk as a RuntimeError,
+# safetensors (the weights of a small model, the first file written) as its own SafetensorError.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
 # Accelerate logs every tied tensor it leaves out of a safetensors file, asking to check that reloading
 # warns of nothing: check_weight_names makes that check on every resume, and a failed one stops the run.
 logging.getLogger("accelerate.utils.other").addFilter(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import task
 from .config import ConfigError, TrainConfig, load_config
+from .contract import check_contract
 from .devices import detect_platform, main_process_of_launch
 from .hardware import check_output_dir
 from .remote import check_urls, is_url
@@ -21,6 +22,7 @@ from .remote import check_urls, is_url
 
 def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, Path, list[str]]:
     """The run's config, its file, and warnings about its output_dir; a ConfigError says what is wrong."""
+    check_contract(task)  # every function of task.py there: a missing one is not found after training
     where = detect_platform()
     config, config_path = load_config(argv, project / "configs" / f"{where}.yaml", task.Config)
     # Relative to the project, not to the working directory: the same command finds its run from anywhere.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 
@@ -141,6 +142,14 @@ def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | No
             "on a machine without GPUs set ACCELERATE_USE_CPU=1 for `accelerate launch --multi_gpu` (gloo), "
             "or launch one process"
         )
+    elif num_processes == 1 and (asked := processes_asked_of_accelerate()) > 1:
+        script = Path(sys.argv[0]).name
+        error = (
+            f"`accelerate launch --num_processes {asked}` started 1 process (without GPUs or --multi_gpu it "
+            f"runs one): for {asked} CPU processes that train together run `ACCELERATE_USE_CPU=1 accelerate "
+            f"launch --multi_gpu --num_processes {asked} {script}` or `NUM_PROCESSES={asked} "
+            "scripts/run_local.sh`; for one, leave out --num_processes"
+        )
     warnings = [
         f"the launch asked for {kind} ({flag}) but this run is {distributed_type}: {kind} needs GPUs "
         "(ACCELERATE_USE_CPU=1 turns it off); configs/accelerate/multi_gpu.yaml is the one for CPU processes"
@@ -148,6 +157,24 @@ def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | No
         if parse_flag_from_env(flag) and distributed_type != kind
     ]
     return error, warnings
+
+
+def processes_asked_of_accelerate() -> int:
+    """The --num_processes of the `accelerate launch` that started this process alone (its one-process
+    launcher, which sets no WORLD_SIZE and passes no count on), read from its command line (Linux); 0 if
+    not started so, or not known."""
+    if "WORLD_SIZE" in os.environ or "ACCELERATE_MIXED_PRECISION" not in os.environ:
+        return 0
+    try:
+        args = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return 0
+    for index, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name in ("--num_processes", "--num-processes"):
+            value = value or (args[index + 1] if index + 1 < len(args) else "")
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 def mps_determinism_warnings(device_type: str, deterministic: bool) -> list[str]:

@@ -3,7 +3,8 @@
 train.py builds one `Bookkeeping` before the loop, takes each epoch's batches from it (`epoch_batches`:
 its order, and after a resume the batches not yet seen) and calls, after every optimizer step, in order:
 `count` (the position in the data, fp16's skipped steps), `log` (the train loss, the stop and time votes),
-`evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then `stop`.
+`evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then `stop`;
+after each epoch's batches, `after_epoch` (a stream's epoch ends there).
 It owns the running train loss, summed on the device and read back once per logging interval, and the
 reason, if any, why training cannot go on (`diverged`: a non-finite loss, metric or weight). After the
 loop, `finish` says why it ended and leaves the exports: of the last step, or of a stopped session.
@@ -31,6 +32,7 @@ from .plots import plot_metrics
 from .progress import Progress
 from .run_dir import RunError
 from .signals import StopRequest
+from .task_check import TaskModel
 from .timing import SessionClock
 from .tracking import metrics_size
 
@@ -59,6 +61,7 @@ class Bookkeeping:
         own_sum, self.running_batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
         self.running_loss = torch.tensor(own_sum, device=accelerator.device)
         self.stopping = self.out_of_time = self.timed_checkpoint = self.end_of_epoch = False
+        self.stream_ran_out = False  # a stream's epoch ends after its last step: known one read later
         self.diverged = ""  # why training cannot go on: a non-finite loss, metric or weight
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
         self.metrics: dict[str, float] | None = None
@@ -72,6 +75,7 @@ class Bookkeeping:
             yield from train_loader
             state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
             state.epoch_samples = 0
+            self.stream_ran_out = True  # its end-of-epoch evaluation follows (after_epoch)
             return
         if hasattr(train_set, "set_epoch"):
             train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
@@ -150,6 +154,17 @@ class Bookkeeping:
             if accelerator.is_main_process and patience_over:
                 accelerator.set_trigger()
             state.stopped_early = accelerator.check_trigger()
+
+    def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
+        """After an epoch's batches. A stream's epoch ends where it runs out, which shows only once its last
+        step is done (and checkpointed, if due): with eval_every 0 it is evaluated here, as a map-style
+        epoch is at its last step. A run resumed from that last step's checkpoint finds the stream
+        already at its end and evaluates at the same step, as the run never stopped did."""
+        ran_out, self.stream_ran_out = self.stream_ran_out, False
+        if ran_out and not self.config.eval_every and not self.stop():
+            self.end_of_epoch = True
+            self.evaluate(model, forward, eval_loader)
+            self.end_of_epoch = False
 
     def checkpoint(self, model: torch.nn.Module) -> None:
         """Save when due (checkpoint_every, the last step), for time, or before stopping."""
@@ -277,9 +292,10 @@ def evaluate(
     the result independent of how the set was split.
     """
     model.eval()
+    view = TaskModel(model, accelerator.unwrap_model(model, keep_torch_compile=False))  # its attributes too
     gathered: dict[str, list[torch.Tensor]] = {}
     for batch in loader:
-        for name, values in accelerator.gather_for_metrics(task.eval_step(model, batch)).items():
+        for name, values in accelerator.gather_for_metrics(task.eval_step(view, batch)).items():
             gathered.setdefault(name, []).append(values)
     model.train()
     return task.metrics({name: torch.cat(parts) for name, parts in gathered.items()}, config)

@@ -12,6 +12,7 @@ from accelerate.utils.operations import send_to_device, slice_tensors
 
 from .. import task
 from .config import TrainConfig, gradient_accumulation_steps
+from .task_check import TaskModel
 
 
 def batch_size_candidates(per_device_batch_size: int, global_batch_size: int, processes: int) -> list[int]:
@@ -77,8 +78,10 @@ def auto_batch_size(
     samples = task.collate([train_set[i] for i in range(candidates[0])])
     probe_batch = send_to_device(samples, accelerator.device)
 
+    view = TaskModel(model, accelerator.unwrap_model(model), training=True)  # as the loop passes it
+
     def train_step(size: int) -> None:
-        accelerator.backward(task.loss(model, slice_tensors(probe_batch, slice(0, size))))
+        accelerator.backward(task.loss(view, slice_tensors(probe_batch, slice(0, size))))
 
     config.per_device_batch_size = fit_batch_size(accelerator, model, candidates, train_step)
     accumulation = gradient_accumulation_steps(config, accelerator.num_processes)

@@ -17,6 +17,7 @@ checkpoint), run_dir.py (the folder) and runs.py (copies elsewhere); none of the
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,8 @@ def resume(
         raise RunError(
             f"checkpoint {path} continues a model whose frozen weights are "
             f"{describe_frozen(saved.frozen_sha256, saved.frozen_from)}, but the model built now has "
-            f"{describe_frozen(*frozen)}: point pretrained_model at the base model it was trained from, "
-            "or choose another --output_dir"
+            f"{describe_frozen(*frozen)}: {base_model_hint(config, saved.frozen_from, frozen[1])}, or choose "
+            "another --output_dir"
         )
     problem, refused = None, None
     try:
@@ -138,6 +139,17 @@ def check_data(path: Path, config: TrainConfig, data: DataFingerprint | None) ->
             "(the checkpoints record it), or --start_over true to set the run aside and start over"
         )
     return [f"{NEW_DATA} continuing {path.name} on other data ({change}); recorded"]
+
+
+def base_model_hint(config: TrainConfig, *sources: str) -> str:
+    """How to build the model on the frozen weights a checkpoint continues: the config's own field that
+    names them where one does (the field that holds where either model came from), else task.py's."""
+    names = {Path(source).name for source in sources if source}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, str) and value and (value in sources or Path(value).name in names):
+            return f"point {field.name} at the base model it was trained from"
+    return "build the model on the base model it was trained from (in task.py's build_model)"
 
 
 def describe_frozen(sha256: str, source: str) -> str:

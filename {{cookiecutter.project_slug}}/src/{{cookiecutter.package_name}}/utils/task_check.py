@@ -15,6 +15,7 @@ checks all of it alone.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import random
 import time
@@ -52,7 +53,20 @@ def check_task(
         return warnings
 
 
-def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) -> list[str]:
+def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset]:
+    """task.build_datasets(config), checked: two sets, each map-style (the train set may be a stream),
+    neither empty. train.py and `--check_task` take the sets from here, before anything is written."""
+    sets = _call("build_datasets(config)", task.build_datasets, config)
+    if not (isinstance(sets, list | tuple) and len(sets) == 2):
+        raise TaskError(
+            f"build_datasets(config) returned {_describe(sets)}: the contract wants two datasets, "
+            "(train_set, eval_set)"
+        )
+    _check_sets(*sets)
+    return sets[0], sets[1]
+
+
+def _check_sets(train_set: Dataset, eval_set: Dataset) -> None:
     for name, dataset in (("train", train_set), ("eval", eval_set)):
         if name == "train" and isinstance(dataset, IterableDataset):
             continue  # a stream (utils/streams.py checks what it needs)
@@ -61,6 +75,15 @@ def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) 
                 f"build_datasets returned a {type(dataset).__name__} as the {name} set: the contract wants "
                 "a map-style dataset (with __len__ and __getitem__), or to train, a stream (IterableDataset)"
             )
+        if len(dataset) == 0:
+            raise TaskError(
+                f"build_datasets returned an empty {name} set (a {type(dataset).__name__} of 0 samples): the "
+                "contract wants samples in both sets; check the path or the split that selects them"
+            )
+
+
+def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) -> list[str]:
+    _check_sets(train_set, eval_set)
     warnings = [hidden] if (hidden := _hidden_set_epoch(train_set)) else []
     train_batch = _first_batch(train_set, "training")
     eval_batch = _first_batch(eval_set, "eval")
@@ -74,7 +97,14 @@ def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) 
         )
     model.train()
     buffers = {name: value.clone() for name, value in model.named_buffers()}
-    loss = _call("loss(model, batch)", task.loss, model, train_batch)
+    # The model as the loop passes it (TaskModel): what loss may use of it is the same on 1 and N processes.
+    loss = _call(
+        "loss(model, batch)",
+        task.loss,
+        TaskModel(model, model, training=True),
+        train_batch,
+        about=_batch_note(train_batch),
+    )
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         raise TaskError(
             f"loss(model, batch) returned {_describe(loss)} for a batch of {SAMPLES} samples: the contract "
@@ -93,7 +123,13 @@ def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) 
 
     model.eval()
     with torch.no_grad():
-        values = _call("eval_step(model, batch)", task.eval_step, model, eval_batch)
+        values = _call(
+            "eval_step(model, batch)",
+            task.eval_step,
+            TaskModel(model, model),
+            eval_batch,
+            about=_batch_note(eval_batch),
+        )
     if not isinstance(values, Mapping) or not values:
         raise TaskError(
             f"eval_step(model, batch) returned {_describe(values)}: the contract wants a dict of named "
@@ -148,6 +184,36 @@ def _check_predict(config: TrainConfig) -> None:
             f"predict(model, batch, config) returned a row that is {_describe(bad)}: the contract wants a "
             "dict of column -> value per input"
         )
+
+
+class TaskModel:
+    """The model as loss and eval_step get it, from the task check and from the loop alike: called, it runs
+    `forward` (the prepared model: DDP's gradient sync, torch.compile); an attribute is read from `model`,
+    the module build_model returned. So a setting kept on the model (loss gets no config) reads the same
+    on any number of processes, where DDP's wrapper alone has none of the model's attributes.
+
+    In loss (`training`), a submodule with parameters or a method of the model's own is refused with one
+    line: calling it skips `forward`, and with it DDP's gradient sync, so 1 and N processes would train
+    differently.
+    """
+
+    def __init__(self, forward: Callable[..., Any], model: torch.nn.Module, training: bool = False) -> None:
+        self._forward, self._model, self._training = forward, model, training
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._model, name)
+        shared = name != "forward" and hasattr(torch.nn.Module, name)  # parameters(), training, ...
+        weighted = isinstance(value, torch.nn.Module) and any(True for _ in value.parameters())
+        if self._training and not shared and (weighted or inspect.ismethod(value)):
+            raise TaskError(
+                f"loss(model, batch) calls model.{name}: on several processes only model(...) itself syncs "
+                "the gradients (DDP), so 1 and N processes would train differently; compute the loss from "
+                "what model(...) returns (its forward may return several outputs)"
+            )
+        return value
 
 
 def _first_batch(dataset: Dataset, split: str) -> Any:
@@ -229,9 +295,10 @@ def _changed_buffers(model: torch.nn.Module, before: dict[str, torch.Tensor]) ->
     ]
 
 
-def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
+def _call(what: str, function: Callable[..., Any], *args: Any, about: str = "") -> Any:
     """`function(*args)`; an exception it raises becomes a TaskError naming the contract's function and the
-    line of the project's code it came from (`--check_task` prints the whole traceback too)."""
+    line of the project's code it came from (`--check_task` prints the whole traceback too); `about` adds
+    what the function was given."""
     try:
         return function(*args)
     except ConfigError:  # the task's own one-line errors (a missing data file) are already worded
@@ -243,9 +310,14 @@ def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
         where = f" at {Path(ours[-1].filename).relative_to(package.parent)}:{ours[-1].lineno}" if ours else ""
         text = (str(error).splitlines() or [""])[0]
         raise TaskError(
-            f"task.py's {what} raised {type(error).__name__}{where}: {text} (in the task check on "
+            f"task.py's {what} raised {type(error).__name__}{where}: {text}{about} (in the task check on "
             f"{SAMPLES} samples; python train.py --check_task shows the traceback)"
         ) from error
+
+
+def _batch_note(batch: Any) -> str:
+    """Where loss or eval_step fails on its batch, what collate made of it: the two must agree."""
+    return f"; its batch is what collate(samples) returned, {_describe(batch)}"
 
 
 def _describe(value: Any) -> str:
@@ -253,7 +325,9 @@ def _describe(value: Any) -> str:
         return f"a {value.dtype} tensor of shape {list(value.shape)}"
     if isinstance(value, list | tuple) and len(value) <= 4:
         return f"a {type(value).__name__} of {[_describe(item) for item in value]}"
-    if isinstance(value, list | tuple | Mapping):
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} with the keys {list(value)[:8]}"
+    if isinstance(value, list | tuple):
         return f"a {type(value).__name__} of {len(value)} items"
     return f"{value!r}"[:80] if isinstance(value, int | float | str | None) else f"a {type(value).__name__}"
 
@@ -281,7 +355,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
     try:
         config = read_config(None)[0]
         started = time.monotonic()
-        train_set, eval_set = task.build_datasets(config)
+        train_set, eval_set = build_datasets(config)
         built = time.monotonic()
         warnings = check_task(config, train_set, eval_set, predict=True)
     except ConfigError as error:

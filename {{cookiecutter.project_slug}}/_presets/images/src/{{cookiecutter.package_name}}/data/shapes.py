@@ -5,7 +5,7 @@
 Each image is one shape (circle, ring, square, ...) of random size, position and colour on a plain
 background of another random colour. Every class looks the same mirrored left to right, so the
 horizontal flip of the augmentation keeps its label. The same seed writes the same bytes on
-every machine (see `png_bytes`): tests/test_task.py checks that this reproduces the shipped files.
+every machine (see `png_bytes`): tests/task/test_task.py checks that this reproduces the shipped files.
 Change the counts or the shapes here and rerun it to train on another set; nothing else reads this module.
 """
 

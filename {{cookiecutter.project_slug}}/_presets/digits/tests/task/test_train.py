@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from .conftest import PROJECT, QUICK, gpu_env, last_eval, read_metrics, run_training
+from ..conftest import PROJECT, QUICK, gpu_env, last_eval, read_metrics, run_training
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.texts import SPECIAL_TOKENS
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 
-from .conftest import PROJECT, free_port, last_eval, run_predict, run_training
-from .task_settings import save_pretrained_model
+from ..conftest import PROJECT, free_port, last_eval, run_predict, run_training
+from ..task_settings import save_pretrained_model
 
 # Runs train.py as `python train.py` does, with transformers hidden (None in sys.modules fails its import).
 WITHOUT_TRANSFORMERS = (

@@ -30,7 +30,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from .conftest import (
+from ..conftest import (
     PROJECT,
     assert_same_run,
     framework_warnings,
@@ -40,7 +40,7 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import (
+from ..task_settings import (
     FINE_TUNING_MODES,
     FINE_TUNING_RUN,
     PIPELINE,
@@ -176,7 +176,7 @@ def test_a_resume_against_other_base_weights_is_refused_with_nothing_written(
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: checkpoint ") and "frozen weights are" in last, result.stderr[-2000:]
-    assert str(pretrained) in last and str(other) in last
+    assert str(pretrained) in last and str(other) in last and "point pretrained_model at the base" in last
     assert sorted(str(path) for path in output_dir.rglob("*")) == before
     assert read_metrics(output_dir) == read_metrics(references["lora"])
 

@@ -13,7 +13,7 @@ from {{ cookiecutter.package_name }}.data import digits
 from {{ cookiecutter.package_name }}.data.digits import NoisyDigits
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
 
-from .conftest import last_eval, run_training
+from ..conftest import last_eval, run_training
 
 
 @pytest.mark.slow

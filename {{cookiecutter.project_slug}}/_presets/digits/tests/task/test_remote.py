@@ -33,8 +33,8 @@ from {{ cookiecutter.package_name }}.utils.mirror import open_mirror
 from {{ cookiecutter.package_name }}.utils.remote import export_secrets, open_store
 from {{ cookiecutter.package_name }}.utils.run_dir import FolderInUse, RemoteLease, RunError
 
-from .conftest import PROJECT, assert_same_run, free_port, training_command, wait_for_training
-from .task_settings import QUICK
+from ..conftest import PROJECT, assert_same_run, free_port, training_command, wait_for_training
+from ..task_settings import QUICK
 
 pytestmark = pytest.mark.slow
 REGION = "us-east-1"

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import PROJECT, read_metrics, wait_for_training
-from .task_settings import SIGNAL_RUN
+from ..conftest import PROJECT, read_metrics, wait_for_training
+from ..task_settings import SIGNAL_RUN
 
 
 def test_sweep_stopped_by_ctrl_c_continues_when_run_again(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.digits import DATA_FILE, NUM_FEATURES
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 
-from .conftest import last_eval, run_predict
+from ..conftest import last_eval, run_predict
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,7 @@ from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
 
-from .conftest import (
+from ..conftest import (
     PROJECT,
     assert_same_run,
     framework_warnings,
@@ -46,7 +46,7 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import SAME_ON_EVERY_PROCESS
+from ..task_settings import SAME_ON_EVERY_PROCESS
 
 datasets = pytest.importorskip("datasets", reason="data_files streams with datasets: pip install datasets")
 parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")
@@ -127,6 +127,26 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     assert saved.epoch + 1 in epochs, epochs  # the resumed run went through an epoch boundary
     assert framework_warnings(resumed) == []  # datasets' warning about a shuffle buffer, among others
     assert_same_run(output_dir, reference)
+
+
+@pytest.mark.slow
+def test_eval_every_0_evaluates_a_stream_at_the_end_of_each_epoch(jsonl_files: str, tmp_path: Path) -> None:
+    """An epoch of a stream ends where it runs out, one read after its last step: evaluated there as a
+    map-style epoch is. A run resumed from the checkpoint of an epoch's last step, taken before the stream
+    was seen to run out, evaluates at that step as the run never stopped did, once."""
+    output_dir = tmp_path / "run"
+    args = ["--data_files", jsonl_files, "--max_steps", "20", "--log_every", "2", "--eval_every", "0"]
+    args += ["--checkpoint_every", "7", "--keep_checkpoints", "5"]
+    run_training(output_dir, *args)
+    rows = read_metrics(output_dir)
+    assert [row["step"] for row in rows if "eval/loss" in row] == [7, 14, 20], rows
+    first = tmp_path / "first"
+    shutil.copytree(output_dir, first)
+    for checkpoint in list_checkpoints(output_dir)[1:]:  # step 7, the first epoch's last step, is left
+        shutil.rmtree(checkpoint)
+    resumed = run_training(output_dir, *args)
+    assert "resuming from" in resumed.stdout and "step 7," in resumed.stdout
+    assert_same_run(output_dir, first)
 
 
 @pytest.mark.slow

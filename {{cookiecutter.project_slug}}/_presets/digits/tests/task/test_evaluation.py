@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from .conftest import PROJECT, read_metrics, run_training
+from ..conftest import PROJECT, read_metrics, run_training
 
 SVG = "{http://www.w3.org/2000/svg}"
 

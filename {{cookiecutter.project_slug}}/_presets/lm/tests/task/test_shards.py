@@ -37,7 +37,7 @@ from {{ cookiecutter.package_name }}.utils.config import ConfigError
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from .conftest import (
+from ..conftest import (
     PROJECT,
     assert_same_run,
     read_metrics,

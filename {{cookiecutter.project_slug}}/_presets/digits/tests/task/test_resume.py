@@ -22,7 +22,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem,
 from {{ cookiecutter.package_name }}.utils.checkpoint import main as list_main
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from .conftest import (
+from ..conftest import (
     PROJECT,
     assert_same_run,
     last_eval,

@@ -28,8 +28,8 @@ from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.runs import pack
 
-from .conftest import PROJECT, assert_same_run, read_metrics, run_training
-from .task_settings import QUICK
+from ..conftest import PROJECT, assert_same_run, read_metrics, run_training
+from ..task_settings import QUICK
 
 pytestmark = pytest.mark.slow
 

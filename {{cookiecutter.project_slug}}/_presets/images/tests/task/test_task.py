@@ -30,7 +30,7 @@ from {{ cookiecutter.package_name }}.data.image_folder import (
 )
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 
-from .conftest import PROJECT, last_eval, run_predict, run_training
+from ..conftest import PROJECT, last_eval, run_predict, run_training
 
 # Runs train.py as `python train.py` does, with Pillow hidden (None in sys.modules fails its import).
 WITHOUT_PILLOW = (
