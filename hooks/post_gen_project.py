@@ -9,11 +9,15 @@ Tracker code is cut by the templates themselves.
 
 import shlex
 import shutil
+import tempfile
 from pathlib import Path
 
 LICENSE = "{{ cookiecutter.license }}"
 CI = "{{ cookiecutter.ci }}"
 TASK = "{{ cookiecutter.task }}"
+# cruft (create, update, check, diff) renders through cookiecutter's generate_files with its commit in the
+# context; for update, check and diff into a fresh temporary folder that is gone when it ends.
+BY_CRUFT = "{{ cookiecutter.get('_commit', '') }}" != ""
 # The presets that fine-tune Hugging Face models: they share _presets/_transformers/ (loading a pretrained
 # model, LoRA, exports as Hugging Face folders, and the tests of these).
 BUILT_ON_TRANSFORMERS = ("text", "images")
@@ -50,4 +54,7 @@ if __name__ == "__main__":
     shutil.rmtree("_presets")
     project = Path.cwd()  # cookiecutter runs this hook in the new project folder
     readme = project / "README.md"
+    in_temporary = project.parent.parent == Path(tempfile.gettempdir()).resolve()
+    if BY_CRUFT and in_temporary and project.parent.name.startswith("tmp"):
+        raise SystemExit(0)  # a render to compare with: its folder is nobody's next step
     print(NEXT_STEPS.format(project=project, cd=shlex.quote(str(project)), readme=readme, task=TASK))
