@@ -48,10 +48,10 @@ from .utils.devices import (
     DeviceError,
     Gpu,
     apple_silicon,
-    detect_platform,
     precision_for,
     query_gpus,
     unsupported_gpu,
+    wrong_platform,
 )
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
@@ -89,8 +89,7 @@ def say(platform: str, text: str) -> None:
 
 def check_platform(platform: str) -> str:
     """Refuse a Colab or Kaggle launcher elsewhere: it would write that platform's paths on this disk."""
-    here = detect_platform()
-    if platform in ("colab", "kaggle") and here != platform and os.environ.get("ANY_PLATFORM") != "1":
+    if here := wrong_platform(platform):
         raise LaunchError(
             f"scripts/run_{platform}.sh is for {platform.capitalize()}, but this machine is {here}: use "
             f"scripts/run_{'slurm' if here == 'slurm' else 'local'}.sh, or set ANY_PLATFORM=1 to use "
