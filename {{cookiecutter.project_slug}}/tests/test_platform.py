@@ -104,6 +104,7 @@ def test_a_cpu_run_hides_the_gpus(clean_env: pytest.MonkeyPatch, use_cpu: str | 
     assert hardware.cpu_forced() == hidden
 
 
+@pytest.mark.slow  # trains (single_run)
 def test_deterministic_kernels_are_on_unless_turned_off(single_run: tuple, tmp_path: Path) -> None:
     assert "| deterministic kernels on" in single_run[1].stdout
     result = run_training(tmp_path / "run", "--max_steps", "2", "--deterministic", "false")
@@ -139,6 +140,7 @@ def test_cpu_threads_follow_the_cpus_and_processes_or_omp_num_threads(
     assert result.stdout.strip() == f"{expected} | {expected.split()[0]}"
 
 
+@pytest.mark.slow  # trains (single_run)
 def test_the_start_line_names_the_cpu_threads(single_run: tuple) -> None:
     threads, cpus = os.environ.get("OMP_NUM_THREADS"), hardware.usable_cpus()
     expected = (
