@@ -229,6 +229,7 @@ def git(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return result
 
 
+@pytest.mark.slow  # three renders through cruft and git: about 20 s
 def test_cruft_update_names_no_temporary_folder_and_ends_with_the_conflict(tmp_path: Path) -> None:
     """A project made with `cruft create`, whose task.py and the template's next version change one line
     each: `cruft update` renders the template twice into temporary folders, where the post-generation

@@ -170,6 +170,7 @@ def test_output_dir_checks_per_platform(clean_env: pytest.MonkeyPatch, tmp_path:
     assert check_output_dir("outputs/run", "local") == []
 
 
+@pytest.mark.slow  # trains
 def test_train_uses_the_detected_platforms_config_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

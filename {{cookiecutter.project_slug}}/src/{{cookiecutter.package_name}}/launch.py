@@ -41,6 +41,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from .utils.devices import (
@@ -270,7 +271,15 @@ def install_missing(platform: str, extras: list[str]) -> None:
                 "build you want first to choose it)",
             )
         command = [interpreter(), "-m", "pip", "install", "-e", target, "--constraint", str(constraints)]
-        if subprocess.run(command).returncode != 0:
+        # pip's own lines (some 60 for a store's extra) would bury the decisions in a notebook cell: they
+        # are shown only when it fails.
+        say(platform, "install: running pip (its output is shown if it fails)")
+        started = time.monotonic()
+        installed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if installed.returncode == 0:
+            say(platform, f"install: done in {time.monotonic() - started:.0f} s")
+        else:
+            print((installed.stdout + installed.stderr).strip()[-4000:], file=sys.stderr, flush=True)
             raise LaunchError(
                 "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
                 "another way and rerun with SKIP_INSTALL=1."
