@@ -128,6 +128,28 @@ def test_a_stop_returns_and_the_result_cells_show_what_the_run_has(
     assert len(shown.split("first rows of", 1)[1].strip().splitlines()) == 6, shown  # the heading + 5 rows
 
 
+def test_readme_says_how_the_project_gets_onto_colab_and_kaggle() -> None:
+    """The README's platform section gives each way onto the platforms that the notebooks then take: Drive
+    (the folder the Colab notebook copies), a Kaggle dataset (found among the inputs), a git clone (the
+    REPO_URL of either notebook) and the URL that opens the Colab notebook from GitHub."""
+    readme = " ".join((PROJECT / "README.md").read_text().split())
+    slug = "{{ cookiecutter.project_slug }}"
+    cells = {
+        platform: {cell.get("id"): cell.source for cell in nbformat.read(path, as_version=4).cells}
+        for platform, path in NOTEBOOKS.items()
+    }
+    assert f"`MyDrive/{slug}`" in readme
+    assert f'SOURCE = "/content/drive/MyDrive/{slug}"' in cells["colab"]["get-project"]
+    url = "https://colab.research.google.com/github/<you>/<repo>/blob/main/notebooks/colab.ipynb"
+    assert f"`{url}`" in readme
+    assert "Dataset" in readme and "/kaggle/input/" in cells["kaggle"]["get-project"]
+    for platform in NOTEBOOKS:
+        get_project = cells[platform]["get-project"]
+        assert 'REPO_URL = ""' in get_project, platform
+        assert '["git", "clone", "--depth", "1", REPO_URL, PROJECT]' in get_project, platform
+    assert readme.count("`REPO_URL`") == 2
+
+
 def test_colab_notebook_mounts_drive_before_training() -> None:
     """configs/colab.yaml writes to Google Drive, so Drive is mounted in a cell before the training cell."""
     source = code(nbformat.read(NOTEBOOKS["colab"], as_version=4))
