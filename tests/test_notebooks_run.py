@@ -24,6 +24,9 @@ import fcntl
 import os
 import re
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,13 +34,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import nbformat
 import pytest
 import yaml
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from .conftest import DEFAULT_SLUG, Render, explain, run
+from .conftest import DEFAULT_SLUG, Render, explain, run, tool
 
 # One xdist worker for all of them: they make the machine's /content and /kaggle links.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform_roots")]
@@ -188,19 +192,27 @@ async def run_cells(
 
 
 def run_session(
-    render: Render, platform: str, roots: dict[str, Path], interrupt_after: str | None = None
+    render: Render,
+    platform: str,
+    roots: dict[str, Path],
+    interrupt_after: str | None = None,
+    remote_store: str = "",
+    env: dict[str, str] | None = None,
 ) -> Session:
-    """Run all cells of the platform's notebook in a new kernel, on the platform's folders as they are."""
+    """Run all cells of the platform's notebook in a new kernel, on the platform's folders as they are;
+    `remote_store`: the notebook's REMOTE_STORE; `env`: more of the kernel's environment."""
     notebook = nbformat.read(render.path / "notebooks" / f"{platform}.ipynb", as_version=4)
     (index,) = [i for i, cell in enumerate(notebook.cells) if "parameters" in cell.metadata.get("tags", [])]
-    injected = nbformat.v4.new_code_cell(f"TRAIN_ARGS = {TRAIN_ARGS!r}\nSHOW_TENSORBOARD = False")
+    parameters = f"TRAIN_ARGS = {TRAIN_ARGS!r}\nSHOW_TENSORBOARD = False\nREMOTE_STORE = {remote_store!r}"
+    injected = nbformat.v4.new_code_cell(parameters)
     injected.metadata["tags"] = ["injected-parameters"]
     notebook.cells.insert(index + 1, injected)
     cwd = roots["content"] if platform == "colab" else roots["kaggle"] / "working"
     inputs = roots["kaggle"] / "input"
     before = tree(inputs) if platform == "kaggle" else None
     with tempfile.TemporaryDirectory(prefix="ipython-") as ipython_dir:
-        asyncio.run(run_cells(notebook, kernel_env(platform, Path(ipython_dir)), cwd, interrupt_after))
+        kernel = kernel_env(platform, Path(ipython_dir)) | (env or {})
+        asyncio.run(run_cells(notebook, kernel, cwd, interrupt_after))
     if before is not None:
         assert tree(inputs) == before, "the session wrote into /kaggle/input, which Kaggle mounts read-only"
     return Session(notebook)
@@ -258,8 +270,10 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     interrupted: Interrupted, render: Callable[..., Render]
 ) -> None:
     """In a fresh session, "Run all" starts training fresh; the stop button in the training cell makes
-    training save a checkpoint at its next logging step and exit, and "Run all" stops there. Stood in for:
-    as in the module's docstring (the stop button: nbclient's kernel interrupt, SIGINT to the kernel)."""
+    training save a checkpoint at its next logging step and exit, and "Run all" goes on: every result
+    cell shows what the stopped run has (its metrics, the curves to its last step; no export yet, said in
+    one line) without an error. Stood in for: as in the module's docstring (the stop button: nbclient's
+    kernel interrupt, SIGINT to the kernel)."""
     session, platform = interrupted.session, interrupted.platform
     output = session.output("train")
     assert f"starting fresh in {output_dir(render(), platform)}" in output, output
@@ -267,8 +281,19 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     assert f"stopped by SIGINT at step {STOP_STEP}: checkpoint saved" in output, output
     saved = re.findall(rf"checkpoint: step {STOP_STEP} saved to (\S+)", output)
     assert saved and Path(saved[0]).is_dir(), output
-    assert session.error("train") == "KeyboardInterrupt", output
-    assert not session.ran("results"), "Run all went on after the interrupted training cell"
+    assert session.error("train") is None, output
+    assert "training stopped (exit 75): run this cell again to continue" in output, output
+    for cell in ("results", "curves", "predict", *(("flush-drive",) if platform == "colab" else ())):
+        assert session.ran(cell) and session.error(cell) is None, (cell, session.output(cell))
+    results = session.output("results")
+    assert f'"step": {STOP_STEP}' in results and "model: not exported yet" in results, results
+    (svg,) = [out.data["image/svg+xml"] for out in session.cell("curves").outputs if "data" in out]
+    assert svg.count("<polyline") >= 2  # drawn now, from metrics.jsonl: training drew none at the stop
+    predicted = session.output("predict").strip()
+    model = output_dir(render(), platform) / "model"
+    assert predicted.startswith(f"no predictions yet: {model} is exported when training ends"), predicted
+    if platform == "colab":
+        assert "done: the run is on Drive: /content/drive/MyDrive/" in session.output("flush-drive")
 
 
 def assert_continued_to_the_end(session: Session, project: Render, platform: str) -> str:
@@ -372,3 +397,60 @@ def test_colab_run_packed_continues_in_a_new_kaggle_session(
     shutil.copy2(packed, dataset)
     output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
     assert f"continuing from /kaggle/input/colab-run/{packed.name} (step {STOP_STEP}," in output, output
+
+
+@pytest.fixture
+def s3_store() -> Iterator[tuple[str, dict[str, str]]]:
+    """A bucket on a real S3 server on 127.0.0.1 (moto's), and the environment that reaches it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [tool("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "moto_server did not start"
+                time.sleep(0.2)
+        boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            **{"aws_access_key_id": "test", "aws_secret_access_key": "test", "region_name": "us-east-1"},
+        ).create_bucket(Bucket="runs")
+        yield "s3://runs/digits", env
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_colab_with_a_remote_store_shows_the_run_where_it_is(
+    render: Callable[..., Render], roots: dict[str, Path], s3_store: tuple[str, dict[str, str]]
+) -> None:
+    """Colab with REMOTE_STORE set (the keys in the kernel's environment, as export_secrets leaves them):
+    the run is copied to the store, the result cells read it where training wrote it (the session's disk,
+    not Drive, which holds nothing of it) and show its metrics, export, curves and predictions, and the
+    last cell's line names the store, not Drive. Stood in for: the S3 service (moto's server on 127.0.0.1);
+    the rest as in the module's docstring."""
+    project = render()
+    store, env = s3_store
+    new_session(project, "colab", roots, kept=None)
+    session = run_session(project, "colab", roots, remote_store=store, env=env)
+    output = session.output("train")
+    assert session.error("train") is None and f"done: {LAST_STEP} optimizer steps" in output, output
+    assert f"mirror: {store} holds step {LAST_STEP} (verified)" in output, output
+    results = session.output("results")
+    assert session.error("results") is None and f'"step": {LAST_STEP}' in results, results
+    assert "model.safetensors" in results and "cannot" not in results, results
+    assert_results_shown(session, project, "colab")
+    last = session.output("flush-drive").strip().splitlines()[-1]
+    assert last.startswith(f"done: Drive flushed; the run's copy goes to {store}"), last

@@ -7,8 +7,10 @@
 #   SWEEP_DIR=outputs/lr-sweep scripts/sweep.sh learning_rate 1e-3 3e-3
 #
 # Every run resumes like any other: after a stop (Ctrl-C saves a checkpoint and exits 75) or a crash, the
-# same command continues the sweep. Finished runs only re-export, the stopped one continues from its
-# checkpoint, the rest start. The first run that does not finish stops the sweep, with its exit status.
+# same command continues the sweep. A run that finished with the same arguments and configs/local.yaml
+# is skipped without starting Python (its folder's sweep.done says how it ran; delete it to run it again),
+# the stopped one continues from its checkpoint, the rest start. The first run that does not finish stops
+# the sweep, with its exit status.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ $# -lt 2 || $1 == -* ]]; then
@@ -31,8 +33,15 @@ default_dir="outputs/{{ cookiecutter.task }}-sweep"
 sweep_dir=${SWEEP_DIR:-$default_dir}
 
 for value in "${values[@]}"; do
-  echo "sweep: $field=$value -> $sweep_dir/$field=$value"
-  scripts/run_local.sh --output_dir "$sweep_dir/$field=$value" "--$field" "$value" "$@"
+  run="$sweep_dir/$field=$value"
+  how="arguments: --$field $value $* | configs/local.yaml: $(cksum <configs/local.yaml)"
+  if [[ -f $run/model/export.json && -f $run/sweep.done && $(<"$run/sweep.done") == "$how" ]]; then
+    echo "sweep: $field=$value finished earlier, skipped (delete $run/sweep.done to run it again)"
+    continue
+  fi
+  echo "sweep: $field=$value -> $run"
+  scripts/run_local.sh --output_dir "$run" "--$field" "$value" "$@"
+  echo "$how" >"$run/sweep.done"
 done
 
 echo "sweep: done. Each run's export.json (step and last evaluation):"

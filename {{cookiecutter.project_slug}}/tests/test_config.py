@@ -238,6 +238,7 @@ def test_help_gives_every_field_its_meaning_default_and_allowed_values() -> None
     assert entries["--best_metric"].startswith("{" + ",".join(task.Config.METRIC_GOALS) + "}")
 
 
+@pytest.mark.slow  # trains (single_run)
 def test_resolved_config_round_trips(single_run: tuple) -> None:
     output_dir, _ = single_run
     saved = yaml.safe_load((output_dir / "config.yaml").read_text())

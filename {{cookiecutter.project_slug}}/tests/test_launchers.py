@@ -76,6 +76,9 @@ if sys.argv[1:3] == ["-m", "{{ cookiecutter.package_name }}.launch"] and sys.arg
 """
     + RECORDER
     + """\
+if sys.argv[1:3] == ["-m", "pip"]:  # as pip does: many lines, FAKE_PIP_EXIT's status
+    print("".join(f"Collecting package-{index}\\n" for index in range(60)), end="")
+    sys.exit(int(os.environ.get("FAKE_PIP_EXIT", "0")))
 if os.environ.get("FAKE_OUTCOME") and os.environ.get("TRAIN_OUTCOME_FILE"):
     with open(os.environ["TRAIN_OUTCOME_FILE"], "w") as file:
         file.write(os.environ["FAKE_OUTCOME"])
@@ -718,6 +721,15 @@ def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
         assert pip["constraints"] == f"torch=={metadata.version('torch')}\n"
         assert started["argv"] == launched
         assert f"install: missing {missing}" in run.result.stdout, run.explain()
+        # pip's own lines stay out of the output (a notebook cell): one line says it ran, one that it is done
+        assert "Collecting" not in run.result.stdout + run.result.stderr, run.explain()
+        assert "install: running pip (its output is shown if it fails)" in run.result.stdout, run.explain()
+        assert re.search(r"run_local: install: done in \d+ s\n", run.result.stdout), run.explain()
+    script = str(project / "scripts" / "run_local.sh")
+    failing = launch(tmp_path, script, None, remote, {"FAKE_PIP_EXIT": "1"})  # pip's output, then one line
+    assert failing.result.returncode == 1, failing.explain()
+    assert "Collecting package-59" in failing.result.stderr, failing.explain()
+    assert "pip install failed" in failing.result.stderr.strip().splitlines()[-1], failing.explain()
 
 
 def test_documented_accelerate_launch_commands_give_every_setting() -> None:

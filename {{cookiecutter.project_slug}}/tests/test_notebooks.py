@@ -5,11 +5,14 @@ The template's own tests (tests/test_notebooks_run.py there) execute both notebo
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import nbformat
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.notebook import run_training
+from {{ cookiecutter.package_name }}.notebook import run_training, show_curves, show_metrics, show_predictions
 
 from .conftest import PROJECT
 
@@ -47,24 +50,22 @@ def test_notebook_runs_the_launcher_and_reads_the_configured_output(platform: st
     runner = "from {{ cookiecutter.package_name }}.notebook import run_training"
     assert source.index("sys.path.insert") < source.index(runner) < source.index(training_call(platform))
     assert (PROJECT / "scripts" / f"run_{platform}.sh").is_file()
-    config = yaml.safe_load((PROJECT / "configs" / f"{platform}.yaml").read_text())
-    # Colab's run lives on Drive as mirror_dir (output_dir is the session's disk): show the copy that stays.
-    output_dir = (config.get("mirror_dir") or config["output_dir"]).rstrip("/")
-    assert f"{output_dir}/metrics.jsonl" in source
-    assert f"{output_dir}/model" in source
 
 
 @pytest.mark.parametrize("platform", list(NOTEBOOKS))
-def test_notebook_shows_curves_and_predictions_of_the_configured_run(platform: str) -> None:
-    """After the results, cells show curves.svg inline and run predict.py on the exported model, both in
-    the output_dir of configs/<platform>.yaml (on Colab the session's disk, where training writes)."""
+def test_notebook_shows_the_results_of_the_configured_run(platform: str) -> None:
+    """After training, cells show the metrics and exported model, the curves and predict.py's rows, all of
+    the output_dir of configs/<platform>.yaml: where training writes (on Colab the session's disk, which
+    the run is copied to from Drive or a REMOTE_STORE when a session starts), so the two cannot drift."""
     cells = {cell.get("id"): cell.source for cell in nbformat.read(NOTEBOOKS[platform], as_version=4).cells}
     output_dir = yaml.safe_load((PROJECT / "configs" / f"{platform}.yaml").read_text())["output_dir"]
-    assert f'RUN = "{output_dir.rstrip("/")}"' in cells["curves"]
-    assert 'SVG(filename=f"{RUN}/curves.svg")' in cells["curves"]
-    assert '"predict.py", "--model_dir", f"{RUN}/model"' in cells["predict"]
+    assert f'RUN = "{output_dir.rstrip("/")}"' in cells["results"]
+    assert cells["results"].rstrip().endswith("notebook.show_metrics(RUN)")
+    assert cells["curves"].rstrip().endswith("notebook.show_curves(RUN)")
+    assert cells["predict"].rstrip().endswith("notebook.show_predictions(RUN)")
     order = list(cells)
-    assert order.index("results") < order.index("curves") < order.index("predict")
+    assert order.index("train") < order.index("results") < order.index("curves") < order.index("predict")
+    assert "!tail" not in cells["results"] and "!ls" not in cells["results"]  # errors where nothing is yet
 
 
 @pytest.mark.parametrize("platform", list(NOTEBOOKS))
@@ -92,6 +93,61 @@ def test_run_training_shows_the_launcher_output_and_raises_when_it_fails(
     output = capsys.readouterr().out
     assert "$ bash scripts/run_kaggle.sh --max_steps 1" in output
     assert "run_kaggle: ERROR: scripts/run_kaggle.sh is for Kaggle" in output
+
+
+@pytest.mark.slow  # trains
+def test_a_stop_returns_and_the_result_cells_show_what_the_run_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before a run, each result cell says in one line that there is nothing yet. A run stopped by its time
+    budget (exit 75) returns from run_training with one line instead of raising, so "Run all" goes on;
+    the result cells then show its metrics and export, the curves drawn to its last step, and predict.py's
+    rows from the exported model. (A signal or the stop button leaves no export: the template's notebook
+    tests run those cells after one, in a real kernel.)"""
+    for name in ("KAGGLE_KERNEL_RUN_TYPE", "COLAB_RELEASE_TAG", "COLAB_GPU", "SLURM_JOB_ID", "ANY_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SKIP_INSTALL", "1")
+    run = tmp_path / "run"
+    show_metrics(run), show_curves(run), show_predictions(run)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("nothing yet: ") and lines[1].startswith("nothing yet: ")
+    assert lines[2].startswith(f"no predictions yet: {run / 'model'} is exported when training ends")
+
+    budget = ["--time_budget", "0.001s", "--log_every", "3", "--max_steps", "60"]
+    assert run_training("local", "--output_dir", str(run), *budget) == 75
+    assert "training stopped (exit 75): run this cell again to continue" in capsys.readouterr().out
+    export = json.loads((run / "model" / "export.json").read_text())
+    show_metrics(run)
+    assert f"{run / 'model'}: " in capsys.readouterr().out
+    (run / "curves.svg").unlink()
+    show_curves(run)
+    assert (run / "curves.svg").is_file()  # drawn again now, from metrics.jsonl
+    show_predictions(run)
+    shown = capsys.readouterr().out
+    assert f"the model of step {export['step']}, first rows of {run / 'predictions.csv'}:" in shown, shown
+    assert len(shown.split("first rows of", 1)[1].strip().splitlines()) == 6, shown  # the heading + 5 rows
+
+
+def test_readme_says_how_the_project_gets_onto_colab_and_kaggle() -> None:
+    """The README's platform section gives each way onto the platforms that the notebooks then take: Drive
+    (the folder the Colab notebook copies), a Kaggle dataset (found among the inputs), a git clone (the
+    REPO_URL of either notebook) and the URL that opens the Colab notebook from GitHub."""
+    readme = " ".join((PROJECT / "README.md").read_text().split())
+    slug = "{{ cookiecutter.project_slug }}"
+    cells = {
+        platform: {cell.get("id"): cell.source for cell in nbformat.read(path, as_version=4).cells}
+        for platform, path in NOTEBOOKS.items()
+    }
+    assert f"`MyDrive/{slug}`" in readme
+    assert f'SOURCE = "/content/drive/MyDrive/{slug}"' in cells["colab"]["get-project"]
+    url = "https://colab.research.google.com/github/<you>/<repo>/blob/main/notebooks/colab.ipynb"
+    assert f"`{url}`" in readme
+    assert "Dataset" in readme and "/kaggle/input/" in cells["kaggle"]["get-project"]
+    for platform in NOTEBOOKS:
+        get_project = cells[platform]["get-project"]
+        assert 'REPO_URL = ""' in get_project, platform
+        assert '["git", "clone", "--depth", "1", REPO_URL, PROJECT]' in get_project, platform
+    assert readme.count("`REPO_URL`") == 2
 
 
 def test_colab_notebook_mounts_drive_before_training() -> None:

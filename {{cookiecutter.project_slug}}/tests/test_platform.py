@@ -13,6 +13,8 @@ import torch
 from packaging.version import Version
 
 from {{ cookiecutter.package_name }}.utils import hardware
+from {{ cookiecutter.package_name }}.utils.cli import read_config
+from {{ cookiecutter.package_name }}.utils.config import ConfigError
 from {{ cookiecutter.package_name }}.utils.devices import Gpu, auto_precision, detect_platform, gpu_facts
 from {{ cookiecutter.package_name }}.utils.hardware import check_output_dir
 
@@ -102,6 +104,7 @@ def test_a_cpu_run_hides_the_gpus(clean_env: pytest.MonkeyPatch, use_cpu: str | 
     assert hardware.cpu_forced() == hidden
 
 
+@pytest.mark.slow  # trains (single_run)
 def test_deterministic_kernels_are_on_unless_turned_off(single_run: tuple, tmp_path: Path) -> None:
     assert "| deterministic kernels on" in single_run[1].stdout
     result = run_training(tmp_path / "run", "--max_steps", "2", "--deterministic", "false")
@@ -137,6 +140,7 @@ def test_cpu_threads_follow_the_cpus_and_processes_or_omp_num_threads(
     assert result.stdout.strip() == f"{expected} | {expected.split()[0]}"
 
 
+@pytest.mark.slow  # trains (single_run)
 def test_the_start_line_names_the_cpu_threads(single_run: tuple) -> None:
     threads, cpus = os.environ.get("OMP_NUM_THREADS"), hardware.usable_cpus()
     expected = (
@@ -166,6 +170,7 @@ def test_output_dir_checks_per_platform(clean_env: pytest.MonkeyPatch, tmp_path:
     assert check_output_dir("outputs/run", "local") == []
 
 
+@pytest.mark.slow  # trains
 def test_train_uses_the_detected_platforms_config_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -180,6 +185,43 @@ def test_train_uses_the_detected_platforms_config_and_says_so(
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"platform kaggle | config {PROJECT / 'configs' / 'kaggle.yaml'}" in result.stdout
     assert "WARNING: output_dir" in result.stdout and "Kaggle keeps only" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("platform", "variables", "refused"),
+    [
+        ("colab", {}, "output_dir /content/outputs/"),
+        ("kaggle", {}, "output_dir /kaggle/working/outputs/"),
+        ("kaggle", {"COLAB_GPU": "1"}, "output_dir /kaggle/working/outputs/"),
+    ],
+)
+def test_a_platform_config_off_its_platform_is_refused_in_one_line(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, platform: str, variables: dict[str, str], refused: str
+) -> None:
+    """`python train.py --config configs/colab.yaml` on a laptop (or kaggle.yaml on Colab) would write that
+    platform's folders at this disk's root: one `config error:` line, before torch loads, says the ways
+    out. With this machine's paths in their place (what the line proposes) the same config is read."""
+    env = {key: value for key, value in os.environ.items() if key not in PLATFORM_VARIABLES} | variables
+    config = f"configs/{platform}.yaml"
+    command = [sys.executable, "train.py", "--config", config]
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"config error: {config}: {refused}"), line
+    assert f"a {platform.capitalize()} folder" in line, line
+    assert f"run it on {platform.capitalize()}, use --config configs/" in line, line
+    assert "--output_dir <folder> --mirror_dir '' --import_from ''" in line and "ANY_PLATFORM=1" in line, line
+    assert "loading PyTorch" not in result.stdout
+
+    for name, value in variables.items():
+        clean_env.setenv(name, value)
+    paths = ["--output_dir", str(tmp_path / "run"), "--mirror_dir", "", "--import_from", ""]
+    read, _, _ = read_config(["--config", config, *paths], PROJECT)
+    assert read.output_dir == str(tmp_path / "run") and read.mirror_dir == read.import_from == ""
+    with pytest.raises(ConfigError, match="ANY_PLATFORM=1"):
+        read_config(["--config", config, "--output_dir", str(tmp_path / "run")], PROJECT)  # the other paths
+    clean_env.setenv("ANY_PLATFORM", "1")
+    assert read_config(["--config", config, "--output_dir", str(tmp_path / "run")], PROJECT)[0].import_from
 
 
 def test_colab_without_drive_stops_before_training(monkeypatch: pytest.MonkeyPatch) -> None:

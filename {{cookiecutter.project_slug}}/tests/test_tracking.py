@@ -16,7 +16,9 @@ import urllib.request
 
 import pytest
 {%- if cookiecutter.tracker != "none" %}
-
+{% if cookiecutter.tracker == "mlflow" %}
+from {{ cookiecutter.package_name }}.utils import tracking
+{%- endif %}
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 {%- if cookiecutter.tracker == "wandb" %}
 from {{ cookiecutter.package_name }}.utils.run_dir import RunError
@@ -232,6 +234,26 @@ def test_mlflow_ui_shows_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_mlflow_viewer_line_says_what_to_install_where_only_mlflow_skinny_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where mlflow is mlflow-skinny (the default install: no built pages, and `mlflow ui` fails on missing
+    pandas and aiohttp), the line the run prints starts with the install of this project's extra that
+    brings the viewer; where the viewer is installed, it is the command alone (served above)."""
+    skinny = tmp_path / "mlflow"
+    (skinny / "server").mkdir(parents=True)  # mlflow-skinny's layout: a server package, no js/build
+    (skinny / "__init__.py").write_text("")
+    found = importlib.util.spec_from_file_location("mlflow", skinny / "__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: found if name == "mlflow" else None)
+    line = tracking.mlflow_viewer_hint("sqlite:///runs/mlflow.db")
+    assert line.startswith('mlflow: view with: pip install -e ".[mlflow-ui]" (once, in the project'), line
+    assert line.endswith("then mlflow ui --backend-store-uri sqlite:///runs/mlflow.db"), line
+    assert 'mlflow-ui = ["mlflow>=' in (PROJECT / "pyproject.toml").read_text()  # the extra it names
+    (skinny / "server" / "js" / "build").mkdir(parents=True)  # full mlflow's layout
+    alone = tracking.mlflow_viewer_hint("sqlite:///x.db")
+    assert alone == "mlflow: view with: mlflow ui --backend-store-uri sqlite:///x.db"
 
 
 def post(url: str, body: dict) -> dict:

@@ -44,6 +44,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from .utils.devices import (
@@ -51,10 +52,10 @@ from .utils.devices import (
     DeviceError,
     Gpu,
     apple_silicon,
-    detect_platform,
     precision_for,
     query_gpus,
     unsupported_gpu,
+    wrong_platform,
 )
 from .utils.durable import write_atomically
 
@@ -95,8 +96,7 @@ def say(platform: str, text: str) -> None:
 
 def check_platform(platform: str) -> str:
     """Refuse a Colab or Kaggle launcher elsewhere: it would write that platform's paths on this disk."""
-    here = detect_platform()
-    if platform in ("colab", "kaggle") and here != platform and os.environ.get("ANY_PLATFORM") != "1":
+    if here := wrong_platform(platform):
         raise LaunchError(
             f"scripts/run_{platform}.sh is for {platform.capitalize()}, but this machine is {here}: use "
             f"scripts/run_{'slurm' if here == 'slurm' else 'local'}.sh, or set ANY_PLATFORM=1 to use "
@@ -277,7 +277,15 @@ def install_missing(platform: str, extras: list[str]) -> None:
                 "build you want first to choose it)",
             )
         command = [interpreter(), "-m", "pip", "install", "-e", target, "--constraint", str(constraints)]
-        if subprocess.run(command).returncode != 0:
+        # pip's own lines (some 60 for a store's extra) would bury the decisions in a notebook cell: they
+        # are shown only when it fails.
+        say(platform, "install: running pip (its output is shown if it fails)")
+        started = time.monotonic()
+        installed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if installed.returncode == 0:
+            say(platform, f"install: done in {time.monotonic() - started:.0f} s")
+        else:
+            print((installed.stdout + installed.stderr).strip()[-4000:], file=sys.stderr, flush=True)
             raise LaunchError(
                 "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
                 "another way and rerun with SKIP_INSTALL=1."

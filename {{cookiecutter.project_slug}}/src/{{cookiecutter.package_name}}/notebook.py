@@ -10,17 +10,25 @@ the command's terminal, waits 0.2 s, then kills it (SIGHUP, SIGINT, SIGKILL; IPy
 first interrupt reaches training as one SIGINT and the cell waits until training has saved its
 checkpoint and exited; a later interrupt only says so. Restarting the kernel still kills it.
 
-Standard library only: this runs in the notebook's kernel, before anything is installed.
+A stop (the stop button, a signal from elsewhere, a time budget) returns normally, so that "Run all"
+goes on to the result cells, which show what the run has so far (`show_metrics`, `show_curves`,
+`show_predictions`): one line where there is nothing yet, never an error.
+
+Standard library only (the result cells import the project's plotting when they run): this runs in the
+notebook's kernel, before anything is installed.
 """
 
 from __future__ import annotations
 
 import codecs
+import csv
+import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+from itertools import islice
 from pathlib import Path
 
 from .utils.signals import EXIT_STOPPED
@@ -28,12 +36,11 @@ from .utils.signals import EXIT_STOPPED
 PROJECT = Path(__file__).parents[2]  # src/<package>/notebook.py -> the folder with train.py
 
 
-def run_training(platform: str, *args: str) -> None:
-    """Run `bash scripts/run_<platform>.sh ARGS...` from the project folder until it exits.
-
-    Returns when training finished. Raises KeyboardInterrupt when an interrupt stopped it (its checkpoint
-    saved), so that "Run all" stops here too, and RuntimeError when it failed.
-    """
+def run_training(platform: str, *args: str) -> int:
+    """Run `bash scripts/run_<platform>.sh ARGS...` from the project folder until it exits; return its exit
+    status: 0 when training finished, 75 when a stop left a checkpoint (the stop button, a signal, the
+    time budget), which a line says, so that "Run all" goes on to the results. RuntimeError when it
+    failed (the cells below still show what the run has, when run one by one)."""
     command = ["bash", f"scripts/run_{platform}.sh", *args]
     print(f"$ {shlex.join(command)}", flush=True)
     # Its own output pipe, read in chunks: lines appear as training writes them, unbuffered.
@@ -65,10 +72,60 @@ def run_training(platform: str, *args: str) -> None:
                     flush=True,
                 )
     process.stdout.close()
-    if status == 0:
+    if status == EXIT_STOPPED:  # the stop button, a signal from elsewhere or the clock: a checkpoint saved
+        print(f"training stopped (exit {status}): run this cell again to continue; below, what it has so far")
+    elif status != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed with exit status {status}: its output is above")
+    return status
+
+
+def show_metrics(run: str | Path, lines: int = 5) -> None:
+    """The last `lines` rows of the run's metrics.jsonl and the files of its exported model, if any."""
+    metrics = Path(run) / "metrics.jsonl"
+    if not metrics.is_file():
+        print(f"nothing yet: {metrics} does not exist (training has not logged a step there)")
         return
-    if interrupts:
-        raise KeyboardInterrupt(f"training stopped (exit {status}): run this cell again to continue")
-    if status == EXIT_STOPPED:  # a signal from elsewhere (the platform, kill): the checkpoint is saved
-        raise RuntimeError(f"training stopped (exit {status}): run this cell again to continue")
-    raise RuntimeError(f"{shlex.join(command)} failed with exit status {status}: its output is above")
+    print("".join(metrics.read_text(encoding="utf-8").splitlines(keepends=True)[-lines:]), end="")
+    model = Path(run) / "model"
+    if (model / "export.json").is_file():
+        files = ", ".join(f"{path.name} ({path.stat().st_size:,} B)" for path in sorted(model.iterdir()))
+        print(f"{model}: {files}")
+    else:
+        print(f"{model}: not exported yet (training exports at its end and when it stops for time)")
+
+
+def show_curves(run: str | Path) -> None:
+    """The run's curves to its last logged step, drawn now from metrics.jsonl (a stopped run included)."""
+    if not (Path(run) / "metrics.jsonl").is_file():
+        print(f"nothing yet: {run} holds no metrics.jsonl to draw")
+        return
+    from .utils.plots import plot_metrics
+
+    svg = plot_metrics(run)
+    try:
+        from IPython.display import SVG, display
+    except ImportError:  # outside a notebook
+        print(f"curves: {svg}")
+        return
+    display(SVG(filename=str(svg)))
+
+
+def show_predictions(run: str | Path, rows: int = 5) -> None:
+    """predict.py with the run's exported model on the eval split, and its first `rows` rows; one line
+    where no model is exported yet."""
+    model, output = Path(run) / "model", Path(run) / "predictions.csv"
+    if not (model / "export.json").is_file():
+        print(f"no predictions yet: {model} is exported when training ends or stops for time")
+        return
+    step = json.loads((model / "export.json").read_text(encoding="utf-8")).get("step")
+    command = [sys.executable, "predict.py", "--model_dir", str(model), "--output", str(output)]
+    env = dict(os.environ, PYTHONPATH=str(PROJECT / "src"))  # the package, installed or not
+    predicting = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, env=env)
+    print(predicting.stdout[-2000:], predicting.stderr[-2000:], sep="")
+    if predicting.returncode != 0:
+        print(f"predict.py failed with exit status {predicting.returncode}: its output is above")
+        return
+    print(f"the model of step {step}, first rows of {output}:")
+    with output.open(newline="", encoding="utf-8") as file:
+        for row in islice(csv.DictReader(file), rows):
+            print(" | ".join(f"{name}: {value}" for name, value in row.items()))

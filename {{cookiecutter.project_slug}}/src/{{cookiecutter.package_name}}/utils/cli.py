@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import task
 from .config import ConfigError, TrainConfig, load_config
 from .contract import check_contract
-from .devices import detect_platform, main_process_of_launch
+from .devices import detect_platform, foreign_paths_problem, main_process_of_launch
 from .hardware import check_output_dir
 from .remote import check_urls, is_url
 
@@ -25,6 +25,9 @@ def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, Pat
     check_contract(task)  # every function of task.py there: a missing one is not found after training
     where = detect_platform()
     config, config_path = load_config(argv, project / "configs" / f"{where}.yaml", task.Config)
+    paths = {name: getattr(config, name) for name in ("output_dir", "mirror_dir", "import_from")}
+    if problem := foreign_paths_problem(paths, str(config_path)):
+        raise ConfigError(problem)
     # Relative to the project, not to the working directory: the same command finds its run from anywhere.
     # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.
     config.output_dir = os.path.normpath(project / config.output_dir)

@@ -12,6 +12,7 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 # The oldest GPU current PyTorch CUDA wheels ship kernels for (Volta); a P100 (6.0) fails with "no kernel
 # image is available". MIN_COMPUTE_CAPABILITY lowers it for a torch build that still supports older GPUs.
@@ -38,6 +39,36 @@ def detect_platform() -> str:
     if "SLURM_JOB_ID" in os.environ:
         return "slurm"
     return "local"
+
+
+# The folders only Colab's and Kaggle's machines have: their configs write and read there.
+PLATFORM_FOLDERS = {"colab": PurePosixPath("/content"), "kaggle": PurePosixPath("/kaggle")}
+
+
+def wrong_platform(platform: str) -> str | None:
+    """The platform this machine is, where `platform` is Colab or Kaggle and this machine is not it (then
+    that platform's paths would be written on this disk); None where it is, or where ANY_PLATFORM=1 says
+    to use them anyway. The launchers and train.py refuse on it."""
+    here = detect_platform()
+    if platform in PLATFORM_FOLDERS and here != platform and os.environ.get("ANY_PLATFORM") != "1":
+        return here
+    return None
+
+
+def foreign_paths_problem(paths: dict[str, str], config_path: str) -> str | None:
+    """One line refusing a config whose paths (output_dir, mirror_dir, import_from) lie in another
+    platform's own folders (configs/colab.yaml on a laptop would write /content at the root), saying the
+    ways out; None where every path is this machine's, a URL, or empty."""
+    for name, value in paths.items():
+        for owner, folder in PLATFORM_FOLDERS.items():
+            if value and PurePosixPath(value).is_relative_to(folder) and (here := wrong_platform(owner)):
+                return (
+                    f"{config_path}: {name} {value} is a {owner.capitalize()} folder, but this machine is "
+                    f"{here}: run it on {owner.capitalize()}, use --config configs/{here}.yaml, or pass "
+                    "this machine's paths (--output_dir <folder> --mirror_dir '' --import_from ''); "
+                    "ANY_PLATFORM=1 uses these anyway"
+                )
+    return None
 
 
 @dataclass(frozen=True)

@@ -111,8 +111,10 @@ def panel(
         label = text(x0 - 5, y(tick) + 5, f"{tick:g}", anchor="end", size=FONT - 1)
         out += [line(x0, y(tick), x1, y(tick), "#ddd"), label]
     legend_x, legend_y = x0, y1 + 62  # the legend: one row under the axis label
+    drawn = []  # every polyline's points, in pixels: the best marker's label keeps off them
     for index, (name, pairs) in enumerate(lines.items()):
         color = COLORS[index % len(COLORS)]
+        drawn.append([(x(step), y(value)) for step, value in pairs])
         path = " ".join(f"{x(step)},{y(value)}" for step, value in pairs)
         out.append(f'<polyline data-series={quoteattr(name)} points="{path}" fill="none" stroke="{color}"/>')
         if len(pairs) < 30:  # few points: mark each one
@@ -120,16 +122,48 @@ def panel(
         out.append(line(legend_x, legend_y - 5, legend_x + 22, legend_y - 5, color))
         out.append(text(legend_x + 27, legend_y, name, anchor="start"))
         legend_x += 45 + 8.5 * len(name)
-    if best is not None:  # over the curves, its label on a white ground
-        content = f"best: {best}"
-        wide = round(0.6 * (FONT - 2) * len(content) + 6, 1)  # about the text's width
-        ground = (
-            f'<rect x="{x(best) - wide - 2}" y="{y0 + 2}" width="{wide}" height="{FONT + 2}" fill="white"/>'
-        )
-        marker = line(x(best), y0, x(best), y1, "#555", dashed=True)
-        label = text(x(best) - 5, y0 + 16, content, anchor="end", size=FONT - 2)
-        out.append(f'<g data-best-step="{best}">{marker}{ground}{label}</g>')
+    if best is not None:
+        out.append(best_marker(best, x(best), (x0, x1, y0, y1), drawn))
     return out
+
+
+def best_marker(best: int, at: float, frame: tuple[float, float, float, float], drawn: list) -> str:
+    """The dashed line at the best step, and its label on a white ground in the corner next to the line
+    that no curve crosses (the one crossed least if every corner is), so that it hides none of them."""
+    x0, x1, y0, y1 = frame
+    content = f"best: {best}"
+    wide, high = round(0.6 * (FONT - 2) * len(content) + 6, 1), FONT + 2  # about the text's size
+    corners = [
+        (left, top)
+        for top in (y0 + 2, y1 - high - 2)
+        for left in (at - wide - 2, at + 2)
+        if x0 <= left and left + wide <= x1
+    ] or [(at - wide - 2, y0 + 2)]
+    left, top = min(corners, key=lambda corner: crossings((*corner, wide, high), drawn))
+    ground = f'<rect x="{round(left, 1)}" y="{round(top, 1)}" width="{wide}" height="{high}" fill="white"/>'
+    label = text(round(left + wide - 3, 1), round(top + high - 3, 1), content, anchor="end", size=FONT - 2)
+    marker = line(at, y0, at, y1, "#555", dashed=True)
+    return f'<g data-best-step="{best}">{marker}{ground}{label}</g>'
+
+
+def crossings(box: tuple[float, float, float, float], drawn: list) -> int:
+    """How many segments of the polylines `drawn` pass through `box` (left, top, width, height), with a
+    margin of 3 pixels: a line's width, a point's dot."""
+    left, top, right, bottom = box[0] - 3, box[1] - 3, box[0] + box[2] + 3, box[1] + box[3] + 3
+    count = 0
+    for points in drawn:
+        for (xa, ya), (xb, yb) in zip(points, points[1:] or points, strict=False):  # one point: itself
+            low, high = 0.0, 1.0  # Liang-Barsky: the part of the segment inside the box
+            sides = ((xa - xb, xa - left), (xb - xa, right - xa), (ya - yb, ya - top), (yb - ya, bottom - ya))
+            for p, q in sides:
+                if p == 0:
+                    low, high = (low, high) if q >= 0 else (1.0, 0.0)
+                elif p < 0:
+                    low = max(low, q / p)
+                else:
+                    high = min(high, q / p)
+            count += low <= high
+    return count
 
 
 def repeats_the_loss(values: list[tuple[int, float]], loss: list[tuple[int, float]]) -> bool:

@@ -222,7 +222,7 @@ def _start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSt
                 print(f"wandb: offline; upload every session with: wandb sync {folder}")
 {%- elif cookiecutter.tracker == "mlflow" %}
             if os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
-                print(f"mlflow: view with: mlflow ui --backend-store-uri {os.environ['MLFLOW_TRACKING_URI']}")
+                print(mlflow_viewer_hint(os.environ["MLFLOW_TRACKING_URI"]))
 {%- endif %}
         return
 {%- endif %}
@@ -298,6 +298,27 @@ def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopStat
         return {"mlflow": kwargs}
 {%- endif %}
     return {}
+{%- if cookiecutter.tracker == "mlflow" %}
+
+
+def mlflow_viewer_installed() -> bool:
+    """Whether MLflow's web viewer is installed: full mlflow (the mlflow-ui extra) ships its built pages;
+    mlflow-skinny, which the default install has, has an `mlflow ui` command that fails without them."""
+    spec = importlib.util.find_spec("mlflow")
+    origin = spec.origin if spec is not None else None
+    return origin is not None and (Path(origin).parent / "server" / "js" / "build").is_dir()
+
+
+def mlflow_viewer_hint(uri: str) -> str:
+    """The line that says how to look at the run: the viewer's command, after its install where it lacks."""
+    command = f"mlflow ui --backend-store-uri {uri}"
+    if mlflow_viewer_installed():
+        return f"mlflow: view with: {command}"
+    return (
+        'mlflow: view with: pip install -e ".[mlflow-ui]" (once, in the project folder: the default install '
+        f"has mlflow-skinny, without the viewer), then {command}"
+    )
+{%- endif %}
 
 
 class SkipsHeldSteps(GeneralTracker):

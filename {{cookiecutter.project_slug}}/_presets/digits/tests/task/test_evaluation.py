@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -121,6 +122,47 @@ def test_curves_svg_shows_every_logged_series(single_run: tuple) -> None:
     assert [int(group.get("data-best-step")) for group in markers] == [best] * 3
     lines = [float(group.find(f"{SVG}line").get("x1")) for group in markers]
     assert len({round(x - frame, 1) for x, frame in zip(lines, frames, strict=True)}) == 1, (lines, frames)
+    assert label_box_crossings(svg) == []  # the label hides no curve
+
+
+def label_box_crossings(svg: Path) -> list[tuple[str, str]]:
+    """The (panel title, series) pairs whose curve passes under a best marker's label box, from the SVG's
+    geometry: each polyline sampled every pixel or so, against the white rect of the marker in its panel."""
+    root = ET.parse(svg).getroot()
+    titles = {round(float(t.get("x")) // 440): t.text for t in root.iter(f"{SVG}text") if t.get("y") == "22"}
+    hits = []
+    for group in (g for g in root.iter(f"{SVG}g") if g.get("data-best-step")):
+        rect = group.find(f"{SVG}rect")
+        left, top = float(rect.get("x")), float(rect.get("y"))
+        right, bottom = left + float(rect.get("width")), top + float(rect.get("height"))
+        panel = left // 440
+        for polyline in root.iter(f"{SVG}polyline"):
+            points = [tuple(map(float, pair.split(","))) for pair in polyline.get("points").split()]
+            if points[0][0] // 440 != panel:
+                continue
+            for (xa, ya), (xb, yb) in itertools.pairwise(points):
+                samples = [(xa + (xb - xa) * i / 200, ya + (yb - ya) * i / 200) for i in range(201)]
+                if any(left <= px <= right and top <= py <= bottom for px, py in samples):
+                    hits.append((titles.get(panel), polyline.get("data-series")))
+                    break
+    return hits
+
+
+def test_best_label_covers_no_curve(tmp_path: Path) -> None:
+    """The "best: N" label sits in a corner next to the dashed line that no curve passes through: here
+    the accuracy climbs to its best at the last steps, right where the label used to sit (top left)."""
+    rows = [{"step": s, "train/loss": 2.0 / s, "train/lr": 1e-3} for s in range(1, 101)]
+    rows += [
+        {"step": s, "eval/loss": 1.5 / s, "eval/accuracy": min(1.0, 0.5 + s / 180)} for s in range(5, 101, 5)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "best_model").mkdir()
+    (tmp_path / "best_model" / "export.json").write_text(json.dumps({"step": 95}))
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.utils.plots", str(tmp_path)]
+    assert subprocess.run(command, cwd=PROJECT, capture_output=True).returncode == 0
+    svg = tmp_path / "curves.svg"
+    assert len([g for g in ET.parse(svg).getroot().iter(f"{SVG}g") if g.get("data-best-step")]) == 3
+    assert label_box_crossings(svg) == []
 
 
 def svg_texts(svg: Path) -> list[str]:

@@ -11,8 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ..conftest import PROJECT, read_metrics, wait_for_training
 from ..task_settings import SIGNAL_RUN
+
+pytestmark = pytest.mark.slow  # real training runs
 
 
 def test_sweep_stopped_by_ctrl_c_continues_when_run_again(tmp_path: Path) -> None:
@@ -54,3 +58,14 @@ def test_sweep_stopped_by_ctrl_c_continues_when_run_again(tmp_path: Path) -> Non
         assert f"seed={seed}: " in output
         exported[seed] = export
     assert exported[1]["step"] == exported[2]["step"] and exported[1] != exported[2], "same run twice"
+
+    # Once more: both runs finished with these arguments, so neither starts (no launcher, no Python).
+    third = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=60)
+    output = third.stdout + third.stderr
+    assert third.returncode == 0, output[-4000:]
+    assert output.count("finished earlier, skipped") == 2 and "run_local:" not in output, output[-4000:]
+    assert all(f"seed={seed}: " in output for seed in (1, 2)), output[-4000:]
+    # Other arguments for every run: both run again (here train.py refuses their folders' other settings).
+    changed = [*command, "--num_epochs", "9"]
+    other = subprocess.run(changed, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and "holds a run with other settings" in other.stdout + other.stderr
