@@ -89,7 +89,7 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id) or [from_meta(resumed_from)]
         sessions = merge(sessions, read_sessions(Path(config.output_dir) / HISTORY_FILE, state.run_id))
     current = session_record(accelerator, config, state.step, len(sessions) + 1)
-    # What it trains on (utils/fingerprint.py; the main process's): other data passed only continue_on_new_data.
+    # What it trains on (utils/fingerprint.py): other data got here only through continue_on_new_data.
     current["data"] = fingerprint_digest(state.data_fingerprint) if state.data_fingerprint else ""
     history = History(state.run_id, sessions, current, enabled)
     if enabled and sessions:
