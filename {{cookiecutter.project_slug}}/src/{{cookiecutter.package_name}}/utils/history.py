@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
 import socket
 import sys
@@ -35,6 +34,7 @@ import accelerate
 import torch
 
 from .devices import detect_platform
+from .durable import write_atomically
 from .fingerprint import fingerprint_digest
 
 HISTORY_FILE = "history.json"
@@ -319,16 +319,6 @@ def _version_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
             why = "a library of the task: its models, data or tokenization may compute differently"
         lines.append(f"{name} {old} -> {new}: {why}")
     return lines
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `path` through a temporary file renamed over it: readers see the old or the new text."""
-    partial = path.with_name(f".{path.name}.partial")
-    with partial.open("w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
 
 
 def table(sessions: list[Record]) -> list[str]:
