@@ -785,15 +785,18 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ctrl_c", [True, False], ids=["ctrl-c", "sigterm-to-the-launcher"])
-def test_a_stopped_two_process_run_of_run_local_exits_75_with_its_line(tmp_path: Path, ctrl_c: bool) -> None:
-    """No fakes: Ctrl-C (SIGINT to the whole process group) or a SIGTERM to the launcher alone stops
-    NUM_PROCESSES=2 scripts/run_local.sh after a checkpoint with exit 75 and train.py's line last, not 1
-    with torch's launcher traceback."""
+@pytest.mark.parametrize(
+    "stop", ["SIGINT", "SIGTERM", "time"], ids=["ctrl-c", "sigterm-to-the-launcher", "time"]
+)
+def test_a_stopped_two_process_run_of_run_local_exits_75_with_its_line(tmp_path: Path, stop: str) -> None:
+    """No fakes: Ctrl-C (SIGINT to the whole process group), a SIGTERM to the launcher alone, or the end of
+    time_budget stops NUM_PROCESSES=2 scripts/run_local.sh after a checkpoint with exit 75 and train.py's
+    line last, not 1 with torch's launcher traceback."""
     output_dir = tmp_path / "run"
     started = time.time()
+    budget = ["--time_budget", "15s"] if stop == "time" else []
     process = subprocess.Popen(
-        ["bash", "scripts/run_local.sh", "--num_epochs", "500", "--output_dir", str(output_dir)],
+        ["bash", "scripts/run_local.sh", "--num_epochs", "500", *budget, "--output_dir", str(output_dir)],
         cwd=PROJECT,
         env=two_cpu_processes_env(),
         stdin=subprocess.DEVNULL,
@@ -803,18 +806,19 @@ def test_a_stopped_two_process_run_of_run_local_exits_75_with_its_line(tmp_path:
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     wait_for_training(output_dir, process, since=started, timeout=300)
-    if ctrl_c:
+    if stop == "SIGINT":
         os.killpg(process.pid, signal.SIGINT)
-    else:
+    elif stop == "SIGTERM":
         process.send_signal(signal.SIGTERM)  # run_local.sh execs the launcher: the same process
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 75, output[-5000:]
-    assert "Traceback" not in output, output[-5000:]
-    name = "SIGINT" if ctrl_c else "SIGTERM"
+    assert "Traceback" not in output and "exitcode" not in output, output[-5000:]
     last = output.strip().splitlines()[-1]
-    assert re.fullmatch(
-        rf"stopped by {name} at step \d+: checkpoint saved, run the same command to continue", last
-    ), output[-3000:]
+    if stop == "time":
+        assert last.startswith("stopped for time; run again to continue: step "), output[-3000:]
+    else:
+        expected = rf"stopped by {stop} at step \d+: checkpoint saved, run the same command to continue"
+        assert re.fullmatch(expected, last), output[-3000:]
 
 
 @pytest.mark.slow

@@ -594,10 +594,11 @@ def run_accelerate(args: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    # Its warnings on a stop ("Received 2 death signal, shutting down workers") say what train.py says.
+    # Its log lines on a stop ("Received 2 death signal", "failed (exitcode: 75)") say what train.py says;
+    # a real failure still ends in its ChildFailedError report, which names each process's exit.
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="launch-") as folder:
         outcome = Path(folder) / "outcome.json"
         os.environ[OUTCOME_FILE] = str(outcome)
