@@ -288,7 +288,7 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     results = session.output("results")
     assert f'"step": {STOP_STEP}' in results and "model: not exported yet" in results, results
     (svg,) = [out.data["image/svg+xml"] for out in session.cell("curves").outputs if "data" in out]
-    assert svg.count("<polyline") >= 2  # drawn now, from metrics.jsonl: training drew none at the stop
+    assert svg.count("<polyline") >= 2  # drawn from metrics.jsonl, to the step of the stop
     predicted = session.output("predict").strip()
     model = output_dir(render(), platform) / "model"
     assert predicted.startswith(f"no predictions yet: {model} is exported when training ends"), predicted

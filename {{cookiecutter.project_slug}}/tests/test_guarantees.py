@@ -90,7 +90,8 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
     output, _ = process.communicate(timeout=120)
     assert process.returncode == EXIT_STOPPED, output[-2000:]
     assert "checkpoint saved, run the same command to continue" in output
-    assert not (output_dir / "model").exists()
+    assert not (output_dir / "model").exists()  # no export: the platform wants the machine back
+    assert f"curves: {output_dir / 'curves.svg'}" in output and (output_dir / "curves.svg").is_file()  # cheap
     assert_readable_log(output, list_checkpoints(output_dir))
     stopped_at = max(int(path.name[5:]) for path in list_checkpoints(output_dir))
     resumed = run_training(output_dir, *SIGNAL_RUN)

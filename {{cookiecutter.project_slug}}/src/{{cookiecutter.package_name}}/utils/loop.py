@@ -12,6 +12,7 @@ loop, `finish` says why it ended and leaves the exports: of the last step, or of
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -234,6 +235,10 @@ class Bookkeeping:
             )
             if accelerator.is_main_process:  # a SLURM launcher requeues on progress
                 report_outcome("stopped", self.start_step, state.step)
+                # The curves but no export: drawing takes under a second (20,000 logged steps: 0.5 s), an
+                # export is as large as the model (and mirrored again) while the platform wants it back.
+                with contextlib.suppress(OSError):  # a full disk: the curves can be drawn later
+                    print(f"curves: {plot_metrics(output_dir)}")
             return False
         metrics = self.metrics
         if self.out_of_time:  # leave what a session that ends now should leave, without an evaluation
