@@ -130,20 +130,25 @@ def keep_fingerprint(state: LoopState, data: DataFingerprint | None) -> LoopStat
     return state
 
 
-def check_data(path: Path, config: TrainConfig, data: DataFingerprint | None) -> list[str]:
-    """Raise unless checkpoint `path` was trained on `data`; with continue_on_new_data, the note to print.
-    Checkpoints written before data fingerprints have none to compare."""
-    saved = read_loop_state(path).data_fingerprint if data is not None else {}
+def check_data(
+    path: Path | Copy, config: TrainConfig, data: DataFingerprint | None, saved: dict[str, str] | None = None
+) -> list[str]:
+    """Raise unless checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) was trained on
+    `data`; with continue_on_new_data, the note to print. Checkpoints from before fingerprints have none."""
+    if saved is None:
+        saved = read_loop_state(path).data_fingerprint if data is not None else {}
     change = first_difference(saved, data.entries) if saved and data is not None else None
     if change is None:
         return []
+    where = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
     if not config.continue_on_new_data:
         raise RunError(
-            f"checkpoint {path} was trained on other data: {change}. Nothing was changed: give the run the "
+            f"{where} was trained on other data: {change}. Nothing was changed: give the run the "
             "data it was trained on, pass --continue_on_new_data true to continue on this data on purpose "
             "(the checkpoints record it), or --start_over true to set the run aside and start over"
         )
-    return [f"{NEW_DATA} continuing {path.name} on other data ({change}); recorded"]
+    name = path.name if isinstance(path, Path) else str(path)
+    return [f"{NEW_DATA} continuing {name} on other data ({change}); recorded"]
 
 
 def describe_frozen(sha256: str, source: str) -> str:
@@ -159,7 +164,7 @@ def decide_start(config: TrainConfig, data: DataFingerprint | None = None) -> tu
     data than `data` is refused before anything is set aside (check_data).
     """
     output_dir = Path(config.output_dir)
-    notes = bring_in_newest_copy(config) if config.resume == "auto" else []
+    notes = bring_in_newest_copy(config, data) if config.resume == "auto" else []
     checkpoints = list_checkpoints(output_dir)
     if config.resume not in ("auto", "never"):
         path = Path(config.resume)
@@ -244,9 +249,10 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
     return [f"start_over: moved the earlier run ({', '.join(earlier)}) to {folder}"]
 
 
-def bring_in_newest_copy(config: TrainConfig) -> list[str]:
+def bring_in_newest_copy(config: TrainConfig, data: DataFingerprint | None = None) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
-    output_dir, when it is newer than output_dir's own; return what to print. Main process only."""
+    output_dir, when it is newer than output_dir's own; return what to print. Main process only. A copy
+    trained on other data than `data` is refused before it is brought in (check_data)."""
     places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
@@ -279,6 +285,7 @@ def bring_in_newest_copy(config: TrainConfig) -> list[str]:
         )
     candidates.sort(key=lambda copy: copy.step, reverse=True)
     for copy in candidates:
+        check_data(copy, config, data, copy.data_fingerprint)  # its note comes again once it is in
         if problem := import_copy(copy, output_dir):
             notes.append(f"WARNING: skipping {copy}: {problem}")
             continue
