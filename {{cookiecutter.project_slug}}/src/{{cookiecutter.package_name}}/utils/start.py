@@ -55,9 +55,8 @@ def resume(
 
     The main process decides, reading every checksum once, and may set files aside (`decide_start`);
     then every process loads the same checkpoint, or all stop with the same error. `frozen` is
-    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data` is the
-    data's fingerprint (main process; None elsewhere): a checkpoint of other data is refused unless
-    continue_on_new_data, and the returned state carries it into the next checkpoints.
+    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data`: the
+    data's fingerprint (main process), checked (check_data) and carried into the next checkpoints.
     """
     decision: list[Any] = [None]
     if accelerator.is_main_process:
@@ -94,17 +93,8 @@ def resume(
     failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
     if refused is not None:
         raise refused
-    if failed.item() and any(note.startswith(NEW_DATA) for note in notes):
-        raise RunError(
-            f"checkpoint {path} does not fit the model built from the new data "
-            f"({problem or 'on another process'}): continue_on_new_data continues only on data that builds "
-            "the same model; give the run the data it was trained on, or choose another --output_dir"
-        )
     if failed.item():
-        raise RunError(
-            f"checkpoint {path} is intact but could not be loaded ({problem or 'on another process'}): "
-            "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
-        )
+        raise load_failure(path, problem or "on another process", any(n.startswith(NEW_DATA) for n in notes))
     keep_fingerprint(state, data)
     saved_world = read_meta(path).get("world_size", accelerator.num_processes)
     accelerator.print(
@@ -120,6 +110,21 @@ def resume(
     return state, path
 
 
+def load_failure(path: Path, problem: str, new_data: bool) -> RunError:
+    """Why an intact checkpoint did not load: the model built from new data (continue_on_new_data) does not
+    take its weights, or the code or versions differ from those that wrote it."""
+    if new_data:
+        return RunError(
+            f"checkpoint {path} does not fit the model built from the new data ({problem}): "
+            "continue_on_new_data continues only on data that builds the same model; give the run the data "
+            "it was trained on, or choose another --output_dir"
+        )
+    return RunError(
+        f"checkpoint {path} is intact but could not be loaded ({problem}): continue it with the code and "
+        "versions that wrote it (meta.json), or choose another --output_dir"
+    )
+
+
 def keep_fingerprint(state: LoopState, data: DataFingerprint | None) -> LoopState:
     """Record `data` in the state its checkpoints will save, and a change that continue_on_new_data let
     through (decide_start refused any other)."""
@@ -130,15 +135,22 @@ def keep_fingerprint(state: LoopState, data: DataFingerprint | None) -> LoopStat
     return state
 
 
+def data_change(path: Path | Copy, data: DataFingerprint | None, saved: dict | None = None) -> str | None:
+    """The first difference between the data a checkpoint was trained on (`saved`, else its loop state's)
+    and `data`; None if none, or if either is unknown (a checkpoint from before fingerprints)."""
+    if data is None:
+        return None
+    if saved is None:
+        saved = read_loop_state(path).data_fingerprint
+    return first_difference(saved, data.entries) if saved else None
+
+
 def check_data(
     path: Path | Copy, config: TrainConfig, data: DataFingerprint | None, saved: dict[str, str] | None = None
 ) -> list[str]:
     """Raise unless checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) was trained on
     `data`; with continue_on_new_data, the note to print. Checkpoints from before fingerprints have none."""
-    if saved is None:
-        saved = read_loop_state(path).data_fingerprint if data is not None else {}
-    change = first_difference(saved, data.entries) if saved and data is not None else None
-    if change is None:
+    if (change := data_change(path, data, saved)) is None:
         return []
     where = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
     if not config.continue_on_new_data:
@@ -199,12 +211,9 @@ def decide_start(config: TrainConfig, data: DataFingerprint | None = None) -> tu
                     "continue it, choose another --output_dir, or pass --start_over true to set it aside"
                 )
             return None, notes + _clear_for_fresh_start(config, "other settings")
-        try:
-            notes += check_data(path, config, data)
-        except RunError:
-            if not config.start_over:
-                raise
+        if config.start_over and not config.continue_on_new_data and data_change(path, data):
             return None, notes + _clear_for_fresh_start(config, "other data")
+        notes += check_data(path, config, data)
         newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
         if newer:
             folder = set_aside(newer, output_dir)
