@@ -114,7 +114,8 @@ def stream_files(dataset: Any) -> list[Path]:
 
 
 def flatten(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
+    # datasets 3 keeps each data file as a FilesIterable (it yields the file), datasets 4 and 5 a path too.
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "FilesIterable":
         return [item for part in value for item in flatten(part)]
     return [value]
 
