@@ -84,9 +84,7 @@ def describe(dataset: Any, role: str) -> dict[str, str]:
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         return {f"{role} {type(dataset).__name__}": "a stream without local files: not fingerprinted"}
     if state := plain_state(dataset):
-        digest = xxhash.xxh3_128()
-        update(digest, state)
-        return {f"{role} samples": f"{len(dataset)} samples, xxh3 {digest.hexdigest()}"}
+        return {f"{role} samples": f"{len(dataset)} samples, xxh3 {values_xxh3(state)}"}
     return {f"{role} samples": samples_description(dataset)}
 
 
@@ -116,7 +114,8 @@ def stream_files(dataset: Any) -> list[Path]:
 
 
 def flatten(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
+    # datasets 3 keeps each data file as a FilesIterable (it yields the file), datasets 4 and 5 a path too.
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "FilesIterable":
         return [item for part in value for item in flatten(part)]
     return [value]
 
@@ -174,6 +173,13 @@ def samples_description(dataset: Any) -> str:
         samples = dataset.__getitems__(indices) if batched else [dataset[index] for index in indices]
         update(digest, samples)
     return f"{count} samples, xxh3 {digest.hexdigest()}"
+
+
+def values_xxh3(value: Any) -> str:
+    """One XXH3-128 of tensors, arrays and plain values, in containers: for a dataset's `fingerprint()`."""
+    digest = xxhash.xxh3_128()
+    update(digest, value)
+    return digest.hexdigest()
 
 
 def update(digest: Any, value: Any) -> None:

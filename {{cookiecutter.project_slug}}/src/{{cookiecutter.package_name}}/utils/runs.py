@@ -27,7 +27,7 @@ import shutil
 import sys
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -67,6 +67,7 @@ class Copy:
     store: Any = None  # a remote run folder's fsspec filesystem (source is then its URL)
     path: str = ""  # and the run folder's path in it
     problem: str = ""  # why its loop state or config cannot be read ("" if they can)
+    data_fingerprint: dict[str, str] = field(default_factory=dict)  # its loop state's, checked before import
 
     @property
     def checkpoint(self) -> str:
@@ -74,6 +75,13 @@ class Copy:
 
     def __str__(self) -> str:
         return f"{self.source} (step {self.step}, run {self.run_id or '(unnamed)'})"
+
+
+def with_data(copy: Copy, record: dict[str, Any]) -> Copy:
+    """`copy` with the data fingerprint of its loop state record (none before fingerprints)."""
+    fingerprint = record.get("loop_state", {}).get("data_fingerprint", {})
+    copy.data_fingerprint = fingerprint if isinstance(fingerprint, dict) else {}
+    return copy
 
 
 def newest_readable(run_folder: Path) -> tuple[int, str] | None:
@@ -130,7 +138,8 @@ def remote_copies(url: str, seen: set[Path | str], notes: list[str]) -> list[Cop
                     config_yaml = store.cat_file(f"{run}/checkpoints/{name}/config.yaml").decode()
                     run_id = record.get("loop_state", {}).get("run_id", "")
                     source = store.unstrip_protocol(run)
-                    copies.append(Copy(source, int(name[5:]), run_id, config_yaml, store=store, path=run))
+                    copy = Copy(source, int(name[5:]), run_id, config_yaml, store=store, path=run)
+                    copies.append(with_data(copy, record))
         return copies
     except (OSError, ValueError) as error:
         raise RunError(f"cannot look for copies of this run in {url}: {error}") from error
@@ -182,7 +191,7 @@ def _folder_copies(run_folder: Path) -> Iterator[Copy]:
             yield Copy(run_folder, checkpoint_step(path), "", "", problem=problem)
             continue
         run_id = record.get("loop_state", {}).get("run_id", "")
-        yield Copy(run_folder, checkpoint_step(path), run_id, config_yaml)
+        yield with_data(Copy(run_folder, checkpoint_step(path), run_id, config_yaml), record)
 
 
 def _packed_copies(path: Path) -> Iterator[Copy]:
@@ -200,7 +209,7 @@ def _packed_copies(path: Path) -> Iterator[Copy]:
                 record = json.loads(_read_member(tar, name))
                 config_yaml = _read_member(tar, f"{folder}/config.yaml").decode()
                 run_id = record.get("loop_state", {}).get("run_id", "")
-                yield Copy(path, int(parts[-2][5:]), run_id, config_yaml, member)
+                yield with_data(Copy(path, int(parts[-2][5:]), run_id, config_yaml, member), record)
     except (OSError, ValueError, KeyError, tarfile.TarError):
         return  # not a packed run, or a damaged one
 

@@ -55,9 +55,8 @@ def resume(
 
     The main process decides, reading every checksum once, and may set files aside (`decide_start`);
     then every process loads the same checkpoint, or all stop with the same error. `frozen` is
-    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data` is the
-    data's fingerprint (main process; None elsewhere): a checkpoint of other data is refused unless
-    continue_on_new_data, and the returned state carries it into the next checkpoints.
+    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data`: the
+    data's fingerprint (main process), checked (check_data) and carried into the next checkpoints.
     """
     decision: list[Any] = [None]
     if accelerator.is_main_process:
@@ -94,17 +93,8 @@ def resume(
     failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
     if refused is not None:
         raise refused
-    if failed.item() and any(note.startswith(NEW_DATA) for note in notes):
-        raise RunError(
-            f"checkpoint {path} does not fit the model built from the new data "
-            f"({problem or 'on another process'}): continue_on_new_data continues only on data that builds "
-            "the same model; give the run the data it was trained on, or choose another --output_dir"
-        )
     if failed.item():
-        raise RunError(
-            f"checkpoint {path} is intact but could not be loaded ({problem or 'on another process'}): "
-            "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
-        )
+        raise load_failure(path, problem or "on another process", any(n.startswith(NEW_DATA) for n in notes))
     keep_fingerprint(state, data)
     # What else changed since the checkpoint was written (processes, batch split, versions) and what it
     # does to the numbers is printed by utils/history.py.
@@ -113,6 +103,21 @@ def resume(
         f"run {state.run_id or '(unnamed)'})"
     )
     return state, path
+
+
+def load_failure(path: Path, problem: str, new_data: bool) -> RunError:
+    """Why an intact checkpoint did not load: the model built from new data (continue_on_new_data) does not
+    take its weights, or the code or versions differ from those that wrote it."""
+    if new_data:
+        return RunError(
+            f"checkpoint {path} does not fit the model built from the new data ({problem}): "
+            "continue_on_new_data continues only on data that builds the same model; give the run the data "
+            "it was trained on, or choose another --output_dir"
+        )
+    return RunError(
+        f"checkpoint {path} is intact but could not be loaded ({problem}): continue it with the code and "
+        "versions that wrote it (meta.json), or choose another --output_dir"
+    )
 
 
 def keep_fingerprint(state: LoopState, data: DataFingerprint | None) -> LoopState:
@@ -125,20 +130,32 @@ def keep_fingerprint(state: LoopState, data: DataFingerprint | None) -> LoopStat
     return state
 
 
-def check_data(path: Path, config: TrainConfig, data: DataFingerprint | None) -> list[str]:
-    """Raise unless checkpoint `path` was trained on `data`; with continue_on_new_data, the note to print.
-    Checkpoints written before data fingerprints have none to compare."""
-    saved = read_loop_state(path).data_fingerprint if data is not None else {}
-    change = first_difference(saved, data.entries) if saved and data is not None else None
-    if change is None:
+def data_change(path: Path | Copy, data: DataFingerprint | None, saved: dict | None = None) -> str | None:
+    """The first difference between the data a checkpoint was trained on (`saved`, else its loop state's)
+    and `data`; None if none, or if either is unknown (a checkpoint from before fingerprints)."""
+    if data is None:
+        return None
+    if saved is None:
+        saved = read_loop_state(path).data_fingerprint
+    return first_difference(saved, data.entries) if saved else None
+
+
+def check_data(
+    path: Path | Copy, config: TrainConfig, data: DataFingerprint | None, saved: dict[str, str] | None = None
+) -> list[str]:
+    """Raise unless checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) was trained on
+    `data`; with continue_on_new_data, the note to print. Checkpoints from before fingerprints have none."""
+    if (change := data_change(path, data, saved)) is None:
         return []
+    where = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
     if not config.continue_on_new_data:
         raise RunError(
-            f"checkpoint {path} was trained on other data: {change}. Nothing was changed: give the run the "
+            f"{where} was trained on other data: {change}. Nothing was changed: give the run the "
             "data it was trained on, pass --continue_on_new_data true to continue on this data on purpose "
             "(the checkpoints record it), or --start_over true to set the run aside and start over"
         )
-    return [f"{NEW_DATA} continuing {path.name} on other data ({change}); recorded"]
+    name = path.name if isinstance(path, Path) else str(path)
+    return [f"{NEW_DATA} continuing {name} on other data ({change}); recorded"]
 
 
 def base_model_hint(config: TrainConfig, *sources: str) -> str:
@@ -165,7 +182,7 @@ def decide_start(config: TrainConfig, data: DataFingerprint | None = None) -> tu
     data than `data` is refused before anything is set aside (check_data).
     """
     output_dir = Path(config.output_dir)
-    notes = bring_in_newest_copy(config) if config.resume == "auto" else []
+    notes = bring_in_newest_copy(config, data) if config.resume == "auto" else []
     checkpoints = list_checkpoints(output_dir)
     if config.resume not in ("auto", "never"):
         path = Path(config.resume)
@@ -200,12 +217,9 @@ def decide_start(config: TrainConfig, data: DataFingerprint | None = None) -> tu
                     "continue it, choose another --output_dir, or pass --start_over true to set it aside"
                 )
             return None, notes + _clear_for_fresh_start(config, "other settings")
-        try:
-            notes += check_data(path, config, data)
-        except RunError:
-            if not config.start_over:
-                raise
+        if config.start_over and not config.continue_on_new_data and data_change(path, data):
             return None, notes + _clear_for_fresh_start(config, "other data")
+        notes += check_data(path, config, data)
         newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
         if newer:
             folder = set_aside(newer, output_dir)
@@ -250,9 +264,10 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
     return [f"start_over: moved the earlier run ({', '.join(earlier)}) to {folder}"]
 
 
-def bring_in_newest_copy(config: TrainConfig) -> list[str]:
+def bring_in_newest_copy(config: TrainConfig, data: DataFingerprint | None = None) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
-    output_dir, when it is newer than output_dir's own; return what to print. Main process only."""
+    output_dir, when it is newer than output_dir's own; return what to print. Main process only. A copy
+    trained on other data than `data` is refused before it is brought in (check_data)."""
     places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
@@ -286,19 +301,25 @@ def bring_in_newest_copy(config: TrainConfig) -> list[str]:
             f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
             "--import_from <its folder or .tar>, or --import_from '' to start fresh"
         )
-    if not _import_newest(candidates, own, output_dir, notes) and own is not None:
+    if not _import_newest(candidates, own, output_dir, notes, (config, data)) and own is not None:
         notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
     return notes
 
 
 def _import_newest(
-    candidates: list[Copy], own: tuple[int, str] | None, output_dir: Path, notes: list[str]
+    candidates: list[Copy],
+    own: tuple[int, str] | None,
+    output_dir: Path,
+    notes: list[str],
+    expected: tuple[TrainConfig, DataFingerprint | None],
 ) -> bool:
     """Import the newest of `candidates` that verifies (True), or none (False). Where output_dir holds no
     checkpoint and none verifies, raise naming them: a fresh start would not be what was asked for, and a
-    rerun with a good copy must find output_dir as it was (the import wrote nothing there)."""
+    rerun with a good copy must find output_dir as it was (the import wrote nothing there). A copy trained
+    on other data than `expected` (the config and the data's fingerprint) is refused first (check_data)."""
     failed = []
     for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
+        check_data(copy, *expected, copy.data_fingerprint)  # its note comes again once it is in
         if problem := copy.problem or import_copy(copy, output_dir, notes):
             notes.append(f"WARNING: skipping {copy}: {problem}")
             failed.append(f"{copy}: {problem}")

@@ -354,3 +354,17 @@ def test_continue_on_new_data_continues_on_purpose_and_the_checkpoints_record_it
     assert saved.data_fingerprint == data_fingerprint(*task.build_datasets(config)).entries
     # The run now goes on with the new data: the same command, without the switch, continues it.
     assert run_training(output_dir, *args).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_copy_trained_on_other_data_is_refused_before_it_is_brought_in(tmp_path: Path) -> None:
+    """A new session (another machine: output_dir empty) continuing from the run's mirror, on edited data."""
+    files = write_files(tmp_path / "files", ".jsonl")
+    output_dir, mirror = tmp_path / "run", tmp_path / "mirror"
+    args = ["--data_files", files, *CHANGING, "--mirror_dir", str(mirror)]
+    run_training(output_dir, *args)
+    shutil.rmtree(output_dir)
+    relabel_first_row(tmp_path / "files" / "part2.jsonl")
+    line = refused_in_one_line(run_training(output_dir, *args, check=False), "train part2.jsonl differs")
+    assert line.startswith(f"error: the copy {mirror} (step 4, run ")
+    assert snapshot(output_dir) == {}  # the lock file alone: no checkpoint brought in
