@@ -32,6 +32,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     list_checkpoints,
     seal,
 )
+from {{ cookiecutter.package_name }}.utils.durable import TEMPORARY_PREFIX
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, set_aside
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
@@ -470,3 +471,17 @@ def test_metrics_reach_the_disk_before_a_checkpoint_seals_their_length(tmp_path:
     assert len(seals) == 3, synced  # steps 2, 4 and 6
     for before, seal_at in zip([-1, *seals], seals, strict=False):
         assert str(output_dir / "metrics.jsonl") in synced[before + 1 : seal_at], synced[before + 1 : seal_at]
+
+
+def test_a_config_write_cut_off_by_a_kill_does_not_block_the_rerun(tmp_path: Path) -> None:
+    """kill -9 while config.yaml was first written: config.yaml is written to a temporary name and renamed
+    when whole, so what such a kill leaves is that temporary file, half-written. The same command starts
+    the run (it would refuse a folder holding an earlier run's files) and replaces it."""
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    cut_off = output_dir / f"{TEMPORARY_PREFIX}config.yaml"
+    cut_off.write_text("seed: 4")
+    result = run_training(output_dir, *FAST)
+    assert f"starting fresh in {output_dir}" in result.stdout
+    assert not cut_off.exists()
+    assert "seed: " in (output_dir / "config.yaml").read_text()

@@ -32,6 +32,8 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
+from .durable import TEMPORARY_PREFIX
+
 try:
     import fcntl  # Linux, macOS
 except ImportError:  # Windows: the same lock through filelock (LockFileEx there), see _lock
@@ -361,11 +363,16 @@ def _read_holder(fd: int) -> dict:
 
 
 def earlier_outputs(output_dir: str | Path) -> list[str]:
-    """Names of what an earlier run left in `output_dir` (the lock and set-aside folder do not count)."""
+    """Names of what an earlier run left in `output_dir` (the lock, the set-aside folder and the temporary
+    file of a write that a kill cut off, which the next write of that file replaces, do not count)."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
-    return sorted(path.name for path in folder.iterdir() if path.name not in (LOCK_FILE, SET_ASIDE))
+    return sorted(
+        path.name
+        for path in folder.iterdir()
+        if path.name not in (LOCK_FILE, SET_ASIDE) and not path.name.startswith(TEMPORARY_PREFIX)
+    )
 
 
 def set_aside(paths: list[Path], output_dir: str | Path, stamp: str | None = None) -> Path:

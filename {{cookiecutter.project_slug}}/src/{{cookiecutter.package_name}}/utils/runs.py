@@ -41,7 +41,7 @@ from .checkpoint import (
     list_checkpoints,
     read_loop_state,
 )
-from .durable import fsync_path
+from .durable import TEMPORARY_PREFIX, fsync_path
 from .remote import open_store
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RunError, set_aside
 
@@ -319,7 +319,7 @@ def _bring(copy: Copy, name: str, destination: Path) -> None:
 
 
 def is_run_file(name: str) -> bool:
-    return name not in NOT_COPIED and not name.startswith(STAGING_PREFIX)
+    return name not in NOT_COPIED and not name.startswith((STAGING_PREFIX, TEMPORARY_PREFIX))
 
 
 def _packed_names(copy: Copy) -> list[str]:
