@@ -9,7 +9,9 @@
 2. data wait: the share of train.py's step time spent in next() on its train loader, at the text
    preset's defaults (configs/local.yaml: num_workers 0) with --data_files, and with num_workers 2 for
    comparison; every fetch timed by wrapping StreamLoader.__iter__, train.py otherwise as it is, summed
-   over the steps after the first 5 against their wall time.
+   over the steps after the first 5 against their wall time;
+3. resume: seconds from a resumed loader's iter() to its first batch, the state taken 1 batch into an
+   epoch and 100 batches in (100x the rows read; 20 in --quick), 0 workers, each loader on a fresh stream.
 Each figure is the median of 3 runs (1 in --quick), with the range.
 """
 
@@ -45,6 +47,35 @@ started, samples = time.perf_counter(), 0
 for batch in loader:
     samples += len(batch["labels"])
 print(samples / (time.perf_counter() - started))
+"""
+
+RESUME = """
+import json, sys, time, torch
+from types import SimpleNamespace
+sys.path.insert(0, "src")
+from {package} import task
+from {package}.utils.config import load_config
+from {package}.utils.streams import StreamLoader
+config, _ = load_config(["--data_files", sys.argv[1], "--max_steps", "1000"],
+                        task.PROJECT_DIR / "configs" / "local.yaml", task.Config)
+one = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+def loader():  # a fresh stream each time: datasets keeps a loaded position in the stream object
+    return StreamLoader(task.build_datasets(config)[0], config, one, task.collate, pin_memory=False)
+def seconds_to_resume(batches):
+    first = loader()
+    first.set_epoch(0)
+    taken = iter(first)
+    for _ in range(batches):
+        next(taken)
+    state = first.state_dict()
+    del taken
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(0)
+    started = time.perf_counter()
+    next(iter(resumed))
+    return time.perf_counter() - started
+print(json.dumps([seconds_to_resume(int(batches)) for batches in sys.argv[2:]]))
 """
 
 WAIT = """
@@ -91,8 +122,15 @@ def main() -> None:
         for workers in (0, 1, 2):
             rates = [rate(project, files, workers) for _ in range(reps)]
             table.append((f"loader rate, num_workers {workers}", f"{spread(rates, '.0f')} samples/s", ""))
+        near, far = resume_seconds(project, files, 100 if not args.quick else 20, reps)
+        table.append(("resume to first batch, 1 batch in (64 rows)", f"{spread(near, '.3f')} s", ""))
+        far_rows = (100 if not args.quick else 20) * 64
+        table.append(
+            (f"resume to first batch, {far_rows:,} rows in", f"{spread(far, '.3f')} s", "<= 1.2x near")
+        )
         for workers, name in ((0, "defaults (num_workers 0)"), (2, "num_workers 2")):
-            shares = [wait_share(project, files, workers, steps, root / f"run-{workers}-{rep}") for rep in range(reps)]
+            runs = [root / f"run-{workers}-{rep}" for rep in range(reps)]
+            shares = [wait_share(project, files, workers, steps, run) for run in runs]
             target = "< 5%" if workers == 0 else ""
             table.append((f"data wait, {name}, % of step time", f"{spread(shares, '.1f')}%", target))
     widths = [max(len(row[column]) for row in table) for column in range(3)]
@@ -100,7 +138,10 @@ def main() -> None:
         print("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |")
         if index == 0:
             print("| " + " | ".join("-" * width for width in widths) + " |")
-    print(f"{FILES} jsonl files of {rows_per_file} passages; median (range) of {reps} run(s); {os.cpu_count()} CPUs")
+    print(
+        f"{FILES} jsonl files of {rows_per_file} passages; median (range) of {reps} run(s); "
+        f"{os.cpu_count()} CPUs"
+    )
 
 
 def write_files(project: Path, folder: Path, rows_per_file: int) -> str:
@@ -123,12 +164,27 @@ def package_of(project: Path) -> str:
 def rate(project: Path, files: str, workers: int) -> float:
     code = RATE.format(package=package_of(project))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", code, files, str(workers)], cwd=project, env=env, capture_output=True, text=True
-    )
+    command = [sys.executable, "-c", code, files, str(workers)]
+    result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
     if result.returncode:
         raise SystemExit(result.stderr[-3000:])
     return float(result.stdout.split()[-1])
+
+
+def resume_seconds(project: Path, files: str, far: int, reps: int) -> tuple[list[float], list[float]]:
+    """Seconds from iter() to the first batch of a loader resumed 1 batch and `far` batches into an epoch."""
+    code = RESUME.format(package=package_of(project))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    near_seconds, far_seconds = [], []
+    for _ in range(reps):
+        command = [sys.executable, "-c", code, files, "1", str(far)]
+        result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+        if result.returncode:
+            raise SystemExit(result.stderr[-3000:])
+        near, far_one = json.loads(result.stdout.splitlines()[-1])
+        near_seconds.append(near)
+        far_seconds.append(far_one)
+    return near_seconds, far_seconds
 
 
 def wait_share(project: Path, files: str, workers: int, steps: int, output_dir: Path) -> float:

@@ -18,18 +18,26 @@ is refused. Each worker iterates its part with `datasets`' `iter()`, not as a to
 inside a worker, `datasets` (5.2) would split it again by worker and load the saved position into the
 unsplit stream (an IndexError on resume).
 
+A shuffle that resumes: a task's Config may set `shuffle_window` (the text preset does). Each worker then
+takes its rows in windows of that many and yields each window in an order drawn from (seed, epoch,
+worker, window): a row moves at most window - 1 places in its worker's sequence, never out of its window.
+The saved state is the position at the window's start and the rows taken from it, so a resume reads that
+window again (at most window - 1 rows read twice) and draws the same order. A `datasets` shuffle buffer
+stays refused: its contents are not in the saved state, so a resume would draw other samples.
+
 There is no length: an epoch ends when the stream runs out (each worker drops its last, partial global
 batch), and `max_steps` sets the length of training. Not here: `auto_batch_size` (it probes with indexed
-samples), and a `datasets` shuffle buffer (its contents are not in the saved state: a resume would draw
-other samples). The eval set stays map-style.
+samples). The eval set stays map-style.
 """
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import IterableDatasetShard
@@ -86,12 +94,21 @@ def check_workers(stream: IterableDataset, num_workers: int) -> None:
 
 class WorkerShare(IterableDataset):
     """This process's block of each global batch, from the part of the stream this worker reads (the
-    whole stream without workers); its state is that part's position (utils/streams.py)."""
+    whole stream without workers), its rows shuffled in windows of `window` (off below 2): each window's
+    order is drawn from (seed, epoch, worker, window), so a resume re-reads the window it stopped in and
+    draws the same order. Its state: the part's position at that window's start, and the rows taken."""
 
-    def __init__(self, stream: IterableDataset, per_process: int, processes: int, index: int) -> None:
-        self.stream, self.per_process, self.processes, self.index = stream, per_process, processes, index
+    def __init__(self, stream: Any, sizes: tuple[int, int, int], window: int, seed: int) -> None:
+        self.stream, self.window, self.seed, self.epoch = stream, window, seed, 0
+        self.per_process, self.processes, self.index = sizes
         self.part: Any = None  # this worker's stream, once iterated
         self.saved: dict[str, Any] | None = None  # a position to resume from, at the next iter()
+        self.at = {"window": 0, "taken": 0}  # the window in progress, and how many of its rows were taken
+        self.start: dict[str, Any] | None = None  # the part's position there (None: the epoch's start)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)  # the order of this epoch (datasets: the files' order)
+        self.epoch = epoch
 
     def split(self) -> Any:
         worker = get_worker_info()
@@ -99,18 +116,41 @@ class WorkerShare(IterableDataset):
             return self.stream
         return self.stream.shard(num_shards=worker.num_workers, index=worker.id, contiguous=False)
 
-    def rows(self) -> Iterator[Any]:
+    def read(self) -> Iterator[Any]:
         if hasattr(self.part, "iter"):  # a `datasets` stream: not its __iter__, which splits by worker
             for batch in self.part.iter(batch_size=1):
                 yield {key: values[0] for key, values in batch.items()}
         else:
             yield from self.part
 
+    def rows(self) -> Iterator[Any]:
+        if self.window < 2:
+            yield from self.read()
+            return
+        reader, worker = self.read(), get_worker_info()
+        window, skip = self.at["window"], self.at["taken"]
+        while True:
+            if window > self.at["window"]:  # the first one's start is known (the epoch's, or a resume's)
+                self.start = self.part.state_dict()
+            rows = list(itertools.islice(reader, self.window))
+            if not rows:
+                return
+            key = [self.seed, self.epoch, worker.id if worker else 0, window]
+            for taken, row in enumerate(np.random.default_rng(key).permutation(len(rows))[skip:], skip + 1):
+                self.at = {"window": window, "taken": taken}
+                yield rows[row]
+            window, skip = window + 1, 0
+
     def __iter__(self) -> Iterator[Any]:
-        self.part = self.split()
-        if self.saved is not None:
+        self.part, self.at, self.start = self.split(), {"window": 0, "taken": 0}, None
+        if self.saved is not None and self.window < 2:
             self.part.load_state_dict(self.saved)
-            self.saved = None
+        elif self.saved is not None:
+            self.start = self.saved["stream"]
+            self.at = {"window": self.saved["window"], "taken": self.saved["taken"]}
+            if self.start is not None:
+                self.part.load_state_dict(self.start)
+        self.saved = None
         share = IterableDatasetShard(
             _Rows(self.rows),
             batch_size=self.per_process,
@@ -122,9 +162,11 @@ class WorkerShare(IterableDataset):
 
     # Called by StatefulDataLoader in the process that reads (a worker, or this one), after each batch.
     def state_dict(self) -> dict[str, Any]:
-        if self.part is not None:
-            return self.part.state_dict()
-        return self.saved if self.saved is not None else self.split().state_dict()
+        if self.saved is not None:  # not yet iterated
+            return self.saved
+        if self.window < 2:
+            return (self.part or self.split()).state_dict()
+        return {"stream": self.start, **self.at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.saved = state
@@ -172,7 +214,9 @@ class StreamLoader:
         self.device = accelerator.device
         self.pin_memory = pin_memory
         per_process = config.global_batch_size // accelerator.num_processes  # per-device x accumulation
-        share = WorkerShare(stream, per_process, accelerator.num_processes, accelerator.process_index)
+        sizes = per_process, accelerator.num_processes, accelerator.process_index
+        self.window = getattr(config, "shuffle_window", 0)  # a task's field (the text preset's)
+        share = WorkerShare(stream, sizes, self.window, config.seed)
         # torchdata: in the data extra (pyproject.toml), as only a streamed train set needs it.
         stateful = require("torchdata.stateful_dataloader", "torchdata>=0.11")
         self.loader = stateful.StatefulDataLoader(
@@ -188,7 +232,7 @@ class StreamLoader:
         )
 
     def set_epoch(self, epoch: int) -> None:
-        self.stream.set_epoch(epoch)  # the order of this epoch (datasets: the files' order)
+        self.loader.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         resumed, self.resumed = self.resumed, False

@@ -9,7 +9,11 @@
   written;
 - a file edited or added between sessions stops the rerun with one line naming it, before anything is
   written; continue_on_new_data continues on it, and the checkpoints record the change;
-- a stream with a shuffle buffer (which cannot resume exactly) is refused in one line.
+- a stream with a shuffle buffer (which cannot resume exactly) is refused in one line;
+- read in 2 worker processes, a run stopped three times in a row (SIGKILL, SIGTERM, SIGKILL) across both
+  epoch boundaries ends bitwise equal to one never stopped, and so do 2 processes handed to 1; another
+  num_workers at resume, or more workers than files, is refused in one line;
+- rows shuffled in windows move a bounded distance, and a resume inside a window draws the same order.
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ datasets = pytest.importorskip("datasets", reason="data_files streams with datas
 parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")
 
 # 600 passages in 3 files: about 480 train the model, 7 optimizer steps of 64 per epoch, so 20 steps cross
-# two epoch boundaries.
+# two epoch boundaries. Shuffled in windows of 100 rows: a checkpoint (every 4 x 64 rows) falls inside one.
 ROWS, FILES = 600, 3
 STEPS = ["--max_steps", "20", "--log_every", "2", "--checkpoint_every", "4", "--eval_every", "5"]
+STEPS += ["--shuffle_window", "100"]
 
 
 def passages() -> list[dict[str, str]]:
@@ -254,6 +259,44 @@ def test_each_process_keeps_its_block_and_stands_where_one_process_does(
         assert len(seen[1, 0][step]) == config.global_batch_size
         assert seen[1, 0][step] == seen[2, 0][step] + seen[2, 1][step]
     assert states[0] == states[1] == states[2]
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
+def test_a_shuffle_in_windows_moves_rows_a_bounded_distance_and_resumes_inside_a_window(
+    workers: int, jsonl_files: str
+) -> None:
+    """Windows of 40 rows, global batches of 64: an epoch's rows come in another order than the files',
+    each within 39 places of its place there (in the process: one sequence), and a loader stopped after 3
+    batches (192 rows: inside the fifth window) and resumed from its state continues as one never stopped."""
+
+    def epoch(window: int, state: dict | None = None, take: int = 0) -> tuple[list, dict | None]:
+        config = config_for(jsonl_files, "--num_workers", str(workers), "--shuffle_window", str(window))
+        train, _ = task.build_datasets(config)
+        accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+        loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+        if state is not None:
+            loader.load_state_dict(state)
+        loader.set_epoch(1)
+        rows = []
+        for batch in loader:
+            rows += unpadded(batch)
+            if len(rows) == take * config.global_batch_size:
+                return rows, loader.state_dict()
+        return rows, None
+
+    shuffled, _ = epoch(40)
+    first, state = epoch(40, take=3)
+    rest, _ = epoch(40, state=state)
+    assert first + rest == shuffled
+    if workers == 0:
+        in_files, _ = epoch(0)
+        assert len(shuffled) == len(in_files) and shuffled != in_files
+        places: dict[tuple, list[int]] = {}
+        for place, row in enumerate(in_files):
+            places.setdefault(row, []).append(place)
+        # The rows of the last window may come from the partial batch that the unshuffled epoch dropped.
+        for place, row in enumerate(shuffled[: len(in_files) - 40]):
+            assert any(abs(place - there) < 40 for there in places[row]), place
 
 
 def without_sample_count(state: Any) -> Any:
