@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
+import pickle
 import random
 import shutil
 import signal
@@ -297,6 +299,21 @@ def test_a_shuffle_in_windows_moves_rows_a_bounded_distance_and_resumes_inside_a
         # The rows of the last window may come from the partial batch that the unshuffled epoch dropped.
         for place, row in enumerate(shuffled[: len(in_files) - 40]):
             assert any(abs(place - there) < 40 for there in places[row]), place
+
+
+def test_a_stream_and_its_loader_pickle_for_workers_started_by_spawn(jsonl_files: str) -> None:
+    """Where workers are spawned (macOS, Windows), the loader's dataset and collate are pickled to them: a
+    lambda anywhere in the stream would stop the run there. The copy reads the same samples."""
+    config = config_for(jsonl_files, "--num_workers", "2")
+    train, _ = task.build_datasets(config)
+    accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+    loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+    share, collate = pickle.loads(pickle.dumps((loader.loader.dataset, task.collate)))
+    share.set_epoch(1)
+    loader.set_epoch(1)
+    copied = [collate(list(itertools.islice(iter(share), 32)))]
+    in_place = [task.collate(list(itertools.islice(iter(loader.loader.dataset), 32)))]
+    assert [unpadded(batch) for batch in copied] == [unpadded(batch) for batch in in_place]
 
 
 def without_sample_count(state: Any) -> Any:
