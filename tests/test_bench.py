@@ -170,3 +170,24 @@ def test_quick_fingerprint_benchmark_prints_every_row() -> None:
     )
     for row in rows[1:]:
         assert number(row.split("|")[2]) >= 0, row
+
+
+@pytest.mark.slow
+def test_quick_stream_benchmark_prints_every_row() -> None:
+    """bench/streams.py --quick: the text preset's stream loader at 0, 1 and 2 workers, a resume near and far
+    into an epoch, and the data wait of train.py on it, each a number."""
+    result = run([sys.executable, "bench/streams.py", "--quick"], cwd=TEMPLATE, timeout=900)
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    names = [row.split("|")[1].strip() for row in rows[1:]]
+    assert names == [
+        "loader rate, num_workers 0",
+        "loader rate, num_workers 1",
+        "loader rate, num_workers 2",
+        "resume to first batch, 1 batch in (64 rows)",
+        "resume to first batch, 1,280 rows in",
+        "data wait, defaults (num_workers 0), % of step time",
+        "data wait, num_workers 2, % of step time",
+    ], result.stdout
+    for row in rows[1:]:
+        assert number(row.split("|")[2]) > 0, row

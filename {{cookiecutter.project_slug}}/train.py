@@ -276,10 +276,12 @@ def build_loaders(
         train_loader = StreamLoader(train_set, config, accelerator, task.collate, pin_memory)
         accelerator.register_for_checkpointing(train_loader)
     else:
+        order = getattr(train_set, "sampler", None)  # a set's own random order (lm: none stored per sample)
         train_loader = DataLoader(
             train_set,
             batch_size=config.per_device_batch_size * accelerator.gradient_accumulation_steps,
-            shuffle=True,
+            shuffle=order is None,
+            sampler=order,
             drop_last=True,
             collate_fn=task.collate,
             num_workers=config.num_workers,

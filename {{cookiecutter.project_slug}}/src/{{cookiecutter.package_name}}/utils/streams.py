@@ -4,30 +4,48 @@ read from local files, or your own with `state_dict`/`load_state_dict` and `set_
 How each process gets its share without changing the optimization: every process reads the same stream,
 in the same (seeded) order, and Accelerate's IterableDatasetShard keeps, of each run of global batch
 samples, this process's block. So an optimizer step sees the same samples on 1 or N processes. It reads a
-whole global batch before yielding any of it, and the plain DataLoader below reads nothing ahead: at every
-step boundary the stream stands at the same place on every process, the place a single process would
-be. That place is the stream's own `state_dict`, which Accelerate's `save_state` stores in the checkpoint
-(`register_for_checkpointing`: one file, whatever the number of processes), so a resume, also on another
-number of processes, continues at the next sample. There is no length: an epoch ends when the stream runs
-out (the last, partial global batch is dropped), and `max_steps` sets the length of training.
+whole global batch before yielding any of it, so after each batch the stream stands where a single
+process would be, on every process.
 
-Not here: worker processes (they would split the stream by file, which changes the order),
-`auto_batch_size` (it probes with indexed samples), and a `datasets` shuffle buffer (its contents are not
-in the saved state: a resume would draw other samples). The eval set stays map-style.
+Workers (`num_workers`): torchdata's StatefulDataLoader reads, tokenizes and collates in worker processes.
+Each worker reads whole files of a `datasets` stream (`shard`: file i goes to worker i mod num_workers)
+and forms global batches from them; the loader takes one batch from each worker in turn. Its state (each
+worker's position at the last batch the loop took, and whose turn is next) is what Accelerate's
+`save_state` stores with each checkpoint (`register_for_checkpointing`: one file, the same on every
+process), so a resume, also on another number of processes, continues at the next batch. The number of
+workers is part of the data order (which worker reads which file), so a resume with another num_workers
+is refused. Each worker iterates its part with `datasets`' `iter()`, not as a torch IterableDataset:
+inside a worker, `datasets` (5.2) would split it again by worker and load the saved position into the
+unsplit stream (an IndexError on resume).
+
+A shuffle that resumes: a task's Config may set `shuffle_window` (the text preset does). Each worker then
+takes its rows in windows of that many and yields each window in an order drawn from (seed, epoch,
+worker, window): a row moves at most window - 1 places in its worker's sequence, never out of its window.
+The saved state is the position at the window's start and the rows taken from it, so a resume reads that
+window again (at most window - 1 rows read twice) and draws the same order. A `datasets` shuffle buffer
+stays refused: its contents are not in the saved state, so a resume would draw other samples.
+
+There is no length: an epoch ends when the stream runs out (each worker drops its last, partial global
+batch), and `max_steps` sets the length of training. Not here: `auto_batch_size` (it probes with indexed
+samples). The eval set stays map-style.
 """
 
 from __future__ import annotations
 
+import itertools
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.data_loader import IterableDatasetShard
 from accelerate.utils import send_to_device
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from .config import ConfigError, TrainConfig
+from .packages import require
 from .run_dir import RunError
 from .signals import ignore_stop_signals
 
@@ -39,11 +57,6 @@ def check_stream_settings(config: TrainConfig) -> None:
         raise ConfigError(
             "a streamed train set has no length to size training by num_epochs: set max_steps (optimizer "
             "steps; epochs then end when the stream runs out)"
-        )
-    if config.num_workers:
-        raise ConfigError(
-            f"num_workers={config.num_workers}: a streamed train set is read in the training process, since "
-            "workers would split it by file and change its order (and exact resume): set num_workers 0"
         )
     if config.auto_batch_size:
         raise ConfigError("auto_batch_size needs a map-style train set: set per_device_batch_size instead")
@@ -58,6 +71,115 @@ def shuffle_buffer(stream: IterableDataset) -> int:
             largest = max(largest, getattr(iterable, "buffer_size", 0) or 0)
             pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
     return largest if largest > 1 else 0
+
+
+# torchdata 0.11 calls torch.set_vital at each iter(), which torch 2.13 deprecates: a warning per epoch.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+
+
+def check_workers(stream: IterableDataset, num_workers: int) -> None:
+    """Raise a ConfigError where `num_workers` cannot read the stream: each worker needs whole files."""
+    files = getattr(stream, "num_shards", None)
+    if num_workers and (files is None or not hasattr(stream, "shard")):
+        raise ConfigError(
+            f"num_workers={num_workers}: this {type(stream).__name__} train stream cannot be dealt among "
+            "workers (a `datasets` stream can: shard()): set num_workers 0"
+        )
+    if files is not None and num_workers > files:
+        raise ConfigError(
+            f"num_workers={num_workers} but the train stream has {files} file(s), and each worker reads "
+            f"whole files: set num_workers {files} or fewer, or split the data into more files"
+        )
+
+
+class WorkerShare(IterableDataset):
+    """This process's block of each global batch, from the part of the stream this worker reads (the
+    whole stream without workers), its rows shuffled in windows of `window` (off below 2): each window's
+    order is drawn from (seed, epoch, worker, window), so a resume re-reads the window it stopped in and
+    draws the same order. Its state: the part's position at that window's start, and the rows taken."""
+
+    def __init__(self, stream: Any, sizes: tuple[int, int, int], window: int, seed: int) -> None:
+        self.stream, self.window, self.seed, self.epoch = stream, window, seed, 0
+        self.per_process, self.processes, self.index = sizes
+        self.part: Any = None  # this worker's stream, once iterated
+        self.saved: dict[str, Any] | None = None  # a position to resume from, at the next iter()
+        self.at = {"window": 0, "taken": 0}  # the window in progress, and how many of its rows were taken
+        self.start: dict[str, Any] | None = None  # the part's position there (None: the epoch's start)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)  # the order of this epoch (datasets: the files' order)
+        self.epoch = epoch
+
+    def split(self) -> Any:
+        worker = get_worker_info()
+        if worker is None:
+            return self.stream
+        return self.stream.shard(num_shards=worker.num_workers, index=worker.id, contiguous=False)
+
+    def read(self) -> Iterator[Any]:
+        if hasattr(self.part, "iter"):  # a `datasets` stream: not its __iter__, which splits by worker
+            for batch in self.part.iter(batch_size=1):
+                yield {key: values[0] for key, values in batch.items()}
+        else:
+            yield from self.part
+
+    def rows(self) -> Iterator[Any]:
+        if self.window < 2:
+            yield from self.read()
+            return
+        reader, worker = self.read(), get_worker_info()
+        window, skip = self.at["window"], self.at["taken"]
+        while True:
+            if window > self.at["window"]:  # the first one's start is known (the epoch's, or a resume's)
+                self.start = self.part.state_dict()
+            rows = list(itertools.islice(reader, self.window))
+            if not rows:
+                return
+            key = [self.seed, self.epoch, worker.id if worker else 0, window]
+            for taken, row in enumerate(np.random.default_rng(key).permutation(len(rows))[skip:], skip + 1):
+                self.at = {"window": window, "taken": taken}
+                yield rows[row]
+            window, skip = window + 1, 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.part, self.at, self.start = self.split(), {"window": 0, "taken": 0}, None
+        if self.saved is not None and self.window < 2:
+            self.part.load_state_dict(self.saved)
+        elif self.saved is not None:
+            self.start = self.saved["stream"]
+            self.at = {"window": self.saved["window"], "taken": self.saved["taken"]}
+            if self.start is not None:
+                self.part.load_state_dict(self.start)
+        self.saved = None
+        share = IterableDatasetShard(
+            _Rows(self.rows),
+            batch_size=self.per_process,
+            drop_last=True,
+            num_processes=self.processes,
+            process_index=self.index,
+        )
+        return iter(share)
+
+    # Called by StatefulDataLoader in the process that reads (a worker, or this one), after each batch.
+    def state_dict(self) -> dict[str, Any]:
+        if self.saved is not None:  # not yet iterated
+            return self.saved
+        if self.window < 2:
+            return (self.part or self.split()).state_dict()
+        return {"stream": self.start, **self.at}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.saved = state
+
+
+class _Rows(IterableDataset):
+    """An iterable of the rows a function yields (IterableDatasetShard wants a dataset)."""
+
+    def __init__(self, rows: Callable[[], Iterator[Any]]) -> None:
+        self.rows = rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.rows()
 
 
 class StreamLoader:
@@ -86,31 +208,31 @@ class StreamLoader:
                 "exactly (datasets saves its position, not the buffer's contents): shuffle with "
                 "buffer_size=1 (the order of the files) and write each file's rows in random order"
             )
-        self.stream, self.max_steps = stream, config.max_steps
+        check_workers(stream, config.num_workers)
+        self.stream, self.max_steps, self.num_workers = stream, config.max_steps, config.num_workers
         self.resumed = False  # loaded from a checkpoint: its epoch may have no full global batch left
         self.device = accelerator.device
         self.pin_memory = pin_memory
         per_process = config.global_batch_size // accelerator.num_processes  # per-device x accumulation
-        share = IterableDatasetShard(
-            stream,
-            batch_size=per_process,
-            drop_last=True,
-            num_processes=accelerator.num_processes,
-            process_index=accelerator.process_index,
-        )
-        self.loader = DataLoader(
+        sizes = per_process, accelerator.num_processes, accelerator.process_index
+        self.window = getattr(config, "shuffle_window", 0)  # a task's field (the text preset's)
+        share = WorkerShare(stream, sizes, self.window, config.seed)
+        # torchdata: in the data extra (pyproject.toml), as only a streamed train set needs it.
+        stateful = require("torchdata.stateful_dataloader", "torchdata>=0.11")
+        self.loader = stateful.StatefulDataLoader(
             share,
             batch_size=per_process,
             collate_fn=collate,
+            num_workers=config.num_workers,
             worker_init_fn=ignore_stop_signals,
             pin_memory=pin_memory,
-            # Each iter() of a DataLoader draws a seed from its generator: from the global one, without it,
-            # which would shift the dropout masks of a resumed run (it starts an iterator mid-epoch).
+            # Each iter() draws a seed from the generator (the global one, without it, which would shift
+            # the dropout masks of a resumed run), and its state holds that seed: the same on every process.
             generator=torch.Generator().manual_seed(config.seed),
         )
 
     def set_epoch(self, epoch: int) -> None:
-        self.stream.set_epoch(epoch)  # the order of this epoch (datasets: the files' order)
+        self.loader.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         resumed, self.resumed = self.resumed, False
@@ -125,22 +247,22 @@ class StreamLoader:
             )
 
     # What save_state stores (custom_checkpoint_0.pkl) and load_state gives back. max_steps rides along:
-    # it sizes a stream's schedule, so a resume with another value would change the run, not continue it.
+    # it sizes a stream's schedule, so a resume with another value would change the run, not continue it;
+    # num_workers too: it decides which worker reads which file, and so the order of the batches.
     def state_dict(self) -> dict[str, Any]:
-        return {"stream": self.stream.state_dict(), "max_steps": self.max_steps}
+        saved = {"loader": self.loader.state_dict()}
+        return saved | {"max_steps": self.max_steps, "num_workers": self.num_workers}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["max_steps"] != self.max_steps:
-            raise RunError(
-                f"this run streams its train set with a schedule of max_steps={state['max_steps']}, not "
-                f"{self.max_steps}: rerun with --max_steps {state['max_steps']}, or start another output_dir"
-            )
-        try:  # the next iteration of the saved epoch starts after it
-            self.stream.load_state_dict(state["stream"])
-        except (IndexError, KeyError, ValueError) as error:  # datasets' own, for a position in other files
-            raise RunError(
-                f"the train stream's saved position does not fit its files now ({error!r}): a stream "
-                "continues only over the files it was saved with (continue_on_new_data too): restore them, "
-                "or start another output_dir"
-            ) from None
+        for name in ("max_steps", "num_workers"):
+            if state.get(name, 0) != getattr(self, name):
+                raise RunError(
+                    f"this run streams its train set with {name}={state.get(name, 0)}, not "
+                    f"{getattr(self, name)}: rerun with --{name} {state.get(name, 0)}, or start another "
+                    "output_dir"
+                )
+        if "loader" in state:
+            self.loader.load_state_dict(state["loader"])
+        else:  # written before workers: the stream's own position, read at the next iter()
+            self.loader.dataset.load_state_dict(state["stream"])
         self.resumed = True

@@ -71,9 +71,13 @@ class Config(FineTuningConfig):
     # replaces the tiny BERT, whose vocab_size, hidden_size, num_layers and num_heads are then unused.
     # A relative data_file is taken from the project folder (format: data/texts.py).
     data_file: str = setting("data/shakespeare_speakers.txt", "the texts, one label<TAB>text per line")
-    # Streamed instead of read into memory (data/text_files.py): train with max_steps, and num_workers 0.
+    # Streamed instead of read into memory (data/text_files.py): train with max_steps; read in num_workers
+    # processes, each whole files (utils/streams.py).
     data_files: str = setting(
         "", "local parquet, csv or jsonl files to stream instead of data_file: globs, comma-separated"
+    )
+    shuffle_window: int = setting(
+        1024, "data_files: rows are shuffled in windows of this many, a row moving at most window - 1 places"
     )
     text_column: str = setting("text", "data_files: the column of the texts")
     label_column: str = setting("label", "data_files: the column of the labels")
@@ -99,6 +103,7 @@ class Config(FineTuningConfig):
         ("label_column", lambda v: v.strip() != "", "a column name"),
         ("eval_fraction", lambda v: 0 < v < 1, "between 0 and 1 (exclusive)"),
         ("max_length", lambda v: v >= 3, ">= 3 ([CLS], a token, [SEP])"),
+        ("shuffle_window", lambda v: v >= 0, ">= 0 (0 or 1: the files' order)"),
         # 4: data/texts.py's SPECIAL_TOKENS, the start of every vocabulary
         ("vocab_size", lambda v: v > 4, "> 4 (the special tokens [PAD], [UNK], [CLS] and [SEP])"),
         ("hidden_size", lambda v: v > 0, "> 0"),

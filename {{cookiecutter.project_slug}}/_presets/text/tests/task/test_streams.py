@@ -9,14 +9,20 @@
   written;
 - a file edited or added between sessions stops the rerun with one line naming it, before anything is
   written; continue_on_new_data continues on it, and the checkpoints record the change;
-- a stream with a shuffle buffer (which cannot resume exactly) is refused in one line.
+- a stream with a shuffle buffer (which cannot resume exactly) is refused in one line;
+- read in 2 worker processes, a run stopped three times in a row (SIGKILL, SIGTERM, SIGKILL) across both
+  epoch boundaries ends bitwise equal to one never stopped, and so do 2 processes handed to 1; another
+  num_workers at resume, or more workers than files, is refused in one line;
+- rows shuffled in windows move a bounded distance, and a resume inside a window draws the same order.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import itertools
 import json
+import pickle
 import random
 import shutil
 import signal
@@ -24,6 +30,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -52,9 +59,10 @@ datasets = pytest.importorskip("datasets", reason="data_files streams with datas
 parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")
 
 # 600 passages in 3 files: about 480 train the model, 7 optimizer steps of 64 per epoch, so 20 steps cross
-# two epoch boundaries.
+# two epoch boundaries. Shuffled in windows of 100 rows: a checkpoint (every 4 x 64 rows) falls inside one.
 ROWS, FILES = 600, 3
 STEPS = ["--max_steps", "20", "--log_every", "2", "--checkpoint_every", "4", "--eval_every", "5"]
+STEPS += ["--shuffle_window", "100"]
 
 
 def passages() -> list[dict[str, str]]:
@@ -129,6 +137,47 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     assert_same_run(output_dir, reference)
 
 
+def stop_session(output_dir: Path, args: list[str], stop: signal.Signals, step: int) -> int:
+    """Start train.py, stop it with `stop` once it has logged `step`; the step it will resume from."""
+    command, env = training_command(output_dir, *args)
+    started = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_for_training(output_dir, process, since=started, step=step)
+    assert process.poll() is None, "train.py ended before it was signalled"
+    process.send_signal(stop)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == (EXIT_STOPPED if stop == signal.SIGTERM else -signal.SIGKILL), output[-2000:]
+    return read_loop_state(list_checkpoints(output_dir)[-1]).step
+
+
+@pytest.mark.slow
+def test_a_stream_read_by_workers_resumes_bitwise_through_three_stops_in_a_row(
+    jsonl_files: str, tmp_path: Path
+) -> None:
+    """2 workers read, tokenize and collate the files. Killed with SIGKILL, stopped by SIGTERM, killed
+    again, each session resumed from the last one's checkpoint, the resumed sessions crossing the epoch
+    boundaries at steps 7 and 14: the fourth session ends bitwise equal to a run never stopped. Another
+    num_workers would deal the files otherwise (another order): refused in one line, nothing written."""
+    args = ["--data_files", jsonl_files, *STEPS, "--num_workers", "2"]
+    reference = tmp_path / "reference"
+    run_training(reference, *args)
+    output_dir = tmp_path / "run"
+    resumed_from = [stop_session(output_dir, args, signal.SIGKILL, step=6)]
+    metrics = (output_dir / "metrics.jsonl").read_bytes()
+    refused = run_training(output_dir, *args, "--num_workers", "1", check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "num_workers=2, not 1: rerun with --num_workers 2" in refused.stderr.strip().splitlines()[-1]
+    assert (output_dir / "metrics.jsonl").read_bytes() == metrics
+    resumed_from.append(stop_session(output_dir, args, signal.SIGTERM, step=10))
+    resumed_from.append(stop_session(output_dir, args, signal.SIGKILL, step=16))
+    last = run_training(output_dir, *args)
+    assert f"step {resumed_from[-1]}," in last.stdout and framework_warnings(last) == []
+    assert resumed_from[0] < 7 < resumed_from[1] < 14 < 16, resumed_from
+    assert_same_run(output_dir, reference)
+
+
 @pytest.mark.slow
 def test_eval_every_0_evaluates_a_stream_at_the_end_of_each_epoch(jsonl_files: str, tmp_path: Path) -> None:
     """An epoch of a stream ends where it runs out, one read after its last step: evaluated there as a
@@ -150,15 +199,17 @@ def test_eval_every_0_evaluates_a_stream_at_the_end_of_each_epoch(jsonl_files: s
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
 def test_two_processes_train_a_stream_as_one_and_hand_it_to_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """1 process accumulates 2 micro-batches of 32, 2 processes take one each. The 2-process run stops for
     time at its first logging step, step 10 (inside the second epoch), after evaluating at steps 5 and 10;
-    1 process continues its checkpoint to the end."""
+    1 process continues its checkpoint to the end. With 2 workers per process as well."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
     files = write_files(tmp_path / "parquet", ".parquet")
     args = ["--data_files", files, *STEPS, *SAME_ON_EVERY_PROCESS, "--per_device_batch_size", "32"]
+    args += ["--num_workers", str(workers)]
     args += ["--mixed_precision", "no"]
     one = run_training(tmp_path / "one", *args)
     assert "x 1 processes x 2 accumulation = global batch 64" in one.stdout
@@ -186,11 +237,16 @@ def unpadded(batch: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
     return [(*row[keep].tolist(), label) for row, keep, label in zip(ids, mask, labels, strict=True)]
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
-def test_each_process_keeps_its_block_and_stands_where_one_process_does(suffix: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("suffix", "workers"), [(".jsonl", 0), (".csv", 0), (".parquet", 0), (".jsonl", 2)], ids=str
+)
+def test_each_process_keeps_its_block_and_stands_where_one_process_does(
+    suffix: str, workers: int, tmp_path: Path
+) -> None:
     """The loaders of 1 process and of both ranks of 2, three steps into an epoch: each step's global batch is
-    the same samples, and the stream's state (what a checkpoint holds) is the same in all three."""
-    config = config_for(write_files(tmp_path / "files", suffix))
+    the same samples, and the stream's state (what a checkpoint holds) is the same in all three, read in
+    the training process or in 2 workers."""
+    config = config_for(write_files(tmp_path / "files", suffix), "--num_workers", str(workers))
     seen, states = {}, []
     for world, rank in ((1, 0), (2, 0), (2, 1)):
         train, _ = task.build_datasets(config)
@@ -199,17 +255,100 @@ def test_each_process_keeps_its_block_and_stands_where_one_process_does(suffix: 
         loader.set_epoch(1)
         batches = iter(loader)
         seen[world, rank] = [unpadded(next(batches)) for _ in range(3)]
-        states.append(loader.state_dict())
+        states.append(without_sample_count(loader.state_dict()))
+        del batches  # its workers end
     for step in range(3):
         assert len(seen[1, 0][step]) == config.global_batch_size
         assert seen[1, 0][step] == seen[2, 0][step] + seen[2, 1][step]
     assert states[0] == states[1] == states[2]
 
 
-@pytest.mark.parametrize("flag", [("--num_workers", "2"), ("--auto_batch_size", "true")], ids=lambda f: f[0])
-def test_what_a_stream_cannot_do_is_refused_in_one_line(flag: tuple[str, str], tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=flag[0][2:]):
-        task.build_datasets(config_for(str(tmp_path / "never_read.jsonl"), *flag))
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
+def test_a_shuffle_in_windows_moves_rows_a_bounded_distance_and_resumes_inside_a_window(
+    workers: int, jsonl_files: str
+) -> None:
+    """Windows of 40 rows, global batches of 64: an epoch's rows come in another order than the files',
+    each within 39 places of its place there (in the process: one sequence), and a loader stopped after 3
+    batches (192 rows: inside the fifth window) and resumed from its state continues as one never stopped."""
+
+    def epoch(window: int, state: dict | None = None, take: int = 0) -> tuple[list, dict | None]:
+        config = config_for(jsonl_files, "--num_workers", str(workers), "--shuffle_window", str(window))
+        train, _ = task.build_datasets(config)
+        accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+        loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+        if state is not None:
+            loader.load_state_dict(state)
+        loader.set_epoch(1)
+        rows = []
+        for batch in loader:
+            rows += unpadded(batch)
+            if len(rows) == take * config.global_batch_size:
+                return rows, loader.state_dict()
+        return rows, None
+
+    shuffled, _ = epoch(40)
+    first, state = epoch(40, take=3)
+    rest, _ = epoch(40, state=state)
+    assert first + rest == shuffled
+    if workers == 0:
+        in_files, _ = epoch(0)
+        assert len(shuffled) == len(in_files) and shuffled != in_files
+        places: dict[tuple, list[int]] = {}
+        for place, row in enumerate(in_files):
+            places.setdefault(row, []).append(place)
+        # The rows of the last window may come from the partial batch that the unshuffled epoch dropped.
+        for place, row in enumerate(shuffled[: len(in_files) - 40]):
+            assert any(abs(place - there) < 40 for there in places[row]), place
+
+
+def test_a_stream_and_its_loader_pickle_for_workers_started_by_spawn(jsonl_files: str) -> None:
+    """Where workers are spawned (macOS, Windows), the loader's dataset and collate are pickled to them: a
+    lambda anywhere in the stream would stop the run there. The copy reads the same samples."""
+    config = config_for(jsonl_files, "--num_workers", "2")
+    train, _ = task.build_datasets(config)
+    accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+    loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+    share, collate = pickle.loads(pickle.dumps((loader.loader.dataset, task.collate)))
+    share.set_epoch(1)
+    loader.set_epoch(1)
+    copied = [collate(list(itertools.islice(iter(share), 32)))]
+    in_place = [task.collate(list(itertools.islice(iter(loader.loader.dataset), 32)))]
+    assert [unpadded(batch) for batch in copied] == [unpadded(batch) for batch in in_place]
+
+
+def without_sample_count(state: Any) -> Any:
+    """A loader's state without torchdata's count of the samples this process took (per process: a stream's
+    sampler yields no indices, and a resume does not use it)."""
+    if isinstance(state, dict):
+        return {key: without_sample_count(value) for key, value in state.items() if key != "samples_yielded"}
+    return state
+
+
+def test_more_workers_than_files_or_a_stream_workers_cannot_share_is_refused_in_one_line(
+    jsonl_files: str,
+) -> None:
+    """Each worker reads whole files (datasets deals them out): a worker without one would idle, and a
+    stream that cannot be dealt would be read whole by every worker (each sample num_workers times)."""
+    accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+    config = config_for(jsonl_files, "--num_workers", "4")
+    train, _ = task.build_datasets(config)
+    with pytest.raises(ConfigError, match="num_workers=4 but the train stream has 3 file") as error:
+        StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+    assert "\n" not in str(error.value)
+
+    class Own(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Any:
+            return iter(range(9))
+
+        state_dict = load_state_dict = set_epoch = __iter__
+
+    with pytest.raises(ConfigError, match="num_workers=4: this Own train stream cannot be dealt among"):
+        StreamLoader(Own(), config, accelerator, task.collate, pin_memory=False)
+
+
+def test_auto_batch_size_on_a_stream_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="auto_batch_size"):
+        task.build_datasets(config_for(str(tmp_path / "never_read.jsonl"), "--auto_batch_size", "true"))
 
 
 def config_for(files: str, *flags: str) -> task.Config:

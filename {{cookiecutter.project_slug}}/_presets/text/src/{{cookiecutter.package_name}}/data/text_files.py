@@ -5,13 +5,16 @@ One pass at start (`scan`) counts the training texts' words and finds the labels
 training stream (`train_stream`) then reads the files again each epoch. The eval split is the texts whose
 hash falls under `eval_fraction`: fixed by the texts alone, the same in every process and every pass.
 Order: `datasets` interleaves the files row by row, in an order drawn from `seed` and the epoch; rows keep
-their order inside a file. A shuffle buffer would mix more but cannot be resumed exactly (datasets drops
-its contents from a saved state; utils/streams.py refuses one), so write each file's rows in random order.
+their order inside a file (with `num_workers`, each worker reads its share of whole files so: streams.py).
+The loader then shuffles the rows in windows of `shuffle_window`, in an order it draws again on resume
+(utils/streams.py). A `datasets` shuffle buffer cannot be resumed exactly (datasets drops its contents
+from a saved state; utils/streams.py refuses one): for a wider mix, write each file's rows in random order.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import json
 import logging
@@ -161,20 +164,29 @@ def train_stream(
     encode: Any,
 ) -> datasets.IterableDataset:
     """The training rows, encoded by `encode(text, label)` into a sample, in a seeded order of the files that
-    changes with `set_epoch`; resumable exactly with its `state_dict`."""
-    text_column, label_column = columns
+    changes with `set_epoch`; resumable exactly with its `state_dict`. Its functions are module-level ones
+    (with functools.partial), so that it pickles for worker processes started by spawn (macOS, Windows)."""
     stream = open_stream(builder, files, list(columns)).shuffle(seed=seed, buffer_size=1)
-    stream = stream.filter(lambda row: not held_out(row[text_column].strip(), eval_fraction))
-    return stream.map(
-        lambda row: encode(row[text_column].strip(), str(row[label_column])), remove_columns=list(columns)
-    )
+    kept = functools.partial(for_training, text_column=columns[0], eval_fraction=eval_fraction)
+    encoded = functools.partial(encode_row, columns=columns, encode=encode)
+    return stream.filter(kept).map(encoded, remove_columns=list(columns))
+
+
+def for_training(row: dict[str, Any], text_column: str, eval_fraction: float) -> bool:
+    return not held_out(row[text_column].strip(), eval_fraction)
+
+
+def encode_row(row: dict[str, Any], columns: tuple[str, str], encode: Any) -> dict[str, Any]:
+    return encode(row[columns[0]].strip(), str(row[columns[1]]))
 
 
 def encoder(tokenizer: PreTrainedTokenizerBase, max_length: int, labels: list[str]) -> Any:
     """encode(text, label) -> a training sample: the tokenized text (truncated) and the label's id."""
     ids = {label: index for index, label in enumerate(labels)}
+    return functools.partial(encode_text, tokenizer=tokenizer, max_length=max_length, ids=ids)
 
-    def encode(text: str, label: str) -> dict[str, Any]:
-        return {**tokenizer(text, truncation=True, max_length=max_length), "labels": ids[label]}
 
-    return encode
+def encode_text(
+    text: str, label: str, tokenizer: PreTrainedTokenizerBase, max_length: int, ids: dict[str, int]
+) -> dict[str, Any]:
+    return {**tokenizer(text, truncation=True, max_length=max_length), "labels": ids[label]}
