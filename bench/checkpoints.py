@@ -246,7 +246,10 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
         for path in newest.iterdir():
             checksum(path)
         hashing[algorithm] = time.perf_counter() - start
+    with contextlib.redirect_stdout(io.StringIO()):
+        background = background_figures(accelerator, model, optimizer, config, package, reps, quick)
     output = {
+        "background": background,
         "hashing": hashing,
         **times,
         "parts": {part: seconds / reps for part, seconds in parts.items()},
@@ -255,6 +258,62 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
     result.write_text(json.dumps(output))
+
+
+def background_figures(accelerator, model, optimizer, config, package: str, reps: int, quick: bool) -> dict:
+    """checkpoint_mode background against sync, side by side on the same state: how long the loop stops for
+    one checkpoint, a training step alone and while a background write runs, the staged copy's bytes."""
+    import dataclasses
+
+    import torch
+
+    persist = importlib.import_module(f"{package}.utils.persist")
+    checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
+    savers = {
+        mode: persist.Persister(accelerator, dataclasses.replace(config, checkpoint_mode=mode), lambda: None)
+        for mode in ("sync", "background")
+    }
+    tokens = torch.randint(0, model.config.vocab_size, (2, 32 if quick else 128))
+
+    def step() -> float:
+        start = time.perf_counter()
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return time.perf_counter() - start
+
+    step()  # warm-up
+    figures: dict[str, list[float]] = {name: [] for name in ("sync", "background", "persist", "step", "busy")}
+    for rep in range(reps):
+        for mode in ("sync", "background") if rep % 2 == 0 else ("background", "sync"):
+            state = checkpoint.LoopState(step=100 + 2 * rep + (mode == "background"))
+            start = time.perf_counter()
+            savers[mode].save(state, None, {})
+            figures[mode].append(time.perf_counter() - start)
+            if mode == "background":  # steps while the thread writes, until it has published
+                while savers[mode]._thread is not None and savers[mode]._thread.is_alive():
+                    figures["busy"].append(step())
+                savers[mode].wait()
+                figures["persist"].append(savers[mode].last_seconds)
+        figures["step"] += [step() for _ in range(2)]
+    staged = persist.stage_state(accelerator)
+    figures["staged_bytes"] = [float(sum(_nbytes(value) for _, _, value in staged))]
+    return figures
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes a staged value holds in memory: its tensors' storage, or its serialized length."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_nbytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(item) for item in value)
+    return 0
 
 
 if __name__ == "__main__":

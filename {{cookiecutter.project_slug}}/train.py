@@ -67,6 +67,7 @@ from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
+from {{ cookiecutter.package_name }}.utils.persist import Persister
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import (
     EXIT_STOPPED,
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     mirror = open_mirror(
         config.output_dir, config.mirror_dir, config.keep_checkpoints, enabled=accelerator.is_main_process
     )
+    # Checkpoints: staged by the loop, written by a thread, then handed to the mirror (utils/persist.py).
+    saver = Persister(accelerator, config, published=mirror.request)
     try:
         unconnected, launch_warnings = launch_problems(
             accelerator.num_processes, accelerator.distributed_type.value
@@ -128,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             accelerator.print(f"WARNING: {warning}")
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
         print_start(accelerator, config, config_path, precision_why, threads)
-        finished = train(accelerator, config, stop, lock, mirror)
+        finished = train(accelerator, config, stop, lock, mirror, saver)
         stop.ignore_from_now_on()
     finally:
         try:
+            saver.join()  # a save in flight is finished, also after a crash
             mirror.finish()  # the last checkpoint and exports reach the persistent copy, also after a crash
             accelerator.end_training()  # closes trackers and the process group, also after a crash
         finally:
@@ -140,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(
-    accelerator: Accelerator, config: TrainConfig, stop: StopRequest, lock: OutputLock, mirror: Mirror
+    accelerator: Accelerator,
+    config: TrainConfig,
+    stop: StopRequest,
+    lock: OutputLock,
+    mirror: Mirror,
+    saver: Persister,
 ) -> bool:
     """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
     (False). `lock` is taken once the config and data have passed their checks, before anything is
@@ -189,7 +198,7 @@ def train(
     history = begin_history(accelerator, config, state, resumed_from)  # prints what changed since last time
     start_trackers(accelerator, config, state, finished=state.step >= total_steps)
     book = Bookkeeping(
-        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, mirror, history
+        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, saver, history
     )
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)

@@ -27,11 +27,14 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
     CHECKSUM,
     LOOP_STATE_FILE,
+    STAGING_PREFIX,
     _checksum,
     checkpoint_problem,
+    checkpoint_root,
     list_checkpoints,
     seal,
 )
+from {{ cookiecutter.package_name }}.utils.persist import PAUSE_ENV
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, set_aside
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
@@ -342,6 +345,32 @@ def test_stop_signal_to_the_whole_process_group_with_workers_still_checkpoints(t
     assert (out + err).count("received") == 1, err[-3000:]  # the main process's line, none from a worker
     run_training(output_dir, *SIGNAL_RUN, *workers)
     assert_same_run(output_dir, reference)
+
+
+@pytest.mark.parametrize("files_written", [1, 3, 99])
+def test_kill_inside_a_background_write_resumes_bitwise(finished: Path, tmp_path: Path, files_written: int) -> None:
+    """kill -9 while the persister's thread writes a checkpoint (checkpoint_mode background, the default),
+    after `files_written` of its files (99: while it seals and publishes, or between saves): the newest
+    published checkpoint verifies, and the same command ends bitwise equal to an uninterrupted run."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *FAST)
+    env[PAUSE_ENV] = "0.4"  # before each file the thread writes: the kill lands inside the write
+    process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=DEVNULL, stderr=PIPE, text=True)
+    staging = checkpoint_root(output_dir) / f"{STAGING_PREFIX}step_00000004"
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:
+        written = len(list(staging.iterdir())) if staging.is_dir() else 0
+        published = (checkpoint_root(output_dir) / "step_00000004").is_dir()
+        if written >= files_written or (files_written == 99 and published):
+            break
+        time.sleep(0.005)
+    assert process.poll() is None, process.stderr.read()[-3000:] if process.stderr else ""
+    process.kill()
+    process.wait()
+    kept = list_checkpoints(output_dir)
+    assert kept and all(checkpoint_problem(path) is None for path in kept), kept
+    run_training(output_dir, *FAST)
+    assert_same_run(output_dir, finished)
 
 
 def in_small_filesystem(

@@ -239,7 +239,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
-            _publish(accelerator, config, state, staging, final, files or {})
+            _publish(_meta(accelerator), config, state, staging, final, files or {})
         except OSError as error:
             raise write_error(staging, error) from error
         _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect, latest=final)
@@ -248,18 +248,19 @@ def save_checkpoint(
 
 
 def _publish(
-    accelerator: Accelerator,
+    meta: dict[str, Any],
     config: TrainConfig,
     state: LoopState,
     staging: Path,
     final: Path,
     extra: dict[str, str],
 ) -> None:
-    """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
+    """Seal the staging folder with `meta`, the loop state and every file's size and checksum; rename it.
+    Called by the process that saves (synchronous) or by the persister's thread (utils/persist.py)."""
     save_config(config, staging / "config.yaml", durable=False)
     for name, text in extra.items():
         (staging / name).write_text(text, encoding="utf-8")
-    _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
+    _write_durably(staging / META_FILE, json.dumps(meta, indent=2))
     paths = [path for path in sorted(staging.iterdir()) if path.is_file()]
     # The checksums are computed from the page cache by a second thread while this one waits for the disk
     # in fsync (both release the GIL), so that they hide behind the fsyncs.

@@ -24,10 +24,10 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .. import task
 from ..launch import report_outcome
-from .checkpoint import LoopState, export_model, save_checkpoint
+from .checkpoint import LoopState, export_model
 from .config import TrainConfig
 from .history import HISTORY_FILE, History
-from .mirror import Mirror
+from .persist import Persister
 from .plots import plot_metrics
 from .progress import Progress
 from .run_dir import RunError
@@ -50,12 +50,12 @@ class Bookkeeping:
         total_steps: int,
         stop: StopRequest,
         clock: SessionClock,
-        mirror: Mirror,
+        persister: Persister,
         history: History,
     ) -> None:
         self.accelerator, self.config, self.state = accelerator, config, state
         self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
-        self.stop_request, self.clock, self.mirror, self.history = stop, clock, mirror, history
+        self.stop_request, self.clock, self.persister, self.history = stop, clock, persister, history
         self.start_step = state.step
         # Train loss summed on the device since the last log: no host-device sync per step.
         own_sum, self.running_batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
@@ -184,11 +184,14 @@ class Bookkeeping:
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
         history = {HISTORY_FILE: self.history.text(state.step, self.ending())}
-        self.last_saved = save_checkpoint(accelerator, config, state, self.resumed_from, history)
+        # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py.
+        path = self.persister.save(state, self.resumed_from, history)
         self.history.save(config.output_dir, state.step, self.ending())
         self.clock.saved(saving)
-        self.progress.write(f"checkpoint: step {state.step} saved to {self.last_saved}")
-        self.mirror.request()
+        # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
+        self.clock.longest_save = max(self.clock.longest_save, self.persister.last_seconds)
+        self.progress.write(f"checkpoint: step {state.step} saved to {path}")
+        self.last_saved = path  # published before finish() names it
 
     def ending(self) -> str:
         """Why this session ends at this step, as its history records it ("" while it goes on)."""
@@ -224,6 +227,7 @@ class Bookkeeping:
         accelerator, config, state = self.accelerator, self.config, self.state
         output_dir = Path(config.output_dir)
         self.progress.close()
+        self.persister.wait()  # the save in flight is published before anything else is written or said
         self.history.save(output_dir, state.step, self.ending())
         if self.diverged:
             raise RunError(diverged_message(self.diverged, config, self.last_saved))
