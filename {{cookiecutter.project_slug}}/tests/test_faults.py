@@ -348,7 +348,9 @@ def test_stop_signal_to_the_whole_process_group_with_workers_still_checkpoints(t
 
 
 @pytest.mark.parametrize("files_written", [1, 3, 99])
-def test_kill_inside_a_background_write_resumes_bitwise(finished: Path, tmp_path: Path, files_written: int) -> None:
+def test_kill_inside_a_background_write_resumes_bitwise(
+    finished: Path, tmp_path: Path, files_written: int
+) -> None:
     """kill -9 while the persister's thread writes a checkpoint (checkpoint_mode background, the default),
     after `files_written` of its files (99: while it seals and publishes, or between saves): the newest
     published checkpoint verifies, and the same command ends bitwise equal to an uninterrupted run."""
