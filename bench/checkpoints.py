@@ -118,7 +118,31 @@ def report(results: dict[str, dict[str, Any]], quick: bool) -> str:
         ),
         f"python {platform.python_version()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}",
     ]
-    return "\n".join(rows + notes)
+    return "\n".join(rows + notes + background_report(results))
+
+
+def background_report(results: dict[str, dict[str, Any]]) -> list[str]:
+    """checkpoint_mode background against sync, measured side by side in the same worker."""
+    rows = [
+        "",
+        "| variant | loop stops, sync, ms | loop stops, background, ms | ratio | background write, ms "
+        "| step, ms | step during the write, ms | ratio | checkpointing share at every 100 steps, sync "
+        "| background | staged copy, MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for variant, result in results.items():
+        figures = {name: statistics.median(values) for name, values in result["background"].items()}
+        sync, background, step = figures["sync"], figures["background"], figures["step"]
+        busy = figures.get("busy", step)  # no step fits inside a very short write
+        during = len(result["background"].get("busy", [])) / len(result["background"]["background"])
+        cost = background + during * (busy - step)  # the loop's stop, and the slower steps beside the write
+        rows.append(
+            f"| {variant} | {sync * 1000:.0f} | {background * 1000:.0f} | {background / sync:.2f} "
+            f"| {figures['persist'] * 1000:.0f} | {step * 1000:.0f} | {busy * 1000:.0f} | {busy / step:.2f} "
+            f"| {100 * sync / (100 * step + sync):.1f}% | {100 * cost / (100 * step + cost):.1f}% "
+            f"| {figures['staged_bytes'] / 1e6:.1f} |"
+        )
+    return rows
 
 
 # --- worker: runs inside the rendered project, with its package importable
@@ -246,14 +270,15 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
         for path in newest.iterdir():
             checksum(path)
         hashing[algorithm] = time.perf_counter() - start
-    with contextlib.redirect_stdout(io.StringIO()):
+    newest_bytes = sum(path.stat().st_size for path in newest.iterdir())
+    with contextlib.redirect_stdout(io.StringIO()):  # after: its saves rotate `newest` away
         background = background_figures(accelerator, model, optimizer, config, package, reps, quick)
     output = {
         "background": background,
         "hashing": hashing,
         **times,
         "parts": {part: seconds / reps for part, seconds in parts.items()},
-        "bytes": sum(path.stat().st_size for path in newest.iterdir()),
+        "bytes": newest_bytes,
         "parameters": sum(p.numel() for p in model.parameters()),
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }

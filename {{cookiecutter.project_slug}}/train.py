@@ -62,7 +62,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
+from {{ cookiecutter.package_name }}.utils.disk_budget import check_disk_space
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
+from {{ cookiecutter.package_name }}.utils.finish import finish
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
@@ -171,6 +173,7 @@ def train(
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
+    check_disk_space(accelerator, config, model)  # what the run will keep fits on its disk, or one line
 
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
@@ -237,7 +240,7 @@ def train(
                 break
         book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
     # --- final evaluation and export (or, after a stop, what a session that ends now should leave)
-    return book.finish(model, forward, eval_loader, scheduler)
+    return finish(book, model, forward, eval_loader, scheduler)
 
 
 def print_start(

@@ -35,7 +35,9 @@ import torch
 import xxhash
 import yaml
 from accelerate import Accelerator
+from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
 from .devices import detect_platform
@@ -301,7 +303,14 @@ def export_model(
         if hasattr(task, "export"):
             state_dict = accelerator.get_state_dict(model)  # on every process: gathers a sharded model
             if accelerator.is_main_process:
+                state_dict = in_export_dtype(state_dict, config.export_dtype)
                 task.export(accelerator.unwrap_model(model), state_dict, staging, config)
+        elif config.export_dtype != "auto":
+            state_dict = accelerator.get_state_dict(model)
+            if accelerator.is_main_process:
+                staging.mkdir(parents=True)
+                weights = in_export_dtype(clean_state_dict_for_safetensors(state_dict), config.export_dtype)
+                save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
         else:
             accelerator.save_model(model, staging)
     except WRITE_ERRORS as error:
@@ -321,6 +330,15 @@ def export_model(
         os.replace(staging, folder)
         _fsync(folder.parent)
     accelerator.wait_for_everyone()
+
+
+def in_export_dtype(state_dict: dict[str, torch.Tensor], export_dtype: str) -> dict[str, torch.Tensor]:
+    """The floating-point tensors of `state_dict` in `export_dtype` ("auto": unchanged), as Hugging Face's
+    torch_dtype: bfloat16 or float16 halves an export of float32 weights; checkpoints are not touched."""
+    if export_dtype == "auto":
+        return state_dict
+    dtype = getattr(torch, export_dtype)
+    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in state_dict.items()}
 
 
 def write_manifest(folder: Path) -> None:

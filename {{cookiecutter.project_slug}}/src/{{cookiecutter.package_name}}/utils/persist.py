@@ -139,6 +139,45 @@ class Persister:
         self.published()
 
 
+class Worker:
+    """A thread of the main process that runs `work` each time it is woken, again after `retry_s()` seconds
+    while that is not None (a failing copy), and once more when closed: what the mirror runs on."""
+
+    def __init__(self, name: str, work: Callable[[], None], retry_s: Callable[[], float | None]) -> None:
+        self.work, self.retry_s = work, retry_s
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.started = False
+
+    def start(self) -> None:
+        self._thread.start()
+        self.started = True
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float) -> bool:
+        """Run once more and end; False if that takes longer than `timeout` seconds (it goes on)."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.retry_s())
+            self._wake.clear()
+            closing = self._closing
+            self.work()
+            if closing:
+                return
+
+
 def stage_state(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
     """(file name, format, CPU copy) of what `accelerator.save_state` writes from this process: every file
     on the main process, its own RNG file on the others. The same names and contents load_state reads."""
