@@ -40,6 +40,7 @@ TEMPLATE = Path(__file__).resolve().parent.parent
 VARIANTS = ("full", "lora")
 LORA_TARGETS = ["attn.c_attn", "attn.c_proj"]  # GPT-2's attention projections, not the MLP's c_proj
 FULL_SIZE = {}  # GPT2Config's defaults: 12 layers, width 768, 50257 tokens, 124M parameters
+LOG_EVERY = 10  # TrainConfig's default
 QUICK_SIZE = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 
 
@@ -130,6 +131,7 @@ def background_report(results: dict[str, dict[str, Any]]) -> list[str]:
         "| background | staged copy, MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    grace = {}
     for variant, result in results.items():
         figures = {name: statistics.median(values) for name, values in result["background"].items()}
         sync, background, step = figures["sync"], figures["background"], figures["step"]
@@ -142,6 +144,17 @@ def background_report(results: dict[str, dict[str, Any]]) -> list[str]:
             f"| {100 * sync / (100 * step + sync):.1f}% | {100 * cost / (100 * step + cost):.1f}% "
             f"| {figures['staged_bytes'] / 1e6:.1f} |"
         )
+        # A stop signal is acted on at the next logging step (log_every = 10 steps by default), then waits
+        # for a save in flight, stages the last checkpoint and waits for its write.
+        to_log, write = LOG_EVERY * step, figures["persist"]
+        grace[variant] = (to_log + background + write, write + to_log + background + write)
+    rows.append(
+        "Grace window, SIGTERM to a durable checkpoint at most (from the figures above: log_every "
+        f"{LOG_EVERY} steps to the next logging step, the loop's stop, the write; mid-save adds the write "
+        "in flight), s: "
+        + "; ".join(f"{v}: mid-step {a:.1f}, mid-save {b:.1f}" for v, (a, b) in grace.items())
+        + ". SLURM's --signal=USR1@300 gives 300 s, a spot VM 30 to 120 s."
+    )
     return rows
 
 
