@@ -377,6 +377,33 @@ def test_kill_inside_a_background_write_resumes_bitwise(
     assert_same_run(output_dir, finished)
 
 
+def test_sigterm_during_a_background_write_exits_75_with_the_newest_checkpoint_whole(
+    finished: Path, tmp_path: Path
+) -> None:
+    """SIGTERM while the thread writes the step-2 checkpoint: the stop waits for that write, saves the step
+    it stops at, exits 75; every checkpoint verifies, the newest is the stop's, and the rerun is exact."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *FAST)
+    env[PAUSE_ENV] = "0.4"
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    staging = checkpoint_root(output_dir) / f"{STAGING_PREFIX}step_00000002"
+    deadline = time.monotonic() + 300
+    while process.poll() is None and not (staging.is_dir() and any(staging.iterdir())):
+        assert time.monotonic() < deadline, "no background write began"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == EXIT_STOPPED, output[-3000:]
+    kept = list_checkpoints(output_dir)
+    assert all(checkpoint_problem(path) is None for path in kept), kept
+    stopped_at = int(re.search(r"stopped by SIGTERM at step (\d+)", output).group(1))
+    assert int(kept[-1].name[5:]) == stopped_at and stopped_at >= 2, (kept, output[-2000:])
+    run_training(output_dir, *FAST)
+    assert_same_run(output_dir, finished)
+
+
 def in_small_filesystem(
     tmp_path: Path, script: str, size: str | int, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

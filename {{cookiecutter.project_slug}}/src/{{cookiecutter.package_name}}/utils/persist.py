@@ -14,7 +14,8 @@ export wait for it first. Rotation happens only after a publish. The other proce
 thread never needs a collective. A failed background write is raised at the next wait, as a synchronous
 one would be at once. "sync" writes inside the loop (Accelerate's own save_state): for debugging and for
 comparison (bench/checkpoints.py). FSDP, DeepSpeed and XLA runs always save synchronously (their
-save_state writes formats of their own, collectively).
+save_state writes formats of their own, collectively), and so do devices other than the CPU, CUDA and MPS
+(whose RNG states stage_state does not know).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Persister:
 
     def save(self, state: LoopState, protect: Path | None, files: dict[str, str]) -> Path:
         """Save on every process (all call it at the same step); return the checkpoint's final path."""
+        self.background = self.background and stageable(self.accelerator)
         if not self.background:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
@@ -178,6 +180,13 @@ class Worker:
                 return
 
 
+def stageable(accelerator: Accelerator) -> bool:
+    """Whether stage_state builds every file save_state would write here: on the CPU, a CUDA GPU or MPS
+    (whose RNG states it knows), without Accelerate's stateful dataloaders (a file of their own)."""
+    stateful = any(getattr(loader, "use_stateful_dataloader", False) for loader in accelerator._dataloaders)
+    return accelerator.device.type in ("cpu", "cuda", "mps") and not stateful
+
+
 def stage_state(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
     """(file name, format, CPU copy) of what `accelerator.save_state` writes from this process: every file
     on the main process, its own RNG file on the others. The same names and contents load_state reads."""
@@ -216,8 +225,6 @@ def _samplers(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
 
     staged = []
     for index, loader in enumerate(accelerator._dataloaders):
-        if getattr(loader, "use_stateful_dataloader", False):
-            raise RuntimeError("checkpoint_mode background does not stage stateful dataloaders: use sync")
         if isinstance(loader.dataset, IterableDatasetShard):
             sampler = loader.get_sampler()
             if isinstance(sampler, SeedableRandomSampler):
