@@ -40,6 +40,7 @@ TEMPLATE = Path(__file__).resolve().parent.parent
 VARIANTS = ("full", "lora")
 LORA_TARGETS = ["attn.c_attn", "attn.c_proj"]  # GPT-2's attention projections, not the MLP's c_proj
 FULL_SIZE = {}  # GPT2Config's defaults: 12 layers, width 768, 50257 tokens, 124M parameters
+LOG_EVERY = 10  # TrainConfig's default
 QUICK_SIZE = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 
 
@@ -118,7 +119,43 @@ def report(results: dict[str, dict[str, Any]], quick: bool) -> str:
         ),
         f"python {platform.python_version()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}",
     ]
-    return "\n".join(rows + notes)
+    return "\n".join(rows + notes + background_report(results))
+
+
+def background_report(results: dict[str, dict[str, Any]]) -> list[str]:
+    """checkpoint_mode background against sync, measured side by side in the same worker."""
+    rows = [
+        "",
+        "| variant | loop stops, sync, ms | loop stops, background, ms | ratio | background write, ms "
+        "| step, ms | step during the write, ms | ratio | checkpointing share at every 100 steps, sync "
+        "| background | staged copy, MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    grace = {}
+    for variant, result in results.items():
+        figures = {name: statistics.median(values) for name, values in result["background"].items()}
+        sync, background, step = figures["sync"], figures["background"], figures["step"]
+        busy = figures.get("busy", step)  # no step fits inside a very short write
+        during = len(result["background"].get("busy", [])) / len(result["background"]["background"])
+        cost = background + during * (busy - step)  # the loop's stop, and the slower steps beside the write
+        rows.append(
+            f"| {variant} | {sync * 1000:.0f} | {background * 1000:.0f} | {background / sync:.2f} "
+            f"| {figures['persist'] * 1000:.0f} | {step * 1000:.0f} | {busy * 1000:.0f} | {busy / step:.2f} "
+            f"| {100 * sync / (100 * step + sync):.1f}% | {100 * cost / (100 * step + cost):.1f}% "
+            f"| {figures['staged_bytes'] / 1e6:.1f} |"
+        )
+        # A stop signal is acted on at the next logging step (log_every = 10 steps by default), then waits
+        # for a save in flight, stages the last checkpoint and waits for its write.
+        to_log, write = LOG_EVERY * step, figures["persist"]
+        grace[variant] = (to_log + background + write, write + to_log + background + write)
+    rows.append(
+        "Grace window, SIGTERM to a durable checkpoint at most (from the figures above: log_every "
+        f"{LOG_EVERY} steps to the next logging step, the loop's stop, the write; mid-save adds the write "
+        "in flight), s: "
+        + "; ".join(f"{v}: mid-step {a:.1f}, mid-save {b:.1f}" for v, (a, b) in grace.items())
+        + ". SLURM's --signal=USR1@300 gives 300 s, a spot VM 30 to 120 s."
+    )
+    return rows
 
 
 # --- worker: runs inside the rendered project, with its package importable
@@ -246,15 +283,75 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
         for path in newest.iterdir():
             checksum(path)
         hashing[algorithm] = time.perf_counter() - start
+    newest_bytes = sum(path.stat().st_size for path in newest.iterdir())
+    with contextlib.redirect_stdout(io.StringIO()):  # after: its saves rotate `newest` away
+        background = background_figures(accelerator, model, optimizer, config, package, reps, quick)
     output = {
+        "background": background,
         "hashing": hashing,
         **times,
         "parts": {part: seconds / reps for part, seconds in parts.items()},
-        "bytes": sum(path.stat().st_size for path in newest.iterdir()),
+        "bytes": newest_bytes,
         "parameters": sum(p.numel() for p in model.parameters()),
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
     result.write_text(json.dumps(output))
+
+
+def background_figures(accelerator, model, optimizer, config, package: str, reps: int, quick: bool) -> dict:
+    """checkpoint_mode background against sync, side by side on the same state: how long the loop stops for
+    one checkpoint, a training step alone and while a background write runs, the staged copy's bytes."""
+    import dataclasses
+
+    import torch
+
+    persist = importlib.import_module(f"{package}.utils.persist")
+    checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
+    savers = {
+        mode: persist.Persister(accelerator, dataclasses.replace(config, checkpoint_mode=mode), lambda: None)
+        for mode in ("sync", "background")
+    }
+    tokens = torch.randint(0, model.config.vocab_size, (2, 32 if quick else 128))
+
+    def step() -> float:
+        start = time.perf_counter()
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return time.perf_counter() - start
+
+    step()  # warm-up
+    figures: dict[str, list[float]] = {name: [] for name in ("sync", "background", "persist", "step", "busy")}
+    for rep in range(reps):
+        for mode in ("sync", "background") if rep % 2 == 0 else ("background", "sync"):
+            state = checkpoint.LoopState(step=100 + 2 * rep + (mode == "background"))
+            start = time.perf_counter()
+            savers[mode].save(state, None, {})
+            figures[mode].append(time.perf_counter() - start)
+            if mode == "background":  # steps while the thread writes, until it has published
+                while savers[mode]._thread is not None and savers[mode]._thread.is_alive():
+                    figures["busy"].append(step())
+                savers[mode].wait()
+                figures["persist"].append(savers[mode].last_seconds)
+        figures["step"] += [step() for _ in range(2)]
+    staged = persist.stage_state(accelerator)
+    figures["staged_bytes"] = [float(sum(_nbytes(value) for _, _, value in staged))]
+    return figures
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes a staged value holds in memory: its tensors' storage, or its serialized length."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_nbytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(item) for item in value)
+    return 0
 
 
 if __name__ == "__main__":

@@ -62,11 +62,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
+from {{ cookiecutter.package_name }}.utils.disk_budget import check_disk_space
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
+from {{ cookiecutter.package_name }}.utils.finish import finish
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
+from {{ cookiecutter.package_name }}.utils.persist import Persister
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import (
     EXIT_STOPPED,
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     mirror = open_mirror(
         config.output_dir, config.mirror_dir, config.keep_checkpoints, enabled=accelerator.is_main_process
     )
+    # Checkpoints: staged by the loop, written by a thread, then handed to the mirror (utils/persist.py).
+    saver = Persister(accelerator, config, published=mirror.request)
     try:
         unconnected, launch_warnings = launch_problems(
             accelerator.num_processes, accelerator.distributed_type.value
@@ -128,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             accelerator.print(f"WARNING: {warning}")
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
         print_start(accelerator, config, config_path, precision_why, threads)
-        finished = train(accelerator, config, stop, lock, mirror)
+        finished = train(accelerator, config, stop, lock, mirror, saver)
         stop.ignore_from_now_on()
     finally:
         try:
+            saver.join()  # a save in flight is finished, also after a crash
             mirror.finish()  # the last checkpoint and exports reach the persistent copy, also after a crash
             accelerator.end_training()  # closes trackers and the process group, also after a crash
         finally:
@@ -140,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(
-    accelerator: Accelerator, config: TrainConfig, stop: StopRequest, lock: OutputLock, mirror: Mirror
+    accelerator: Accelerator,
+    config: TrainConfig,
+    stop: StopRequest,
+    lock: OutputLock,
+    mirror: Mirror,
+    saver: Persister,
 ) -> bool:
     """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
     (False). `lock` is taken once the config and data have passed their checks, before anything is
@@ -162,6 +173,7 @@ def train(
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
+    check_disk_space(accelerator, config, model)  # what the run will keep fits on its disk, or one line
 
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
@@ -189,7 +201,7 @@ def train(
     history = begin_history(accelerator, config, state, resumed_from)  # prints what changed since last time
     start_trackers(accelerator, config, state, finished=state.step >= total_steps)
     book = Bookkeeping(
-        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, mirror, history
+        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, saver, history
     )
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
@@ -228,7 +240,7 @@ def train(
                 break
         book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
     # --- final evaluation and export (or, after a stop, what a session that ends now should leave)
-    return book.finish(model, forward, eval_loader, scheduler)
+    return finish(book, model, forward, eval_loader, scheduler)
 
 
 def print_start(

@@ -21,18 +21,23 @@ from pathlib import Path
 from subprocess import DEVNULL, PIPE
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
     CHECKSUM,
     LOOP_STATE_FILE,
+    STAGING_PREFIX,
     _checksum,
     checkpoint_problem,
+    checkpoint_root,
     list_checkpoints,
     seal,
 )
+from {{ cookiecutter.package_name }}.utils.disk_budget import RUN_SLACK, checkpoint_bytes, export_bytes
 from {{ cookiecutter.package_name }}.utils.durable import TEMPORARY_PREFIX
+from {{ cookiecutter.package_name }}.utils.persist import PAUSE_ENV
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, set_aside
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
@@ -345,6 +350,61 @@ def test_stop_signal_to_the_whole_process_group_with_workers_still_checkpoints(t
     assert_same_run(output_dir, reference)
 
 
+@pytest.mark.parametrize("files_written", [1, 3, 99])
+def test_kill_inside_a_background_write_resumes_bitwise(
+    finished: Path, tmp_path: Path, files_written: int
+) -> None:
+    """kill -9 while the persister's thread writes a checkpoint (checkpoint_mode background, the default),
+    after `files_written` of its files (99: while it seals and publishes, or between saves): the newest
+    published checkpoint verifies, and the same command ends bitwise equal to an uninterrupted run."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *FAST)
+    env[PAUSE_ENV] = "0.4"  # before each file the thread writes: the kill lands inside the write
+    process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=DEVNULL, stderr=PIPE, text=True)
+    staging = checkpoint_root(output_dir) / f"{STAGING_PREFIX}step_00000004"
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:
+        written = len(list(staging.iterdir())) if staging.is_dir() else 0
+        published = (checkpoint_root(output_dir) / "step_00000004").is_dir()
+        if written >= files_written or (files_written == 99 and published):
+            break
+        time.sleep(0.005)
+    assert process.poll() is None, process.stderr.read()[-3000:] if process.stderr else ""
+    process.kill()
+    process.wait()
+    kept = list_checkpoints(output_dir)
+    assert kept and all(checkpoint_problem(path) is None for path in kept), kept
+    run_training(output_dir, *FAST)
+    assert_same_run(output_dir, finished)
+
+
+def test_sigterm_during_a_background_write_exits_75_with_the_newest_checkpoint_whole(
+    finished: Path, tmp_path: Path
+) -> None:
+    """SIGTERM while the thread writes the step-2 checkpoint: the stop waits for that write, saves the step
+    it stops at, exits 75; every checkpoint verifies, the newest is the stop's, and the rerun is exact."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *FAST)
+    env[PAUSE_ENV] = "0.4"
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    staging = checkpoint_root(output_dir) / f"{STAGING_PREFIX}step_00000002"
+    deadline = time.monotonic() + 300
+    while process.poll() is None and not (staging.is_dir() and any(staging.iterdir())):
+        assert time.monotonic() < deadline, "no background write began"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == EXIT_STOPPED, output[-3000:]
+    kept = list_checkpoints(output_dir)
+    assert all(checkpoint_problem(path) is None for path in kept), kept
+    stopped_at = int(re.search(r"stopped by SIGTERM at step (\d+)", output).group(1))
+    assert int(kept[-1].name[5:]) == stopped_at and stopped_at >= 2, (kept, output[-2000:])
+    run_training(output_dir, *FAST)
+    assert_same_run(output_dir, finished)
+
+
 def in_small_filesystem(
     tmp_path: Path, script: str, size: str | int, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -368,7 +428,7 @@ def test_disk_full_names_the_disk_and_keeps_the_last_checkpoint(finished: Path, 
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()[-300:]}")
     used = sum(path.stat().st_size for path in finished.rglob("*") if path.is_file())
-    flags = " ".join(FAST)
+    flags = " ".join([*FAST, "--check_disk_space", "false"])  # a disk that fills up during the run
     train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" {flags}'
     listing = f'"{sys.executable}" -m {{ cookiecutter.package_name }}.utils.checkpoint "$DISK/run"'
     script = (
@@ -403,7 +463,8 @@ def test_disk_full_before_the_start_names_the_output_folder_and_leaves_nothing(t
     probe = in_small_filesystem(tmp_path, 'touch "$DISK/probe"', page)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()[-300:]}")
-    train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" --max_steps 2'
+    flags = "--max_steps 2 --check_disk_space false"  # the write itself fails, as on a disk filled meanwhile
+    train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" {flags}'
     script = (
         f'{train} > "$OUT/first.out" 2> "$OUT/first.err"; echo $? > "$OUT/first.rc"; '
         'ls -A "$DISK" > "$OUT/left.txt"; '
@@ -423,6 +484,61 @@ def test_disk_full_before_the_start_names_the_output_folder_and_leaves_nothing(t
     assert f"MiB free on the filesystem of {disk}" in line, line
     assert (out / "left.txt").read_text() == ""  # not even the output folder
     assert (out / "second.rc").read_text().strip() == "0", (out / "second.err").read_text()[-3000:]
+
+
+def test_a_disk_for_two_checkpoints_refuses_three_before_writing_and_runs_two(tmp_path: Path) -> None:
+    """A tmpfs sized for keep_checkpoints 2 (by the run's own estimate, half a checkpoint to spare): a run
+    that would keep 3 stops before step 1 with one line that gives the numbers and what to change, and
+    leaves nothing (its lock at most); the same run keeping 2 fits and finishes."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux's unshare to mount a small tmpfs")
+    probe = in_small_filesystem(tmp_path, 'touch "$DISK/probe"', "1m")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()[-300:]}")
+    model = task.build_model(task.Config())
+    checkpoint, export = checkpoint_bytes(model), export_bytes(model, "auto")
+    size = 3 * checkpoint + 3 * export + RUN_SLACK + checkpoint // 2  # keep 2 (+1 being written) fits
+    flags = " ".join(FAST)
+    train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" {flags}'
+    script = (
+        f'{train} --keep_checkpoints 3 > "$OUT/three.out" 2> "$OUT/three.err"; echo $? > "$OUT/three.rc"; '
+        'ls -A "$DISK/run" > "$OUT/left.txt"; '
+        f'{train} --keep_checkpoints 2 > "$OUT/two.out" 2> "$OUT/two.err"; echo $? > "$OUT/two.rc"'
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    result = in_small_filesystem(tmp_path, script, size, {"OUT": str(out)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    three_err = (out / "three.err").read_text()
+    assert (out / "three.rc").read_text().strip() == "1", three_err[-3000:]
+    line = three_err.strip().splitlines()[-1]
+    assert line.startswith(f"error: output_dir {tmp_path / 'disk' / 'run'} has ") and "MiB free" in line, line
+    assert "3 checkpoints of" in line and "lower keep_checkpoints (now 3)" in line, line
+    assert "export_dtype" in line and "Traceback" not in three_err, line
+    assert set((out / "left.txt").read_text().split()) <= {LOCK_FILE}  # its lock, released
+    assert (out / "two.rc").read_text().strip() == "0", (out / "two.err").read_text()[-3000:]
+
+
+def test_a_bfloat16_export_is_half_the_size_and_leaves_the_checkpoints_as_they_were(
+    finished: Path, tmp_path: Path
+) -> None:
+    """export_dtype bfloat16: model/ and best_model/ hold the same weights rounded to bfloat16, in about half
+    the bytes; the checkpoints' weights and optimizer state are byte for byte those of a float32 export."""
+    if hasattr(task, "export"):
+        pytest.skip("this task writes its own export format: checked here for the default model.safetensors")
+    output_dir = tmp_path / "run"
+    run_training(output_dir, *FAST, "--export_dtype", "bfloat16")
+    for folder in ("model", "best_model"):
+        ours, theirs = output_dir / folder / "model.safetensors", finished / folder / "model.safetensors"
+        half, full = load_file(ours), load_file(theirs)
+        assert half.keys() == full.keys()
+        for name, tensor in full.items():
+            expected = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+            assert torch.equal(half[name], expected), name
+        assert ours.stat().st_size / theirs.stat().st_size < 0.55
+    for ours, theirs in zip(list_checkpoints(output_dir), list_checkpoints(finished), strict=True):
+        for name in ("model.safetensors", "optimizer.bin"):
+            assert (ours / name).read_bytes() == (theirs / name).read_bytes(), (ours, name)
 
 
 def test_a_metrics_log_shorter_than_its_checkpoint_is_repaired_with_one_warning(copy_of: Path) -> None:

@@ -35,7 +35,9 @@ import torch
 import xxhash
 import yaml
 from accelerate import Accelerator
+from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
 from .devices import detect_platform
@@ -239,7 +241,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
-            _publish(accelerator, config, state, staging, final, files or {})
+            _publish(_meta(accelerator), config, state, staging, final, files or {})
         except OSError as error:
             raise write_error(staging, error) from error
         _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect, latest=final)
@@ -248,18 +250,19 @@ def save_checkpoint(
 
 
 def _publish(
-    accelerator: Accelerator,
+    meta: dict[str, Any],
     config: TrainConfig,
     state: LoopState,
     staging: Path,
     final: Path,
     extra: dict[str, str],
 ) -> None:
-    """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
+    """Seal the staging folder with `meta`, the loop state and every file's size and checksum; rename it.
+    Called by the process that saves (synchronous) or by the persister's thread (utils/persist.py)."""
     save_config(config, staging / "config.yaml", durable=False)
     for name, text in extra.items():
         (staging / name).write_text(text, encoding="utf-8")
-    _write_durably(staging / META_FILE, json.dumps(_meta(accelerator), indent=2))
+    _write_durably(staging / META_FILE, json.dumps(meta, indent=2))
     paths = [path for path in sorted(staging.iterdir()) if path.is_file()]
     # The checksums are computed from the page cache by a second thread while this one waits for the disk
     # in fsync (both release the GIL), so that they hide behind the fsyncs.
@@ -300,7 +303,14 @@ def export_model(
         if hasattr(task, "export"):
             state_dict = accelerator.get_state_dict(model)  # on every process: gathers a sharded model
             if accelerator.is_main_process:
+                state_dict = in_export_dtype(state_dict, config.export_dtype)
                 task.export(accelerator.unwrap_model(model), state_dict, staging, config)
+        elif config.export_dtype != "auto":
+            state_dict = accelerator.get_state_dict(model)
+            if accelerator.is_main_process:
+                staging.mkdir(parents=True)
+                weights = in_export_dtype(clean_state_dict_for_safetensors(state_dict), config.export_dtype)
+                save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
         else:
             accelerator.save_model(model, staging)
     except WRITE_ERRORS as error:
@@ -320,6 +330,15 @@ def export_model(
         os.replace(staging, folder)
         _fsync(folder.parent)
     accelerator.wait_for_everyone()
+
+
+def in_export_dtype(state_dict: dict[str, torch.Tensor], export_dtype: str) -> dict[str, torch.Tensor]:
+    """The floating-point tensors of `state_dict` in `export_dtype` ("auto": unchanged), as Hugging Face's
+    torch_dtype: bfloat16 or float16 halves an export of float32 weights; checkpoints are not touched."""
+    if export_dtype == "auto":
+        return state_dict
+    dtype = getattr(torch, export_dtype)
+    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in state_dict.items()}
 
 
 def write_manifest(folder: Path) -> None:

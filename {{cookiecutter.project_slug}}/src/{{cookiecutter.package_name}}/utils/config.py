@@ -88,6 +88,18 @@ class TrainConfig:
         0.0, "also checkpoint at the first logging step after this many minutes without one (0: off)"
     )
     keep_checkpoints: int = setting(3, "how many of the newest checkpoints to keep")
+    # background: the loop copies the state to CPU memory and trains on while a thread writes, checksums,
+    # fsyncs and publishes it (utils/persist.py; docs/resume.md has the measurements).
+    checkpoint_mode: Literal["background", "sync"] = setting(
+        "background", "background: write checkpoints while training goes on; sync: the loop waits for them"
+    )
+    # Before step 1: keep_checkpoints checkpoints (+1 being written) and the exports, estimated from the
+    # model, against the free space of output_dir and a local mirror_dir (utils/disk_budget.py).
+    check_disk_space: bool = setting(True, "refuse to start when what the run keeps cannot fit on its disk")
+    # As Hugging Face's torch_dtype: halves model/ and best_model/; checkpoints keep the training dtype.
+    export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = setting(
+        "auto", "the dtype of the exported weights (auto: as trained)"
+    )
     # Counted once train.py has loaded PyTorch. When the next logging interval, a checkpoint and the
     # export would not fit in what is left (estimated from this run's own slowest interval and checkpoint),
     # the run checkpoints, exports model/, draws its curves and exits with status 75.
@@ -138,6 +150,9 @@ class TrainConfig:
         "checkpoint_every",
         "checkpoint_every_minutes",
         "keep_checkpoints",
+        "checkpoint_mode",
+        "check_disk_space",
+        "export_dtype",
         "time_budget",
         "resume",
         "mirror_dir",

@@ -7,7 +7,7 @@ its order, and after a resume the batches not yet seen) and calls, after every o
 after each epoch's batches, `after_epoch` (a stream's epoch ends there).
 It owns the running train loss, summed on the device and read back once per logging interval, and the
 reason, if any, why training cannot go on (`diverged`: a non-finite loss, metric or weight). After the
-loop, `finish` says why it ended and leaves the exports: of the last step, or of a stopped session.
+loop, utils/finish.py says why it ended and leaves the exports: of the last step, or of a stopped session.
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import task
-from ..launch import report_outcome
-from .checkpoint import LoopState, export_model, save_checkpoint
+from .checkpoint import LoopState, export_model
 from .config import TrainConfig
 from .history import HISTORY_FILE, History
-from .mirror import Mirror
-from .plots import plot_metrics
+from .persist import Persister
 from .progress import Progress
-from .run_dir import RunError
 from .signals import StopRequest
 from .task_check import TaskModel
 from .timing import SessionClock
@@ -51,12 +48,12 @@ class Bookkeeping:
         total_steps: int,
         stop: StopRequest,
         clock: SessionClock,
-        mirror: Mirror,
+        persister: Persister,
         history: History,
     ) -> None:
         self.accelerator, self.config, self.state = accelerator, config, state
         self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
-        self.stop_request, self.clock, self.mirror, self.history = stop, clock, mirror, history
+        self.stop_request, self.clock, self.persister, self.history = stop, clock, persister, history
         self.start_step = state.step
         # Train loss summed on the device since the last log: no host-device sync per step.
         own_sum, self.running_batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
@@ -185,11 +182,14 @@ class Bookkeeping:
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
         history = {HISTORY_FILE: self.history.text(state.step, self.ending())}
-        self.last_saved = save_checkpoint(accelerator, config, state, self.resumed_from, history)
+        # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py.
+        path = self.persister.save(state, self.resumed_from, history)
         self.history.save(config.output_dir, state.step, self.ending())
         self.clock.saved(saving)
-        self.progress.write(f"checkpoint: step {state.step} saved to {self.last_saved}")
-        self.mirror.request()
+        # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
+        self.clock.longest_save = max(self.clock.longest_save, self.persister.last_seconds)
+        self.progress.write(f"checkpoint: step {state.step} saved to {path}")
+        self.last_saved = path  # published before finish() names it
 
     def ending(self) -> str:
         """Why this session ends at this step, as its history records it ("" while it goes on)."""
@@ -211,79 +211,6 @@ class Bookkeeping:
         """Whether the loop ends (checked after every step, and before every epoch)."""
         state = self.state
         return bool(self.diverged) or self.stopping or state.stopped_early or state.step >= self.total_steps
-
-    def finish(
-        self,
-        model: torch.nn.Module,
-        forward: torch.nn.Module,
-        eval_loader: DataLoader,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-    ) -> bool:
-        """After the loop: raise if it diverged; False if a signal or the clock stopped it (having left what
-        a session that ends now should leave); True when training is done: then the last evaluation, and
-        the exports."""
-        accelerator, config, state = self.accelerator, self.config, self.state
-        output_dir = Path(config.output_dir)
-        self.progress.close()
-        self.history.save(output_dir, state.step, self.ending())
-        if self.diverged:
-            raise RunError(diverged_message(self.diverged, config, self.last_saved))
-        if self.stopping and not self.out_of_time:
-            accelerator.print(
-                f"stopped by {self.stop_request.signal_name or 'another process'} at step {state.step}: "
-                "checkpoint saved, run the same command to continue"
-            )
-            if accelerator.is_main_process:  # a SLURM launcher requeues on progress
-                report_outcome("stopped", self.start_step, state.step)
-                # The curves but no export: drawing takes under a second (20,000 logged steps: 0.5 s), an
-                # export is as large as the model (and mirrored again) while the platform wants it back.
-                with contextlib.suppress(OSError):  # a full disk: the curves can be drawn later
-                    print(f"curves: {plot_metrics(output_dir)}")
-            return False
-        metrics = self.metrics
-        if self.out_of_time:  # leave what a session that ends now should leave, without an evaluation
-            info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
-            export_model(accelerator, model, config, output_dir / "model", info)
-            if accelerator.is_main_process:
-                curves = plot_metrics(output_dir)
-                print(f"exported {output_dir / 'model'} (step {state.step}) | curves: {curves}")
-                print(f"stopped for time; run again to continue: step {state.step}, {self.clock.stop_note()}")
-                report_outcome("stopped", self.start_step, state.step)  # a SLURM launcher requeues
-            return False
-        if state.stopped_early:
-            accelerator.print(
-                f"early stopping at step {state.step}: {state.evals_since_best} evaluations without a better "
-                f"{config.best_metric} than {state.best_value:.4f} (step {state.best_step})"
-            )
-        if self.running_batches:  # the last, partial logging interval
-            loss_total = accelerator.reduce(self.running_loss, "sum").item()
-            if not math.isfinite(loss_total):
-                why = f"the train loss of the last steps is {loss_total}"
-                raise RunError(diverged_message(why, config, self.last_saved))
-            log_train_loss(accelerator, self.progress, loss_total, self.running_batches, state, scheduler)
-        if metrics is None or state.last_eval_step != state.step:
-            metrics = evaluate(accelerator, forward, eval_loader, config)
-            if not all(math.isfinite(value) for value in metrics.values()):
-                raise RunError(
-                    diverged_message(f"the final eval metrics are {metrics}", config, self.last_saved)
-                )
-            if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
-                accelerator.log(metrics, step=state.step)
-                track_best(accelerator, model, config, state, metrics)
-        accelerator.print(
-            f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
-            + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-        )
-        # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
-        export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
-        accelerator.print(
-            f"exported {output_dir / 'model'} (last step) and {output_dir / 'best_model'} "
-            f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
-        )
-        if accelerator.is_main_process:
-            print(f"curves: {plot_metrics(output_dir)}")
-            report_outcome("finished", self.start_step, state.step)
-        return True
 
 
 @torch.no_grad()

@@ -2,7 +2,8 @@
 
 Colab's Drive mount is a cache that uploads later and can drop mid-session: a checkpoint written straight
 into it may never arrive, and a slow upload would stall training. So output_dir is the session's local
-disk, and after every checkpoint a thread of the main process copies what changed to the mirror: first
+disk, and after every checkpoint is published (utils/persist.py hands it on) a thread of the main process
+(persist.Worker) copies what changed to the mirror: first
 the run's files (metrics, exports, tracker logs), then the newest checkpoint into a staging folder that is
 verified against the checkpoint's checksums and only then renamed. Training never waits for it, and a
 failing copy never stops it: the error is reported once, the copy retried every RETRY_S seconds and after
@@ -10,7 +11,7 @@ each checkpoint, and its recovery reported. `finish` completes the copy at the e
 stop signal. Resume (start.py) takes the newest checkpoint that verifies among output_dir and the mirror,
 so a checkpoint the mirror holds only in part (the runtime died mid-upload) is skipped, and named.
 
-A URL as mirror_dir (s3://, hf://, gs://, utils/remote.py) keeps the same promises with `RemoteMirror`.
+A URL as mirror_dir (s3://, hf://, gs://, utils/remote.py) keeps the same promises (utils/mirror_stores.py).
 Object stores cannot rename: a checkpoint is uploaded to a staging prefix, downloaded back and verified
 against its checksums (its bytes cross the network twice: the price of knowing the copy is whole), then
 published by copying it (server-side on S3 and GCS) to `checkpoints/step_<N>/` with loop_state.json, the
@@ -22,52 +23,36 @@ copies), its folder holds part of it. The remote run folder's lock is a lease (r
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import tempfile
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from accelerate.utils import broadcast_object_list
 
-from .checkpoint import (
-    LOOP_STATE_FILE,
-    STAGING_PREFIX,
-    checkpoint_problem,
-    checkpoint_root,
-    checkpoint_step,
-    list_checkpoints,
-    remove_folder,
-)
+from .checkpoint import checkpoint_problem, checkpoint_step, list_checkpoints
 from .config import TrainConfig
-from .remote import access_problem, is_url, load_secrets, open_store
-from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RemoteLease, RunError, set_aside
-from .runs import EXPORTS, is_run_file, newest_readable, remote_sealed
+from .mirror_stores import FolderStore, MirrorError, RemoteStore
+from .persist import Worker
+from .remote import access_problem, is_url, load_secrets
+from .run_dir import FolderInUse, RunError
+from .runs import is_run_file
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
 FINISH_TIMEOUT_S = 900.0
 
 
-class MirrorError(Exception):
-    """A copy that arrived but does not verify."""
-
-
 class Mirror:
     """Copies output_dir to mirror_dir in the background; a no-op unless enabled (main process) and set."""
 
     def __init__(self, output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> None:
-        self.source, self.target, self.keep = Path(output_dir), Path(mirror_dir), keep
+        self.source, self.target, self.keep = Path(output_dir), mirror_dir, keep
         self.enabled = enabled and bool(mirror_dir)
-        self._lock = OutputLock(self.target, "mirror_dir")
+        self._worker = Worker("mirror", self._sync, lambda: RETRY_S if self._failing else None)
+        self.store: FolderStore | None = None
+        if self.enabled:
+            kind = RemoteStore if is_url(mirror_dir) else FolderStore
+            self.store = kind(self.source, mirror_dir, again=self._worker.wake)
         self._locked = False
-        self._wake = threading.Event()
-        self._closing = False
-        self._thread: threading.Thread | None = None
-        self._copied: dict[Path, tuple[int, int]] = {}  # file -> (size, mtime_ns) when last copied
         self._failing = ""  # the error reported, until a copy works again
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
 
@@ -75,62 +60,65 @@ class Mirror:
         """Take the mirror's lock and check that it holds no other run (every process raises the main one's
         refusal), then start copying. A mirror that cannot be written now is retried, not refused."""
         outcome: list[Any] = [None]
-        if self.enabled:
+        if self.store is not None:
             try:
-                self._claim(run_id, start_over)
+                self._claim(self.store, run_id, start_over)
             except RunError as error:
                 outcome = [error]
         outcome = broadcast_object_list(outcome)
         if isinstance(outcome[0], RunError):
             raise outcome[0]
-        if self.enabled:
-            self._thread = threading.Thread(target=self._run, name="mirror", daemon=True)
-            self._thread.start()
+        if self.store is not None:
+            self._worker.start()
 
-    def _claim(self, run_id: str, start_over: bool) -> None:
+    def _claim(self, store: FolderStore, run_id: str, start_over: bool) -> None:
         try:
-            for note in self._lock.acquire():
-                _say(note)
+            with store.errors():
+                for note in store.lock.acquire():
+                    _say(note)
             self._locked = True
         except FolderInUse:
             raise
-        except RunError as error:  # cannot write there now (a mount that dropped): the thread retries
+        except (OSError, RunError, MirrorError) as error:  # cannot write there now: the thread retries
             self._report(str(error))
-            # What it holds may still be read: the end of the run then names that step, not "none".
+            # What a folder holds may still be read: the end of the run then names that step, not "none".
             with contextlib.suppress(OSError):
-                if (held := newest_readable(self.target)) is not None and held[1] == run_id:
+                if store.readable_without_lock and (held := store.held()) is not None and held[1] == run_id:
                     self.newest_step = held[0]
             return
-        if (held := newest_readable(self.target)) is not None and held[1] != run_id:
+        try:
+            with store.errors():
+                held = store.held()
+        except (OSError, MirrorError) as error:
+            self._report(str(error))
+            return
+        if held is not None and held[1] != run_id:
             if not start_over:
                 raise RunError(
                     f"mirror_dir {self.target} holds another run (run {held[1] or '(unnamed)'}, step "
                     f"{held[0]}): choose another mirror_dir, or pass --start_over true to set it aside"
                 )
-            earlier = [path for path in self.target.iterdir() if path.name not in (LOCK_FILE, SET_ASIDE)]
-            _say(f"start_over: moved the mirror's earlier run to {set_aside(earlier, self.target)}")
+            with store.errors():
+                _say(f"start_over: moved the mirror's earlier run to {store.set_aside_earlier()}")
         self.newest_step = held[0] if held is not None and held[1] == run_id else -1
 
     def request(self) -> None:
         """Copy what changed, soon; returns at once."""
         if self.enabled:
-            self._wake.set()
+            self._worker.wake()
 
     def finish(self) -> None:
         """Copy once more, wait for it (up to FINISH_TIMEOUT_S), say what the mirror holds, release it."""
-        if not self.enabled or self._thread is None:
-            if self._locked:  # refused at start (the mirror holds another run): nothing was copied
-                self._lock.release()
+        if self.store is None or not self._worker.started:
+            if self._locked and self.store is not None:  # refused at start (it holds another run)
+                self.store.lock.release()
             return
-        self._closing = True
-        self._wake.set()
-        self._thread.join(5.0)
-        if self._thread.is_alive():
+        if not self._worker.close(5.0):
             _say(f"finishing the copy to {self.target} (waiting up to {FINISH_TIMEOUT_S / 60:.0f} min)")
-            self._thread.join(FINISH_TIMEOUT_S)
+            self._worker.close(FINISH_TIMEOUT_S)
         newest = list_checkpoints(self.source)
         local = checkpoint_step(newest[-1]) if newest else -1
-        if self._failing or self._thread.is_alive() or self.newest_step < local:
+        if self._failing or self._worker.alive or self.newest_step < local:
             held = f"step {self.newest_step}" if self.newest_step >= 0 else "none"
             _say(
                 f"WARNING: {self.target} is behind (newest verified checkpoint: {held}; output_dir: step "
@@ -138,117 +126,41 @@ class Mirror:
             )
         else:
             _say(f"{self.target} holds step {self.newest_step} (verified), the metrics and the exports")
-        if self._locked and not self._thread.is_alive():
-            self._lock.release()
-
-    # --- the thread ------------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(RETRY_S if self._failing else None)
-            self._wake.clear()
-            closing = self._closing
-            self._sync()
-            if closing:
-                return
+        if self._locked and not self._worker.alive:
+            self.store.lock.release()
 
     def _sync(self) -> None:
+        """One pass of the thread: the run's files, then the newest readable checkpoint, then rotation."""
+        store = self.store
+        assert store is not None
         try:
-            # Chosen before the other files are copied, so that the mirror's metrics reach at least this
-            # step. Inside the try: rotation may remove a checkpoint while it is looked at.
-            readable = [
-                path for path in list_checkpoints(self.source) if checkpoint_problem(path, False) is None
-            ]
-            checkpoint = readable[-1] if readable else None
-            if not self._locked:
-                self._lock.acquire()
-                self._locked = True
-            for entry in sorted(self.source.iterdir()):
-                if is_run_file(entry.name):
-                    self._copy_entry(entry)
-            if checkpoint is not None and checkpoint_step(checkpoint) > self.newest_step:
-                self._copy_checkpoint(checkpoint)
-                self._rotate()
+            with store.errors():  # a store's own error types (a lease's calls included) as a MirrorError
+                store.check()
+                # Chosen before the other files are copied, so that the mirror's metrics reach at least this
+                # step. Inside the try: rotation may remove a checkpoint while it is looked at.
+                readable = [p for p in list_checkpoints(self.source) if checkpoint_problem(p, False) is None]
+                if not self._locked:
+                    store.lock.acquire()
+                    self._locked = True
+                for entry in sorted(self.source.iterdir()):
+                    if is_run_file(entry.name):
+                        store.copy_entry(entry)
+                if readable and checkpoint_step(readable[-1]) > self.newest_step:
+                    store.copy_checkpoint(readable[-1])
+                    self.newest_step = checkpoint_step(readable[-1])
+                    store.rotate(self.newest_step, self.keep)
         except FolderInUse as error:
             self._report(f"{error}; not mirroring until it is free")
             return
         except (OSError, RunError, MirrorError) as error:
             if isinstance(error, OSError) and _vanished(error, self.source):
-                self._wake.set()  # local rotation or an export replaced what was being copied: again, newest
+                self._worker.wake()  # local rotation or an export replaced what was copied: again, newest
                 return
             self._report(str(error))
             return
         if self._failing:
             self._failing = ""
             _say(f"{self.target} works again: step {self.newest_step} copied and verified")
-
-    def _copy_entry(self, entry: Path) -> None:
-        if entry.is_file():
-            self._copy_file(entry, self.target / entry.name)
-        elif entry.is_dir() and entry.name in EXPORTS:
-            self._copy_export(entry)
-        elif entry.is_dir():
-            for path in sorted(entry.rglob("*")):
-                if path.is_file():
-                    self._copy_file(path, self.target / path.relative_to(self.source))
-
-    def _copy_file(self, source: Path, target: Path) -> None:
-        stat = source.stat()
-        if self._copied.get(source) == (stat.st_size, stat.st_mtime_ns) and target.exists():
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{STAGING_PREFIX}{target.name}")
-        shutil.copyfile(source, partial)
-        os.replace(partial, target)
-        self._copied[source] = (stat.st_size, stat.st_mtime_ns)
-
-    def _copy_export(self, folder: Path) -> None:
-        before = _snapshot(folder)
-        copied = all(self._copied.get(path) == seen for path, seen in before.items())
-        if copied and (self.target / folder.name).is_dir():
-            return
-        staging = self.target / f"{STAGING_PREFIX}{folder.name}"
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(folder, staging)
-        if _snapshot(folder) != before:  # replaced by a newer export meanwhile: copy that one next time
-            shutil.rmtree(staging, ignore_errors=True)
-            self._wake.set()
-            return
-        if (self.target / folder.name).exists():
-            remove_folder(self.target / folder.name)
-        os.replace(staging, self.target / folder.name)
-        self._copied.update(before)
-
-    def _copy_checkpoint(self, checkpoint: Path) -> None:
-        final = checkpoint_root(self.target) / checkpoint.name
-        if _same_checkpoint(checkpoint, final):  # already there, e.g. the one this session resumed from
-            self.newest_step = checkpoint_step(checkpoint)
-            return
-        staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for path in sorted(checkpoint.iterdir()):
-            shutil.copyfile(path, staging / path.name)
-        if problem := checkpoint_problem(staging):
-            shutil.rmtree(staging, ignore_errors=True)
-            raise MirrorError(f"the copy of {checkpoint.name} in {self.target} does not verify: {problem}")
-        if final.exists():  # a part-uploaded copy from a session that died: kept for a person to look at
-            set_aside([final], self.target)
-        os.replace(staging, final)
-        self.newest_step = checkpoint_step(checkpoint)
-
-    def _rotate(self) -> None:
-        """Keep the mirror's newest `keep` checkpoints; remove older ones that read back whole, and this
-        run's own unfinished copies. Unreadable ones stay for a person to look at."""
-        readable = [
-            path
-            for path in list_checkpoints(self.target)
-            if checkpoint_step(path) <= self.newest_step and checkpoint_problem(path, False) is None
-        ]
-        for path in readable[: max(0, len(readable) - self.keep)]:
-            remove_folder(path)
-        for staging in checkpoint_root(self.target).glob(f"{STAGING_PREFIX}*"):
-            shutil.rmtree(staging, ignore_errors=True)
 
     def _report(self, error: str) -> None:
         if not self._failing:
@@ -261,8 +173,6 @@ class Mirror:
 
 def open_mirror(output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> Mirror:
     """The mirror of `mirror_dir`: a folder, or a URL of a remote store."""
-    if is_url(mirror_dir):
-        return RemoteMirror(output_dir, mirror_dir, keep, enabled)
     return Mirror(output_dir, mirror_dir, keep, enabled)
 
 
@@ -287,165 +197,6 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
         accelerator.print(note)
 
 
-class RemoteMirror(Mirror):
-    """A Mirror whose mirror_dir is a URL: the same thread, reports and end line; uploads and a lease
-    instead of copies, renames and a file lock."""
-
-    def __init__(self, output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> None:
-        super().__init__(output_dir, mirror_dir, keep, enabled)
-        self.url = mirror_dir
-        self.target = mirror_dir  # for the messages of the base class
-        if self.enabled:
-            self.fs, self.root = open_store(mirror_dir)
-            self._lock = RemoteLease(self.fs, self.root, mirror_dir)
-
-    def _claim(self, run_id: str, start_over: bool) -> None:
-        try:
-            with _store_errors():
-                for note in self._lock.acquire():
-                    _say(note)
-            self._locked = True
-        except FolderInUse:
-            raise
-        except (OSError, RunError, MirrorError) as error:  # unreachable now: the thread retries
-            self._report(str(error))
-            return
-        try:
-            with _store_errors():
-                sealed = remote_sealed(self.fs, self.root)
-        except (OSError, MirrorError) as error:
-            self._report(str(error))
-            return
-        held = sealed[-1] if sealed else None
-        if held is not None and held[1] != run_id:
-            if not start_over:
-                raise RunError(
-                    f"mirror_dir {self.url} holds another run (run {held[1] or '(unnamed)'}, step "
-                    f"{held[0]}): choose another mirror_dir, or pass --start_over true to set it aside"
-                )
-            folder = f"{self.root}/{SET_ASIDE}/{time.strftime('%Y%m%d-%H%M%S')}"
-            for path in self.fs.ls(self.root, detail=False):
-                if path.rsplit("/", 1)[-1] not in (LOCK_FILE, SET_ASIDE):
-                    self._move(path, f"{folder}/{path.rsplit('/', 1)[-1]}")
-            _say(f"start_over: moved the mirror's earlier run to {self.fs.unstrip_protocol(folder)}")
-        self.newest_step = held[0] if held is not None and held[1] == run_id else -1
-
-    def _sync(self) -> None:
-        try:
-            self._lock.check()
-        except FolderInUse as error:
-            self._report(f"{error}; not mirroring")
-            return
-        try:
-            with _store_errors():  # the lease's own calls (a lease not taken at start) included
-                super()._sync()
-        except MirrorError as error:
-            self._report(str(error))
-
-    def _copy_entry(self, entry: Path) -> None:
-        with _store_errors():
-            if entry.is_file():
-                self._upload(entry, f"{self.root}/{entry.name}")
-            elif entry.is_dir() and entry.name in EXPORTS:
-                self._upload_export(entry)
-            elif entry.is_dir():
-                for path in sorted(entry.rglob("*")):
-                    if path.is_file():
-                        self._upload(path, f"{self.root}/{path.relative_to(self.source).as_posix()}")
-
-    def _upload(self, source: Path, target: str) -> None:
-        stat = source.stat()
-        if self._copied.get(source) == (stat.st_size, stat.st_mtime_ns):
-            return
-        self.fs.put_file(str(source), target)  # one object, replaced whole
-        self._copied[source] = (stat.st_size, stat.st_mtime_ns)
-
-    def _upload_export(self, folder: Path) -> None:
-        before = _snapshot(folder)
-        if all(self._copied.get(path) == seen for path, seen in before.items()):
-            return
-        staging, final = f"{self.root}/{STAGING_PREFIX}{folder.name}", f"{self.root}/{folder.name}"
-        self._remove(staging)
-        for path in sorted(before):
-            self.fs.put_file(str(path), f"{staging}/{path.relative_to(folder).as_posix()}")
-        if _snapshot(folder) != before:  # replaced by a newer export meanwhile: copy that one next time
-            self._remove(staging)
-            self._wake.set()
-            return
-        self._remove(final)
-        for path in sorted(before):
-            name = path.relative_to(folder).as_posix()
-            self.fs.copy(f"{staging}/{name}", f"{final}/{name}")
-        self._remove(staging)
-        self._copied.update(before)
-
-    def _copy_checkpoint(self, checkpoint: Path) -> None:
-        with _store_errors():
-            final = f"{self.root}/checkpoints/{checkpoint.name}"
-            seal = f"{final}/{LOOP_STATE_FILE}"
-            if self._exists(seal) and self.fs.cat_file(seal) == (checkpoint / LOOP_STATE_FILE).read_bytes():
-                self.newest_step = checkpoint_step(checkpoint)  # already there, e.g. the one resumed from
-                return
-            staging = f"{self.root}/checkpoints/{STAGING_PREFIX}{checkpoint.name}"
-            self._remove(staging)
-            names = sorted(path.name for path in checkpoint.iterdir() if path.is_file())
-            for name in names:
-                self.fs.put_file(str(checkpoint / name), f"{staging}/{name}")
-            with tempfile.TemporaryDirectory(prefix="mirror-verify-") as folder:
-                for name in names:
-                    self.fs.get_file(f"{staging}/{name}", os.path.join(folder, name))
-                if problem := checkpoint_problem(Path(folder)):
-                    self._remove(staging)
-                    raise MirrorError(
-                        f"the copy of {checkpoint.name} in {self.url} does not verify: {problem}"
-                    )
-            if self._exists(final):  # a publication cut off in a session that died: kept for a person
-                aside = f"{self.root}/{SET_ASIDE}/{time.strftime('%Y%m%d-%H%M%S')}/checkpoints"
-                self._move(final, f"{aside}/{checkpoint.name}")
-            for name in [*(name for name in names if name != LOOP_STATE_FILE), LOOP_STATE_FILE]:
-                self.fs.copy(f"{staging}/{name}", f"{final}/{name}")
-            self._remove(staging)
-            self.newest_step = checkpoint_step(checkpoint)
-
-    def _rotate(self) -> None:
-        """Keep the newest `keep` sealed checkpoints; remove older sealed ones and this run's staging
-        copies. A checkpoint folder without its seal stays for a person to look at."""
-        with _store_errors():
-            sealed = [step for step, _ in remote_sealed(self.fs, self.root) if step <= self.newest_step]
-            for step in sealed[: max(0, len(sealed) - self.keep)]:
-                self._remove(f"{self.root}/checkpoints/step_{step:08d}")
-            for path in self.fs.ls(f"{self.root}/checkpoints", detail=False):
-                if path.rsplit("/", 1)[-1].startswith(STAGING_PREFIX):
-                    self._remove(path)
-
-    def _move(self, source: str, target: str) -> None:
-        """Copy every object under `source` (a file or a folder) to `target`, then remove them."""
-        for path in self.fs.find(source):
-            self.fs.copy(path, f"{target}{path[len(source) :]}")
-        self.fs.rm(source, recursive=True)
-
-    def _exists(self, path: str) -> bool:
-        self.fs.invalidate_cache()
-        return self.fs.exists(path)
-
-    def _remove(self, path: str) -> None:
-        if self._exists(path):
-            self.fs.rm(path, recursive=True)
-
-
-@contextlib.contextmanager
-def _store_errors() -> Iterator[None]:
-    """A store's own exception types (botocore's, aiohttp's, the Hub's) as a MirrorError, which the thread
-    reports."""
-    try:
-        yield
-    except (OSError, RunError, MirrorError):
-        raise
-    except Exception as error:
-        text = str(error).strip().splitlines()
-        raise MirrorError(f"{type(error).__name__}: {text[0] if text else ''}") from error
-
-
 def _say(text: str) -> None:
     print(f"mirror: {text}", flush=True)
 
@@ -453,21 +204,3 @@ def _say(text: str) -> None:
 def _vanished(error: OSError, source: Path) -> bool:
     name = getattr(error, "filename", None)
     return bool(name) and Path(name).is_relative_to(source) and not Path(name).exists()
-
-
-def _snapshot(folder: Path) -> dict[Path, tuple[int, int]]:
-    snapshot = {}
-    for path in folder.rglob("*"):
-        if path.is_file():
-            stat = path.stat()
-            snapshot[path] = (stat.st_size, stat.st_mtime_ns)
-    return snapshot
-
-
-def _same_checkpoint(local: Path, copy: Path) -> bool:
-    """Whether `copy` is whole and holds `local`: equal loop states list the same checksums."""
-    try:
-        same = (copy / LOOP_STATE_FILE).read_bytes() == (local / LOOP_STATE_FILE).read_bytes()
-    except OSError:
-        return False
-    return same and checkpoint_problem(copy, contents=False) is None

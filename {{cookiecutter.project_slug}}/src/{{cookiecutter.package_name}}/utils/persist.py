@@ -1,0 +1,262 @@
+"""Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it.
+
+The path of a checkpoint reads in one direction: the loop (utils/loop.py) -> `Persister` -> the store
+(checkpoint.py writes, checksums, fsyncs, seals and publishes; then the mirror, utils/mirror.py, copies).
+
+checkpoint_mode "background" (the default): at a checkpoint every process copies to CPU memory what
+Accelerate's `save_state` would write (the model's state dict with the same pre-save hooks, the optimizer,
+scheduler, scaler, samplers, registered objects such as a stream's position, its own RNG file) and training
+goes on; a thread of the main process writes those same files, under the same names, into the staging
+folder, which checkpoint.py then seals (loop_state.json last) and renames, as a synchronous save does. At
+most one save is in flight: the next checkpoint, a stop (signal, time, end of training, divergence) and the
+export wait for it first. Rotation happens only after a publish. The other processes write their RNG file
+(a few KB) at once into the staging folder, before the main process hands its part to the thread, so the
+thread never needs a collective. A failed background write is raised at the next wait, as a synchronous
+one would be at once. "sync" writes inside the loop (Accelerate's own save_state): for debugging and for
+comparison (bench/checkpoints.py). FSDP, DeepSpeed and XLA runs always save synchronously (their
+save_state writes formats of their own, collectively), and so do devices other than the CPU, CUDA and MPS
+(whose RNG states stage_state does not know).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from accelerate.utils.other import clean_state_dict_for_safetensors
+from safetensors.torch import save_file
+
+from .checkpoint import (
+    STAGING_PREFIX,
+    WRITE_ERRORS,
+    LoopState,
+    _meta,
+    _publish,
+    _rotate,
+    checkpoint_root,
+    save_checkpoint,
+)
+from .config import TrainConfig
+from .run_dir import write_error
+
+# A test hook: seconds the thread sleeps before each file it writes, so that a kill lands inside the write.
+PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"
+SYNC_ONLY = (
+    DistributedType.FSDP,
+    DistributedType.DEEPSPEED,
+    DistributedType.MEGATRON_LM,
+    DistributedType.XLA,
+)
+
+
+class Persister:
+    """Saves checkpoints, in the background or in the loop; then calls `published()` (the mirror)."""
+
+    def __init__(self, accelerator: Accelerator, config: TrainConfig, published: Callable[[], None]) -> None:
+        self.accelerator, self.config, self.published = accelerator, config, published
+        self.background = (
+            config.checkpoint_mode == "background" and accelerator.distributed_type not in SYNC_ONLY
+        )
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_seconds = 0.0  # the last save, from staging to publish
+
+    def save(self, state: LoopState, protect: Path | None, files: dict[str, str]) -> Path:
+        """Save on every process (all call it at the same step); return the checkpoint's final path."""
+        self.background = self.background and stageable(self.accelerator)
+        if not self.background:
+            started = time.monotonic()
+            final = save_checkpoint(self.accelerator, self.config, state, protect, files)
+            self.last_seconds = time.monotonic() - started
+            self.published()
+            return final
+        accelerator = self.accelerator
+        self.wait()  # at most one save in flight
+        final = checkpoint_root(self.config.output_dir) / f"step_{state.step:08d}"
+        staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
+        if accelerator.is_main_process:
+            if staging.exists():
+                shutil.rmtree(staging)  # this run's own unfinished save, left by a kill
+            staging.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        staged = stage_state(accelerator)  # on the main process: its files; elsewhere its RNG file, written
+        if not accelerator.is_main_process:
+            _write_file(staging, *staged[0])
+        accelerator.wait_for_everyone()  # every process's file is in the staging folder: the thread seals
+        if accelerator.is_main_process:
+            snapshot = LoopState(**{k: _copy(v) for k, v in vars(state).items()})
+            job = (staged, snapshot, protect, dict(files), staging, final, _meta(accelerator))
+            self._thread = threading.Thread(target=self._persist, args=job, name="checkpoint", daemon=False)
+            self._thread.start()
+        return final
+
+    def wait(self) -> None:
+        """Until the save in flight is published (every process calls it; only the main one waits); raise
+        its error, if it failed."""
+        self.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def join(self) -> None:
+        """Until the save in flight is done, published or failed (at the end of the process, a crash too)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _persist(
+        self,
+        staged: list[tuple[str, str, Any]],
+        state: LoopState,
+        protect: Path | None,
+        files: dict[str, str],
+        staging: Path,
+        final: Path,
+        meta: dict[str, Any],
+    ) -> None:
+        started = time.monotonic()
+        try:
+            for entry in staged:
+                _write_file(staging, *entry)
+            _publish(meta, self.config, state, staging, final, files)
+            _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
+        except WRITE_ERRORS as error:
+            self._error = write_error(staging, error)
+            return
+        except BaseException as error:  # raised in the loop at the next wait, as a synchronous save would
+            self._error = error
+            return
+        self.last_seconds = time.monotonic() - started
+        self.published()
+
+
+class Worker:
+    """A thread of the main process that runs `work` each time it is woken, again after `retry_s()` seconds
+    while that is not None (a failing copy), and once more when closed: what the mirror runs on."""
+
+    def __init__(self, name: str, work: Callable[[], None], retry_s: Callable[[], float | None]) -> None:
+        self.work, self.retry_s = work, retry_s
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.started = False
+
+    def start(self) -> None:
+        self._thread.start()
+        self.started = True
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float) -> bool:
+        """Run once more and end; False if that takes longer than `timeout` seconds (it goes on)."""
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.retry_s())
+            self._wake.clear()
+            closing = self._closing
+            self.work()
+            if closing:
+                return
+
+
+def stageable(accelerator: Accelerator) -> bool:
+    """Whether stage_state builds every file save_state would write here: on the CPU, a CUDA GPU or MPS
+    (whose RNG states it knows), without Accelerate's stateful dataloaders (a file of their own)."""
+    stateful = any(getattr(loader, "use_stateful_dataloader", False) for loader in accelerator._dataloaders)
+    return accelerator.device.type in ("cpu", "cuda", "mps") and not stateful
+
+
+def stage_state(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
+    """(file name, format, CPU copy) of what `accelerator.save_state` writes from this process: every file
+    on the main process, its own RNG file on the others. The same names and contents load_state reads."""
+    rng = {
+        "step": accelerator.step,
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        rng["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    own = (f"random_states_{accelerator.process_index}.pkl", "torch", _pickled(rng))
+    if not accelerator.is_main_process:
+        return [own]
+    staged = []
+    weights = [accelerator.get_state_dict(model, unwrap=False) for model in accelerator._models]
+    for hook in accelerator._save_model_state_pre_hook.values():  # e.g. the frozen weights left out
+        hook(accelerator._models, weights, "")
+    for index, state in enumerate(weights):
+        name = "model.safetensors" if index == 0 else f"model_{index}.safetensors"
+        staged.append((name, "safetensors", _copy(clean_state_dict_for_safetensors(state))))
+    for kind, objects in (("optimizer", accelerator._optimizers), ("scheduler", accelerator._schedulers)):
+        for index, obj in enumerate(objects):
+            staged.append((f"{kind}{f'_{index}' if index else ''}.bin", "torch", _copy(obj.state_dict())))
+    staged += _samplers(accelerator)
+    if accelerator.scaler is not None:
+        staged.append(("scaler.pt", "torch", _pickled(accelerator.scaler.state_dict())))
+    for index, obj in enumerate(accelerator._custom_objects):
+        staged.append((f"custom_checkpoint_{index}.pkl", "torch", _pickled(obj.state_dict())))
+    return [*staged, own]
+
+
+def _samplers(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
+    """The seedable samplers of the prepared loaders, pickled as save_state pickles them (the objects)."""
+    from accelerate.data_loader import IterableDatasetShard, SeedableRandomSampler
+
+    staged = []
+    for index, loader in enumerate(accelerator._dataloaders):
+        if isinstance(loader.dataset, IterableDatasetShard):
+            sampler = loader.get_sampler()
+            if isinstance(sampler, SeedableRandomSampler):
+                staged.append((f"sampler{f'_{index}' if index else ''}.bin", "torch", _pickled(sampler)))
+    return staged
+
+
+def _copy(value: Any) -> Any:
+    """A copy in CPU memory that training cannot change: tensors cloned, containers rebuilt."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return type(value)((key, _copy(item)) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(item) for item in value)
+    return value  # numbers, strings, None: immutable
+
+
+def _pickled(value: Any) -> bytes:
+    """Small objects are serialized at once: what they hold is copied, whatever it is."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _write_file(folder: Path, name: str, kind: str, value: Any) -> None:
+    if pause := float(os.environ.get(PAUSE_ENV, "0") or 0):
+        time.sleep(pause)
+    path = folder / name
+    if isinstance(value, bytes):
+        path.write_bytes(value)
+    elif kind == "safetensors":
+        save_file(value, str(path), metadata={"format": "pt"})
+    else:
+        torch.save(value, path)
