@@ -1,9 +1,9 @@
 """The end of a session, after the loop: why it ended, and what it leaves.
 
 Diverged: one line naming the last good checkpoint (raised). Stopped by a signal: the checkpoint and
-the curves, exit 75. Stopped by the time budget: model/ and the curves too, exit 75. Done (the last step, early
-stopping): the last evaluation, model/ and the curves. A checkpoint still being written in the background
-(utils/persist.py) is published first, whatever the ending.
+the curves, exit 75. Stopped by the time budget: model/ and the curves too, exit 75. Done (the last step,
+early stopping): the last evaluation, model/ and the curves. A checkpoint still being written in the
+background (utils/persist.py) is published first, whatever the ending.
 """
 
 from __future__ import annotations

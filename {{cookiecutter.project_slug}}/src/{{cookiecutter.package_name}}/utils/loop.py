@@ -12,7 +12,6 @@ loop, utils/finish.py says why it ended and leaves the exports: of the last step
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Iterator
