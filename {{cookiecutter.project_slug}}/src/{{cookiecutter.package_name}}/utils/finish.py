@@ -48,16 +48,16 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
     accelerator, config, state = book.accelerator, book.config, book.state
     output_dir = Path(config.output_dir)
     if not book.out_of_time:
-        accelerator.print(
-            f"stopped by {book.stop_request.signal_name or 'another process'} at step {state.step}: "
-            "checkpoint saved, run the same command to continue"
-        )
         if accelerator.is_main_process:  # a SLURM launcher requeues on progress
             report_outcome("stopped", book.start_step, state.step)
             # The curves but no export: drawing takes under a second (20,000 logged steps: 0.5 s), an
             # export is as large as the model (and mirrored again) while the platform wants it back.
             with contextlib.suppress(OSError):  # a full disk: the curves can be drawn later
                 print(f"curves: {plot_metrics(output_dir)}")
+        accelerator.print(  # the last line, which the launchers show as the outcome
+            f"stopped by {book.stop_request.signal_name or 'another process'} at step {state.step}: "
+            "checkpoint saved, run the same command to continue"
+        )
         return False
     metrics = book.metrics  # leave what a session that ends now should leave, without an evaluation
     info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
