@@ -126,7 +126,7 @@ def run_dir_without_fcntl(monkeypatch: pytest.MonkeyPatch) -> Iterator:
     from {{ cookiecutter.package_name }}.utils import run_dir
 
     monkeypatch.setitem(sys.modules, "fcntl", None)
-    spec = importlib.util.spec_from_file_location("run_dir_without_fcntl", run_dir.__file__)
+    spec = importlib.util.spec_from_file_location(f"{run_dir.__name__}_without_fcntl", run_dir.__file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.fcntl is None
