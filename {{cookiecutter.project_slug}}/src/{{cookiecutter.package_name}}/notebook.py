@@ -128,4 +128,5 @@ def show_predictions(run: str | Path, rows: int = 5) -> None:
     print(f"the model of step {step}, first rows of {output}:")
     with output.open(newline="", encoding="utf-8") as file:
         for row in islice(csv.DictReader(file), rows):
-            print(" | ".join(f"{name}: {value}" for name, value in row.items()))
+            # One line a row: a value's own line breaks (a language model's text) are shown as \\n.
+            print(" | ".join(f"{name}: {value}".replace("\n", "\\n") for name, value in row.items()))
