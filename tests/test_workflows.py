@@ -181,8 +181,13 @@ def test_ci_none_leaves_github_out(render: Callable[..., Render]) -> None:
     assert ".github" in (render().path / "README.md").read_text(encoding="utf-8")
 
 
+def requirements(project: dict) -> list[str]:
+    """A project's dependencies and its `data` extra's, which .ci/lowest installs with them."""
+    return project["dependencies"] + project.get("optional-dependencies", {}).get("data", [])
+
+
 def test_lowest_versions_are_the_bounds_of_pyproject(render: Callable[..., Render]) -> None:
-    """.ci/lowest.txt pins each dependency of every task and every tracker at its `>=` bound, .ci/lowest
+    """.ci/lowest.txt pins each dependency of every task and every tracker (and the data extra) at its `>=` bound, .ci/lowest
     renders for the oldest Python the template offers, and the workflow's legs cover every task and
     tracker between them."""
     pins = dict(
@@ -196,7 +201,7 @@ def test_lowest_versions_are_the_bounds_of_pyproject(render: Callable[..., Rende
         for answers in options
         for name, bound in (
             requirement.split(";")[0].split(">=")  # without its environment marker
-            for requirement in pyproject(render(**answers))["project"]["dependencies"]
+            for requirement in requirements(pyproject(render(**answers))["project"])
         )
     }
     assert set(pins) - {"numpy"} == set(bounds)

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from ..launch import report_outcome
 from .checkpoint import export_model
-from .loop import Bookkeeping, diverged_message, evaluate, log_train_loss, track_best
+from .loop import Bookkeeping, diverged_message, evaluate, track_best
 from .plots import plot_metrics
 from .run_dir import RunError
 
@@ -34,10 +34,10 @@ def finish(
     state, config = book.state, book.config
     book.progress.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
-    book.history.save(config.output_dir, state.step, book.ending())
-    if book.diverged:
-        raise RunError(diverged_message(book.diverged, config, book.last_saved))
-    if book.stopping or book.out_of_time:
+    book.history.save(config.output_dir, state.step, book.end.why())
+    if book.end.diverged:
+        raise RunError(diverged_message(book.end.diverged, config, book.last_saved))
+    if book.end.stopping or book.end.out_of_time:
         return stopped(book, model)
     done(book, model, forward, eval_loader, scheduler)
     return True
@@ -47,7 +47,7 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
     """A signal (the checkpoint only) or the clock (model/ and the curves too) stopped the session."""
     accelerator, config, state = book.accelerator, book.config, book.state
     output_dir = Path(config.output_dir)
-    if not book.out_of_time:
+    if not book.end.out_of_time:
         if accelerator.is_main_process:  # a SLURM launcher requeues on progress
             report_outcome("stopped", book.start_step, state.step)
             # The curves but no export: drawing takes under a second (20,000 logged steps: 0.5 s), an
@@ -85,12 +85,12 @@ def done(
             f"early stopping at step {state.step}: {state.evals_since_best} evaluations without a better "
             f"{config.best_metric} than {state.best_value:.4f} (step {state.best_step})"
         )
-    if book.running_batches:  # the last, partial logging interval
-        loss_total = accelerator.reduce(book.running_loss, "sum").item()
+    if book.loss.batches:  # the last, partial logging interval
+        loss_total = book.loss.total()[0]
         if not math.isfinite(loss_total):
             why = f"the train loss of the last steps is {loss_total}"
             raise RunError(diverged_message(why, config, book.last_saved))
-        log_train_loss(accelerator, book.progress, loss_total, book.running_batches, state, scheduler)
+        book.loss.log(loss_total, scheduler)
     metrics = book.metrics
     if metrics is None or state.last_eval_step != state.step:
         metrics = evaluate(accelerator, forward, eval_loader, config)

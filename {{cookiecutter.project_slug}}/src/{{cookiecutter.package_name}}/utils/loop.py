@@ -5,9 +5,10 @@ its order, and after a resume the batches not yet seen) and calls, after every o
 `count` (the position in the data, fp16's skipped steps), `log` (the train loss, the stop and time votes),
 `evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then `stop`;
 after each epoch's batches, `after_epoch` (a stream's epoch ends there).
-It owns the running train loss, summed on the device and read back once per logging interval, and the
-reason, if any, why training cannot go on (`diverged`: a non-finite loss, metric or weight). After the
-loop, utils/finish.py says why it ended and leaves the exports: of the last step, or of a stopped session.
+Beside it: `TrainLoss` (the train loss, summed on the device and read back once per logging interval)
+and `Ending` (why training stops: a signal, the clock, early stopping, the last step, or divergence: a
+non-finite loss, metric or weight). After the loop, utils/finish.py says why it ended and leaves the
+exports: of the last step, or of a stopped session.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,35 +56,17 @@ class Bookkeeping:
         self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
         self.stop_request, self.clock, self.persister, self.history = stop, clock, persister, history
         self.start_step = state.step
-        # Train loss summed on the device since the last log: no host-device sync per step.
-        own_sum, self.running_batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
-        self.running_loss = torch.tensor(own_sum, device=accelerator.device)
-        self.stopping = self.out_of_time = self.timed_checkpoint = self.end_of_epoch = False
-        self.stream_ran_out = False  # a stream's epoch ends after its last step: known one read later
-        self.diverged = ""  # why training cannot go on: a non-finite loss, metric or weight
+        self.progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
+        self.loss = TrainLoss(accelerator, state, self.progress)
+        self.end = Ending(stop, state, total_steps, steps_per_epoch * config.num_epochs, config.max_steps)
+        self.timed_checkpoint = self.end_of_epoch = self.streamed = False
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
         self.metrics: dict[str, float] | None = None
-        self.progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
 
     def epoch_batches(self, train_loader: Any, train_set: Any) -> Iterator:
         """The train batches of the epoch in progress, in its order: after a resume, those not yet seen."""
-        state, accelerator = self.state, self.accelerator
-        train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
-        if isinstance(train_set, IterableDataset):  # a stream resumes from its own state (utils/streams.py)
-            yield from train_loader
-            state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
-            state.epoch_samples = 0
-            self.stream_ran_out = True  # its end-of-epoch evaluation follows (after_epoch)
-            return
-        if hasattr(train_set, "set_epoch"):
-            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
-        batches = train_loader
-        if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
-            batches = accelerator.skip_first_batches(
-                train_loader, state.epoch_samples // self.config.global_batch_size
-            )
-            batches.set_epoch(state.epoch)
-        yield from batches
+        self.streamed = isinstance(train_set, IterableDataset)
+        return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
 
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
         """One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients): then
@@ -91,13 +75,11 @@ class Bookkeeping:
         if skipped:
             state.skipped_in_a_row += 1
             if state.skipped_in_a_row >= config.fp16_skip_patience:
-                self.diverged = (
-                    f"fp16's loss scaler skipped {state.skipped_in_a_row} optimizer steps in a row"
-                )
+                skipped_steps = f"{state.skipped_in_a_row} optimizer steps in a row"
+                self.end.diverged = f"fp16's loss scaler skipped {skipped_steps}"
         else:
             state.skipped_in_a_row = 0
-            self.running_loss += step_loss
-            self.running_batches += self.accelerator.gradient_accumulation_steps
+            self.loss.add(step_loss)
         state.step += 1
         state.epoch_samples += config.global_batch_size
         state.samples_seen += config.global_batch_size
@@ -108,57 +90,46 @@ class Bookkeeping:
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Every log_every steps: the mean train loss, and whether to stop or checkpoint for time."""
-        state, accelerator = self.state, self.accelerator
+        state = self.state
         if state.step % self.config.log_every == 0:
             # The one host-device sync of training, once per logging interval. The stop vote and the
             # main process's clock ride along: all processes stop, or checkpoint for time, at the same
             # step, whenever each got its signal (see utils/timing.py for why one clock decides).
-            flags = torch.tensor(
-                [1.0 if self.stop_request else 0.0, *self.clock.at_log()], device=accelerator.device
-            )
-            totals = accelerator.reduce(torch.cat([self.running_loss.reshape(1), flags]), "sum")
-            loss_total, votes, timed, late = totals.tolist()
+            vote = 1.0 if self.stop_request else 0.0
+            loss_total, votes, timed, late = self.loss.total(vote, *self.clock.at_log())
             # A signal wins over the clock: the platform wants the machine back now, without exports.
-            self.stopping, self.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
+            self.end.stopping, self.end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
             self.timed_checkpoint = timed > 0
             if not math.isfinite(loss_total):  # the same sum on every process: all stop here
-                self.diverged = f"the train loss of steps up to {state.step} is {loss_total}"
-            elif self.running_batches:
-                log_train_loss(accelerator, self.progress, loss_total, self.running_batches, state, scheduler)
-            self.running_loss.zero_()
-            self.running_batches = 0
+                self.end.diverged = f"the train loss of steps up to {state.step} is {loss_total}"
+            else:
+                self.loss.log(loss_total, scheduler)
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """At every eval_every steps (else at each epoch's end): metrics, best_model/, early stopping.
         `forward` computes the metrics; `model` is what best_model/ exports (the same weights)."""
-        state, config, accelerator = self.state, self.config, self.accelerator
+        state, config = self.state, self.config
         due = state.step % config.eval_every == 0 if config.eval_every else self.end_of_epoch
-        if self.diverged or not due:
+        if self.end.diverged or not due:
             return
-        metrics = evaluate(accelerator, forward, eval_loader, config)
+        metrics = evaluate(self.accelerator, forward, eval_loader, config)
         if not all(math.isfinite(value) for value in metrics.values()):
-            self.diverged = f"the eval metrics at step {state.step} are {metrics}"
+            self.end.diverged = f"the eval metrics at step {state.step} are {metrics}"
             return
         self.metrics = metrics
-        accelerator.log(metrics, step=state.step)
+        self.accelerator.log(metrics, step=state.step)
         state.last_eval_step = state.step
-        track_best(accelerator, model, config, state, metrics)
-        if config.early_stopping_patience:
-            # Rank 0 decides (the gathered metrics are the same everywhere anyway) and
-            # check_trigger, a collective, makes every process stop at this same step.
-            patience_over = state.evals_since_best >= config.early_stopping_patience
-            if accelerator.is_main_process and patience_over:
-                accelerator.set_trigger()
-            state.stopped_early = accelerator.check_trigger()
+        track_best(self.accelerator, model, config, state, metrics)
+        state.stopped_early = patience_over(self.accelerator, config, state)
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """After an epoch's batches. A stream's epoch ends where it runs out, which shows only once its last
         step is done (and checkpointed, if due): with eval_every 0 it is evaluated here, as a map-style
         epoch is at its last step. A run resumed from that last step's checkpoint finds the stream
-        already at its end and evaluates at the same step, as the run never stopped did."""
-        ran_out, self.stream_ran_out = self.stream_ran_out, False
-        if ran_out and not self.config.eval_every and not self.stop():
+        already at its end and evaluates at the same step, as the run never stopped did. (The loop leaves
+        an epoch early only to stop: a stream not stopping ran out.)"""
+        if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True
             self.evaluate(model, forward, eval_loader)
             self.end_of_epoch = False
@@ -166,50 +137,138 @@ class Bookkeeping:
     def checkpoint(self, model: torch.nn.Module) -> None:
         """Save when due (checkpoint_every, the last step), for time, or before stopping."""
         state, config, accelerator = self.state, self.config, self.accelerator
-        if self.diverged:
+        if self.end.diverged:
             return
         due = state.step % config.checkpoint_every == 0 or state.step == self.total_steps
-        if not (due or self.timed_checkpoint or self.stopping or state.stopped_early):
+        if not (due or self.timed_checkpoint or self.end.stopping or state.stopped_early):
             return
         # Never a checkpoint of broken weights: it would rotate the last good one out.
         if not weights_finite(accelerator, model):
-            self.diverged = f"the weights at step {state.step} are not all finite"
+            self.end.diverged = f"the weights at step {state.step} are not all finite"
             return
-        state.loss_sums = accelerator.gather(self.running_loss.reshape(1)).tolist()
-        state.loss_batches = self.running_batches
+        self.loss.save()  # the logging interval in progress, which a resumed run logs whole
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
-        history = {HISTORY_FILE: self.history.text(state.step, self.ending())}
+        history = {HISTORY_FILE: self.history.text(state.step, self.end.why())}
         # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py.
         path = self.persister.save(state, self.resumed_from, history)
-        self.history.save(config.output_dir, state.step, self.ending())
-        self.clock.saved(saving)
+        self.history.save(config.output_dir, state.step, self.end.why())
         # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
-        self.clock.longest_save = max(self.clock.longest_save, self.persister.last_seconds)
+        self.clock.saved(saving, self.persister.last_seconds)
         self.progress.write(f"checkpoint: step {state.step} saved to {path}")
         self.last_saved = path  # published before finish() names it
 
-    def ending(self) -> str:
+    def stop(self) -> bool:
+        """Whether the loop ends (checked after every step, and before every epoch)."""
+        return self.end.now()
+
+
+@dataclass
+class Ending:
+    """Why the session ends, once it must: each reason is set where the loop finds it."""
+
+    stop_request: StopRequest
+    state: LoopState
+    total_steps: int
+    schedule_steps: int  # steps_per_epoch x num_epochs; 0 for a stream, whose length is max_steps
+    max_steps: int
+    diverged: str = ""  # why training cannot go on: a non-finite loss, metric or weight
+    stopping: bool = False  # a stop signal (or the clock, too late for more): checkpoint and exit
+    out_of_time: bool = False  # the time budget: checkpoint, export and exit
+
+    def now(self) -> bool:
+        return bool(self.diverged) or self.stopping or self.state.stopped_early or self.done()
+
+    def done(self) -> bool:
+        return self.state.step >= self.total_steps
+
+    def why(self) -> str:
         """Why this session ends at this step, as its history records it ("" while it goes on)."""
-        state, config = self.state, self.config
         if self.diverged:
-            return f"diverged at step {state.step}: {self.diverged}"
+            return f"diverged at step {self.state.step}: {self.diverged}"
         if self.out_of_time:
             return "time budget spent"
         if self.stopping:
             return f"stopped by {self.stop_request.signal_name or 'a signal to another process'}"
-        if state.stopped_early:
+        if self.state.stopped_early:
             return "early stopping"
-        if state.step >= self.total_steps:
-            schedule = self.steps_per_epoch * config.num_epochs  # 0 for a stream: max_steps is its length
-            return "max_steps reached" if config.max_steps and config.max_steps < schedule else "done"
+        if self.done():
+            return "max_steps reached" if 0 < self.max_steps < self.schedule_steps else "done"
         return ""
 
-    def stop(self) -> bool:
-        """Whether the loop ends (checked after every step, and before every epoch)."""
-        state = self.state
-        return bool(self.diverged) or self.stopping or state.stopped_early or state.step >= self.total_steps
+
+class TrainLoss:
+    """The train loss since the last log, summed on the device and read back once per logging interval
+    (no host-device sync per step), with the votes that ride along. A checkpoint saves the window (each
+    process's sum and the micro-batch count): a resumed run logs the interval it stopped inside whole."""
+
+    def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress) -> None:
+        self.accelerator, self.state, self.progress = accelerator, state, progress
+        own_sum, self.batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
+        self.sum = torch.tensor(own_sum, device=accelerator.device)
+
+    def add(self, step_loss: torch.Tensor) -> None:
+        self.sum += step_loss
+        self.batches += self.accelerator.gradient_accumulation_steps
+
+    def total(self, *votes: float) -> list[float]:
+        """The loss summed over processes, then each of `votes` summed likewise: one sync for them all."""
+        flags = torch.tensor(votes, device=self.accelerator.device).reshape(-1)
+        return self.accelerator.reduce(torch.cat([self.sum.reshape(1), flags]), "sum").tolist()
+
+    def log(self, total: float, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+        """Log the window's mean per micro-batch (`total`: its sum over processes), then start a new one."""
+        if self.batches:
+            mean_loss = total / self.accelerator.num_processes / self.batches
+            self.progress.set_loss(mean_loss)
+            state = self.state
+            self.accelerator.log(
+                {
+                    "train/loss": mean_loss,
+                    "train/lr": scheduler.get_last_lr()[0],
+                    "train/epoch": state.epoch,
+                    "train/samples_seen": state.samples_seen,
+                },
+                step=state.step,
+            )
+        self.sum.zero_()
+        self.batches = 0
+
+    def save(self) -> None:
+        """Into the loop state, which the checkpoint saves: every process's sum, and the count."""
+        self.state.loss_sums = self.accelerator.gather(self.sum.reshape(1)).tolist()
+        self.state.loss_batches = self.batches
+
+
+def epoch_batches(
+    train_loader: Any, train_set: Any, state: LoopState, accelerator: Accelerator, config: TrainConfig
+) -> Iterator:
+    """The train batches of the epoch `state` is in, in its order: after a resume, those not yet seen."""
+    train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
+    if isinstance(train_set, IterableDataset):  # a stream resumes from its own state (utils/streams.py)
+        yield from train_loader
+        state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
+        state.epoch_samples = 0
+        return
+    if hasattr(train_set, "set_epoch"):
+        train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
+    batches = train_loader
+    if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
+        seen = state.epoch_samples // config.global_batch_size
+        batches = accelerator.skip_first_batches(train_loader, seen)
+        batches.set_epoch(state.epoch)
+    yield from batches
+
+
+def patience_over(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> bool:
+    """Whether early stopping ends training at this evaluation, on every process alike: rank 0 decides
+    (the gathered metrics are the same everywhere anyway) and check_trigger, a collective, tells all."""
+    if not config.early_stopping_patience:
+        return False
+    if accelerator.is_main_process and state.evals_since_best >= config.early_stopping_patience:
+        accelerator.set_trigger()
+    return accelerator.check_trigger()
 
 
 @torch.no_grad()
@@ -244,28 +303,6 @@ def track_best(
         export_model(accelerator, model, config, folder, {"step": state.step, **metrics})
     else:
         state.evals_since_best += 1
-
-
-def log_train_loss(
-    accelerator: Accelerator,
-    progress: Progress,
-    loss_total: float,
-    batches: int,
-    state: LoopState,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> None:
-    """Log the mean train loss per micro-batch since the last log; `loss_total` is summed over processes."""
-    mean_loss = loss_total / accelerator.num_processes / batches
-    progress.set_loss(mean_loss)
-    accelerator.log(
-        {
-            "train/loss": mean_loss,
-            "train/lr": scheduler.get_last_lr()[0],
-            "train/epoch": state.epoch,
-            "train/samples_seen": state.samples_seen,
-        },
-        step=state.step,
-    )
 
 
 def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:

@@ -48,10 +48,11 @@ class SessionClock:
         """Seconds kept for one more logging interval, a checkpoint and the export."""
         return self.longest_interval + 2 * self.longest_save
 
-    def saved(self, started: float) -> None:
-        """A checkpoint begun at `started` (time.monotonic()) is written: time the next one from now."""
+    def saved(self, started: float, written: float = 0.0) -> None:
+        """A checkpoint begun at `started` (time.monotonic()) is handed over: time the next one from now.
+        `written`: the seconds its writing took, in the background (a stop waits for all of it)."""
         now = time.monotonic()
-        self.longest_save = max(self.longest_save, now - started)
+        self.longest_save = max(self.longest_save, now - started, written)
         self.last_checkpoint = now
 
     def stop_note(self) -> str:
