@@ -181,38 +181,51 @@ def test_ci_none_leaves_github_out(render: Callable[..., Render]) -> None:
     assert ".github" in (render().path / "README.md").read_text(encoding="utf-8")
 
 
-def requirements(project: dict) -> list[str]:
-    """A project's dependencies and its `data` extra's, which .ci/lowest installs with them."""
-    return project["dependencies"] + project.get("optional-dependencies", {}).get("data", [])
+def pins_of(name: str) -> dict[str, str]:
+    """The `name==version` lines of a file of .ci/."""
+    lines = (TEMPLATE / ".ci" / name).read_text(encoding="utf-8").splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+def bounds_of(requirements: list[str]) -> dict[str, str]:
+    """{name: version} of `name>=version` requirements, without their environment markers."""
+    return dict(requirement.split(";")[0].split(">=") for requirement in requirements)
 
 
 def test_lowest_versions_are_the_bounds_of_pyproject(render: Callable[..., Render]) -> None:
-    """.ci/lowest.txt pins each dependency of every task and every tracker (and the data extra) at its `>=` bound, .ci/lowest
+    """.ci/lowest.txt pins each dependency of every task and every tracker, and the lm preset's data extra,
+    at its `>=` bound; .ci/lowest-streams.txt the text preset's data extra (and what it lifts); .ci/lowest
     renders for the oldest Python the template offers, and the workflow's legs cover every task and
-    tracker between them."""
-    pins = dict(
-        line.split("==")
-        for line in (TEMPLATE / ".ci" / "lowest.txt").read_text(encoding="utf-8").splitlines()
-        if line and not line.startswith("#")
-    )
+    tracker between them, and both data extras."""
     options = [{"task": task} for task in TASKS] + [{"tracker": tracker} for tracker in CHOICES["tracker"]]
+    projects = {tuple(answers.items()): pyproject(render(**answers))["project"] for answers in options}
     bounds = {
         name: bound
-        for answers in options
-        for name, bound in (
-            requirement.split(";")[0].split(">=")  # without its environment marker
-            for requirement in requirements(pyproject(render(**answers))["project"])
-        )
+        for project in projects.values()
+        for name, bound in bounds_of(project["dependencies"]).items()
     }
+    extras = {
+        answers: project.get("optional-dependencies", {}).get("data", [])
+        for answers, project in projects.items()
+    }
+    streams = bounds_of(extras[(("task", "text"),)])
+    bounds |= bounds_of(extras[(("task", "lm"),)])
+    pins, stream_pins = pins_of("lowest.txt"), pins_of("lowest-streams.txt")
     assert set(pins) - {"numpy"} == set(bounds)
+    assert set(streams) <= set(stream_pins) and not set(streams) & set(pins), (streams, stream_pins)
     for name, bound in bounds.items():
         assert Version(pins[name]) == Version(bound), (name, pins[name], bound)
+    for name, bound in streams.items():
+        assert Version(stream_pins[name]) == Version(bound), (name, stream_pins[name], bound)
+    lifted = set(stream_pins) - set(streams)  # what datasets needs above lowest.txt's pins
+    assert all(Version(stream_pins[name]) > Version(pins[name]) for name in lifted & set(pins)), lifted
     assert f"python_version={PYTHONS[0]}" in (TEMPLATE / ".ci" / "lowest").read_text(encoding="utf-8")
 
-    legs = yaml.safe_load((WORKFLOWS / "ci.yml").read_text(encoding="utf-8"))["jobs"]["lowest"]
-    covered = [
-        DEFAULT_ANSWERS | dict(pair.split("=") for pair in leg.split())
-        for leg in legs["strategy"]["matrix"]["answers"]
+    matrix = yaml.safe_load((WORKFLOWS / "ci.yml").read_text(encoding="utf-8"))["jobs"]["lowest"]["strategy"][
+        "matrix"
     ]
+    covered = [DEFAULT_ANSWERS | dict(pair.split("=") for pair in leg.split()) for leg in matrix["answers"]]
     assert {answers["task"] for answers in covered} == set(TASKS)
     assert {answers["tracker"] for answers in covered} == set(CHOICES["tracker"])
+    with_data = {leg["answers"] for leg in matrix["include"] if leg["extras"] == "data"}
+    assert with_data == {"task=text", "task=lm"}, matrix["include"]

@@ -78,7 +78,7 @@ from {{ cookiecutter.package_name }}.utils.signals import (
     ignore_stop_signals,
 )
 from {{ cookiecutter.package_name }}.utils.start import resume
-from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
+from {{ cookiecutter.package_name }}.utils.streams import StreamLoader, loader_workers
 from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
 from {{ cookiecutter.package_name }}.utils.tracking import start_trackers, trackers, truncate_metrics
@@ -296,7 +296,7 @@ def build_loaders(
             sampler=order,
             drop_last=True,
             collate_fn=task.collate,
-            num_workers=config.num_workers,
+            num_workers=loader_workers(config, streamed=False),
             worker_init_fn=ignore_stop_signals,  # a signal to the whole process group is the main process's
             pin_memory=pin_memory,
             generator=torch.Generator().manual_seed(config.seed),
@@ -305,7 +305,7 @@ def build_loaders(
         eval_set,
         batch_size=config.per_device_batch_size,
         collate_fn=task.collate,
-        num_workers=config.num_workers,
+        num_workers=loader_workers(config, streamed=False),
         worker_init_fn=ignore_stop_signals,
         pin_memory=pin_memory,
     )

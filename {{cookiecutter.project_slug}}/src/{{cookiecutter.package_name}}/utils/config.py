@@ -48,7 +48,9 @@ class TrainConfig:
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
     seed: int = setting(42, "seeds the weights, dropout, the data split and the data order")
-    num_workers: int = setting(0, "DataLoader worker processes (0: load in the training process)")
+    num_workers: int = setting(
+        -1, "DataLoader worker processes (0: load in the training process; -1: 2 for a stream, else 0)"
+    )
 
     # Optimization. Accumulation is derived, never set: global = per_device x processes x accumulation,
     # so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs.
@@ -165,7 +167,7 @@ class TrainConfig:
     CHECKS: ClassVar[list[Check]] = [
         ("output_dir", lambda v: v.strip() != "", "a non-empty path"),
         ("seed", lambda v: 0 <= v < 2**32, "between 0 and 2**32 - 1"),
-        ("num_workers", lambda v: v >= 0, ">= 0"),
+        ("num_workers", lambda v: v >= -1, ">= 0, or -1 (2 for a streamed train set, else 0)"),
         ("num_epochs", lambda v: v > 0, "> 0"),
         ("max_steps", lambda v: v >= 0, ">= 0 (0 means no cap)"),
         ("per_device_batch_size", lambda v: v > 0, "> 0"),

@@ -122,6 +122,8 @@ class Bookkeeping:
         state.last_eval_step = state.step
         track_best(self.accelerator, model, config, state, metrics)
         state.stopped_early = patience_over(self.accelerator, config, state)
+        # A signal that came during the evaluation (minutes, on a large eval set) is acted on now.
+        self.end.stopping = self.end.stopping or stop_voted(self.accelerator, self.stop_request)
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """After an epoch's batches. A stream's epoch ends where it runs out, which shows only once its last
@@ -259,6 +261,12 @@ def epoch_batches(
         batches = accelerator.skip_first_batches(train_loader, seen)
         batches.set_epoch(state.epoch)
     yield from batches
+
+
+def stop_voted(accelerator: Accelerator, stop_request: StopRequest) -> bool:
+    """Whether any process got a stop signal: a collective, so every process decides alike."""
+    vote = torch.tensor([1.0 if stop_request else 0.0], device=accelerator.device)
+    return accelerator.reduce(vote, "sum").item() > 0
 
 
 def patience_over(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> bool:

@@ -12,7 +12,8 @@
 - a stream with a shuffle buffer (which cannot resume exactly) is refused in one line;
 - read in 2 worker processes, a run stopped three times in a row (SIGKILL, SIGTERM, SIGKILL) across both
   epoch boundaries ends bitwise equal to one never stopped, and so do 2 processes handed to 1; another
-  num_workers at resume, or more workers than files, is refused in one line;
+  num_workers at resume is refused in one line; more workers than files are cut to one per file, said in
+  one line;
 - rows shuffled in windows move a bounded distance, and a resume inside a window draws the same order.
 """
 
@@ -324,17 +325,22 @@ def without_sample_count(state: Any) -> Any:
     return state
 
 
-def test_more_workers_than_files_or_a_stream_workers_cannot_share_is_refused_in_one_line(
-    jsonl_files: str,
+def test_more_workers_than_files_are_one_per_file_and_a_stream_workers_cannot_share_is_refused(
+    jsonl_files: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each worker reads whole files (datasets deals them out): a worker without one would idle, and a
-    stream that cannot be dealt would be read whole by every worker (each sample num_workers times)."""
+    """Each worker reads whole files (datasets deals them out): a worker without one would idle, so there
+    are at most as many as files, said in one line (the number is saved, a resume keeps it); a stream that
+    cannot be dealt would be read whole by every worker (each sample num_workers times): refused."""
     accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
     config = config_for(jsonl_files, "--num_workers", "4")
     train, _ = task.build_datasets(config)
-    with pytest.raises(ConfigError, match="num_workers=4 but the train stream has 3 file") as error:
-        StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
-    assert "\n" not in str(error.value)
+    loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+    assert loader.loader.num_workers == 3 and loader.state_dict()["num_workers"] == 3
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said == [
+        "num_workers 4 -> 3: each worker reads whole files and the train stream has 3; split the data into "
+        "more files for more workers"
+    ]
 
     class Own(torch.utils.data.IterableDataset):
         def __iter__(self) -> Any:

@@ -85,7 +85,7 @@ def open_stream(builder: str, files: list[str], columns: list[str]) -> datasets.
                 "set text_column and label_column"
             )
     # Imported here, not with the module: only data_files needs it (the text preset's `data` extra).
-    load_dataset = require("datasets", "datasets>=3.0").load_dataset
+    load_dataset = require("datasets", "datasets>=5.1").load_dataset
     stream = load_dataset(builder, data_files=files, split="train", streaming=True)
     return stream.select_columns(columns)
 
