@@ -2,8 +2,10 @@
 
     python bench/checkpoints.py          # full mode, a few minutes; its output goes in docs/benchmarks.md
     python bench/checkpoints.py --quick  # a 2-layer model, one run each (CI runs it: checks, no figures)
+    python bench/checkpoints.py --device cuda --batch 16  # on a GPU: the state there, steps of 16 x 128
 
-On one CPU process, through the freshly rendered project's own `save_checkpoint` and `resume`:
+On one process (the CPU unless --device cuda), through the freshly rendered project's own
+`save_checkpoint` and `resume`:
 - full: `GPT2LMHeadModel(GPT2Config())` (124M parameters, tied embeddings) with random weights, AdamW
   over every parameter;
 - lora: the same model through peft's `get_peft_model` with rank 8 on the attention projections
@@ -40,15 +42,17 @@ TEMPLATE = Path(__file__).resolve().parent.parent
 VARIANTS = ("full", "lora")
 LORA_TARGETS = ["attn.c_attn", "attn.c_proj"]  # GPT-2's attention projections, not the MLP's c_proj
 FULL_SIZE = {}  # GPT2Config's defaults: 12 layers, width 768, 50257 tokens, 124M parameters
-LOG_EVERY = 10  # TrainConfig's default
 QUICK_SIZE = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, one run each: checks, no figures")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains")
+    parser.add_argument("--batch", type=int, default=2, help="sequences of 128 tokens per timed step")
+    parser.add_argument("--reps", type=int, default=7, help="runs per figure (their median); 1 with --quick")
     args = parser.parse_args()
-    reps = 1 if args.quick else 7
+    reps = 1 if args.quick else args.reps
     with tempfile.TemporaryDirectory(prefix="bench-checkpoints-") as scratch:
         root = Path(scratch)
         subprocess.run(
@@ -57,16 +61,18 @@ def main() -> None:
             capture_output=True,
         )
         project = root / "render" / "digits-classifier"
-        results = {variant: worker(project, variant, reps, args.quick) for variant in VARIANTS}
+        results = {variant: worker(project, variant, reps, args, root) for variant in VARIANTS}
     print(report(results, args.quick))
 
 
-def worker(project: Path, variant: str, reps: int, quick: bool) -> dict[str, Any]:
+def worker(project: Path, variant: str, reps: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """Run one variant in a new process inside the rendered project; return its JSON result."""
-    result = project.parent.parent / f"{variant}.json"
-    arguments = [variant, str(project), str(reps), str(int(quick)), str(result)]
-    command = [sys.executable, __file__, "--worker", *arguments]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(project / "src")}
+    result = root / f"{variant}.json"
+    arguments = [variant, str(project), str(reps), str(int(args.quick)), str(result), args.device]
+    command = [sys.executable, __file__, "--worker", *arguments, str(args.batch)]
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"bench: the {variant} worker failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -131,7 +137,6 @@ def background_report(results: dict[str, dict[str, Any]]) -> list[str]:
         "| background | staged copy, MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    grace = {}
     for variant, result in results.items():
         figures = {name: statistics.median(values) for name, values in result["background"].items()}
         sync, background, step = figures["sync"], figures["background"], figures["step"]
@@ -144,16 +149,9 @@ def background_report(results: dict[str, dict[str, Any]]) -> list[str]:
             f"| {100 * sync / (100 * step + sync):.1f}% | {100 * cost / (100 * step + cost):.1f}% "
             f"| {figures['staged_bytes'] / 1e6:.1f} |"
         )
-        # A stop signal is acted on at the next logging step (log_every = 10 steps by default), then waits
-        # for a save in flight, stages the last checkpoint and waits for its write.
-        to_log, write = LOG_EVERY * step, figures["persist"]
-        grace[variant] = (to_log + background + write, write + to_log + background + write)
     rows.append(
-        "Grace window, SIGTERM to a durable checkpoint at most (from the figures above: log_every "
-        f"{LOG_EVERY} steps to the next logging step, the loop's stop, the write; mid-save adds the write "
-        "in flight), s: "
-        + "; ".join(f"{v}: mid-step {a:.1f}, mid-save {b:.1f}" for v, (a, b) in grace.items())
-        + ". SLURM's --signal=USR1@300 gives 300 s, a spot VM 30 to 120 s."
+        f"Device: {results['full']['device']}, steps of {results['full']['step_tokens']} tokens. The grace "
+        "window (SIGTERM to a durable checkpoint) is timed from real signals by bench/grace.py."
     )
     return rows
 
@@ -192,7 +190,9 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Path) -> None:
+def worker_main(
+    variant: str, project: Path, reps: int, quick: bool, result: Path, device: str, batch: int
+) -> None:
     import torch
     from accelerate import Accelerator
 
@@ -203,7 +203,7 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
     scratch = result.parent / f"checkpoints-{variant}"
     scratch.mkdir()
     config = task.Config(output_dir=str(scratch / "run"))
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=device == "cpu")
     model, optimizer, scheduler = accelerator.prepare(*build(variant, quick))
     checkpoint.save_trained_weights_only(accelerator)  # as train.py: frozen weights stay out
 
@@ -285,7 +285,7 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
         hashing[algorithm] = time.perf_counter() - start
     newest_bytes = sum(path.stat().st_size for path in newest.iterdir())
     with contextlib.redirect_stdout(io.StringIO()):  # after: its saves rotate `newest` away
-        background = background_figures(accelerator, model, optimizer, config, package, reps, quick)
+        background = background_figures(accelerator, model, optimizer, config, package, reps, quick, batch)
     output = {
         "background": background,
         "hashing": hashing,
@@ -294,11 +294,15 @@ def worker_main(variant: str, project: Path, reps: int, quick: bool, result: Pat
         "bytes": newest_bytes,
         "parameters": sum(p.numel() for p in model.parameters()),
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "step_tokens": f"{batch} x {32 if quick else 128}",
     }
     result.write_text(json.dumps(output))
 
 
-def background_figures(accelerator, model, optimizer, config, package: str, reps: int, quick: bool) -> dict:
+def background_figures(
+    accelerator, model, optimizer, config, package: str, reps: int, quick: bool, batch: int
+) -> dict:
     """checkpoint_mode background against sync, side by side on the same state: how long the loop stops for
     one checkpoint, a training step alone and while a background write runs, the staged copy's bytes."""
     import dataclasses
@@ -311,13 +315,17 @@ def background_figures(accelerator, model, optimizer, config, package: str, reps
         mode: persist.Persister(accelerator, dataclasses.replace(config, checkpoint_mode=mode), lambda: None)
         for mode in ("sync", "background")
     }
-    tokens = torch.randint(0, model.config.vocab_size, (2, 32 if quick else 128))
+    shape = (batch, 32 if quick else 128)
+    tokens = torch.randint(0, model.config.vocab_size, shape, device=accelerator.device)
+    cuda = accelerator.device.type == "cuda"
 
     def step() -> float:
         start = time.perf_counter()
         model(input_ids=tokens, labels=tokens).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        if cuda:  # the step's kernels are done (the loop syncs once per logging interval, not per step)
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     step()  # warm-up
@@ -356,7 +364,7 @@ def _nbytes(value: Any) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        variant, project, reps, quick, result = sys.argv[2:]
-        worker_main(variant, Path(project), int(reps), bool(int(quick)), Path(result))
+        variant, project, reps, quick, result, device, batch = sys.argv[2:]
+        worker_main(variant, Path(project), int(reps), bool(int(quick)), Path(result), device, int(batch))
     else:
         main()

@@ -57,8 +57,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, one run: checks, no figures")
     parser.add_argument("--batch", type=int, default=4, help="per-device and global batch (default 4)")
+    parser.add_argument("--reps", type=int, default=2, help="runs per moment (their median); 1 with --quick")
     args = parser.parse_args()
-    reps = 1 if args.quick else 2
+    reps = 1 if args.quick else args.reps
     size = ["2", "2", "64"] if args.quick else ["12", "12", "768"]
     model = ["--num_layers", size[0], "--num_heads", size[1], "--embed_dim", size[2], "--block_size", "128"]
     batch = ["--per_device_batch_size", str(args.batch), "--global_batch_size", str(args.batch)]

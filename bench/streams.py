@@ -111,8 +111,9 @@ with open("fetches.json", "w") as file:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small files, one run: checks, no figures")
+    parser.add_argument("--reps", type=int, default=3, help="runs per figure (their median); 1 with --quick")
     args = parser.parse_args()
-    rows_per_file, reps = (500, 1) if args.quick else (5000, 3)
+    rows_per_file, reps = (500, 1) if args.quick else (5000, args.reps)
     steps = 12 if args.quick else 60
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as scratch:
         root = Path(scratch)

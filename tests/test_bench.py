@@ -193,3 +193,18 @@ def test_quick_stream_benchmark_prints_every_row() -> None:
     ], result.stdout
     for row in rows[1:]:
         assert number(row.split("|")[2]) > 0, row
+
+
+@pytest.mark.slow
+def test_quick_grace_benchmark_times_a_real_signal_at_each_moment() -> None:
+    """bench/grace.py --quick: train.py signalled mid-step, mid-evaluation and mid-save, each a number; a
+    signal during an evaluation is acted on right after it (no more steps), the others at the next logging
+    step at most (log_every 10)."""
+    result = run([sys.executable, "bench/grace.py", "--quick"], cwd=TEMPLATE, timeout=600)
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    cells = {row.split("|")[1].strip(): [cell.strip() for cell in row.split("|")[2:-1]] for row in rows[1:]}
+    assert list(cells) == ["mid-step", "mid-evaluation", "mid-save"], result.stdout
+    for published, exited, steps, _ in cells.values():
+        assert 0 < number(published) <= number(exited) and 0 <= number(steps) <= 10, result.stdout
+    assert number(cells["mid-evaluation"][2]) == 0, result.stdout
