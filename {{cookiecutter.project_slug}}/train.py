@@ -8,7 +8,7 @@ Without --config, the file of the detected platform is used (configs/colab.yaml 
 
 Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop -> export. The
 loop's body is the algorithm (micro-batches, forward, backward, optimizer and schedule steps), then one
-call per decision of utils/loop.py (count, log, evaluate, checkpoint, stop). Everything about the task
+call per decision of utils/loop.py (count, log, evaluate, checkpoint, end). Everything about the task
 (data, batches, model, loss, metrics) comes from `task.py` in the package under src/: change that, not
 this loop; to change the loop itself, see the README's "Change the loop".
 
@@ -207,7 +207,7 @@ def train(
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
     accumulation, micro_size = accelerator.gradient_accumulation_steps, config.per_device_batch_size
     norms, stats_here = running_stats(accelerator, model)  # BatchNorm's, and whether this process's count
-    while not book.stop():
+    while not book.end.now():
         model.train()
         for batch in book.epoch_batches(train_loader, train_set):  # after a resume: those not yet seen
             step_loss = None
@@ -236,7 +236,7 @@ def train(
             book.log(scheduler)  # every log_every steps: train loss, and the stop and time votes
             book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/, early stopping
             book.checkpoint(model)  # when due, for time, or before a stop; never of non-finite weights
-            if book.stop():
+            if book.end.now():  # done, stopping, or diverged
                 break
         book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
     # --- final evaluation and export (or, after a stop, what a session that ends now should leave)

@@ -3,7 +3,8 @@
 train.py builds one `Bookkeeping` before the loop, takes each epoch's batches from it (`epoch_batches`:
 its order, and after a resume the batches not yet seen) and calls, after every optimizer step, in order:
 `count` (the position in the data, fp16's skipped steps), `log` (the train loss, the stop and time votes),
-`evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then `stop`;
+`evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then
+`end.now()` (whether the loop ends);
 after each epoch's batches, `after_epoch` (a stream's epoch ends there).
 Beside it: `TrainLoss` (the train loss, summed on the device and read back once per logging interval)
 and `Ending` (why training stops: a signal, the clock, early stopping, the last step, or divergence: a
@@ -126,11 +127,10 @@ class Bookkeeping:
         self.end.stopping = self.end.stopping or stop_voted(self.accelerator, self.stop_request)
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """After an epoch's batches. A stream's epoch ends where it runs out, which shows only once its last
-        step is done (and checkpointed, if due): with eval_every 0 it is evaluated here, as a map-style
-        epoch is at its last step. A run resumed from that last step's checkpoint finds the stream
-        already at its end and evaluates at the same step, as the run never stopped did. (The loop leaves
-        an epoch early only to stop: a stream not stopping ran out.)"""
+        """After an epoch's batches. A stream's epoch ends where it runs out, known only after its last step
+        (checkpointed, if due): with eval_every 0 it is evaluated here, as a map-style epoch is at its last
+        step, and a run resumed from that step evaluates there too, as the run never stopped did. (The
+        loop leaves an epoch early only to stop: a stream not stopping ran out.)"""
         if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True
             self.evaluate(model, forward, eval_loader)
@@ -161,10 +161,6 @@ class Bookkeeping:
         self.progress.write(f"checkpoint: step {state.step} saved to {path}")
         self.last_saved = path  # published before finish() names it
 
-    def stop(self) -> bool:
-        """Whether the loop ends (checked after every step, and before every epoch)."""
-        return self.end.now()
-
 
 @dataclass
 class Ending:
@@ -180,6 +176,7 @@ class Ending:
     out_of_time: bool = False  # the time budget: checkpoint, export and exit
 
     def now(self) -> bool:
+        """Whether the loop ends (checked after every step, and before every epoch)."""
         return bool(self.diverged) or self.stopping or self.state.stopped_early or self.done()
 
     def done(self) -> bool:

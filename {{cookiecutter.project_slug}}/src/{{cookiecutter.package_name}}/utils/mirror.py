@@ -118,14 +118,8 @@ class Mirror:
             self._worker.close(FINISH_TIMEOUT_S)
         newest = list_checkpoints(self.source)
         local = checkpoint_step(newest[-1]) if newest else -1
-        if self._failing or self._worker.alive or self.newest_step < local:
-            held = f"step {self.newest_step}" if self.newest_step >= 0 else "none"
-            _say(
-                f"WARNING: {self.target} is behind (newest verified checkpoint: {held}; output_dir: step "
-                f"{local}): the run is complete in {self.source} only. Copy it yourself, or rerun to retry"
-            )
-        else:
-            _say(f"{self.target} holds step {self.newest_step} (verified), the metrics and the exports")
+        behind = bool(self._failing) or self._worker.alive or self.newest_step < local
+        _say(_held(self.target, self.source, self.newest_step, local, behind))
         if self._locked and not self._worker.alive:
             self.store.lock.release()
 
@@ -195,6 +189,17 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
         raise outcome[0]
     for note in outcome[0]:
         accelerator.print(note)
+
+
+def _held(target: str, source: Path, step: int, local: int, behind: bool) -> str:
+    """What the mirror holds at the end of the run (`step`), against output_dir's newest (`local`)."""
+    if not behind:
+        return f"{target} holds step {step} (verified), the metrics and the exports"
+    held = f"step {step}" if step >= 0 else "none"
+    return (
+        f"WARNING: {target} is behind (newest verified checkpoint: {held}; output_dir: step {local}): the "
+        f"run is complete in {source} only. Copy it yourself, or rerun to retry"
+    )
 
 
 def _say(text: str) -> None:

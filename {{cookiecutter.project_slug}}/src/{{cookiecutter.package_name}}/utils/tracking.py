@@ -147,14 +147,13 @@ def disk_full(error: BaseException) -> bool:
     return False
 
 
-class NamesAFullDisk(GeneralTracker):
-    """Passes everything on to a tracker; a full disk under it (an OSError, or SQLite's "database or disk is
-    full") is raised as the project's one-line error, which names the free space."""
+class PassThrough(GeneralTracker):
+    """Hands everything to another tracker (`inner`), as itself: the two wrappers below change a part."""
 
     requires_logging_directory = False
 
-    def __init__(self, inner: GeneralTracker, where: Path) -> None:
-        self.inner, self.where = inner, where
+    def __init__(self, inner: GeneralTracker) -> None:
+        self.inner = inner
         super().__init__()
 
     @property
@@ -166,13 +165,31 @@ class NamesAFullDisk(GeneralTracker):
         return self.inner.tracker
 
     def store_init_configuration(self, values: dict) -> None:
-        self._named(self.inner.store_init_configuration, values)
+        self.inner.store_init_configuration(values)
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self._named(self.inner.log, values, step=step, **kwargs)
+        self.inner.log(values, step=step, **kwargs)
 
     def finish(self) -> None:
-        self._named(self.inner.finish)
+        self.inner.finish()
+
+
+class NamesAFullDisk(PassThrough):
+    """A full disk under the tracker (an OSError, or SQLite's "database or disk is full") is raised as the
+    project's one-line error, which names the free space."""
+
+    def __init__(self, inner: GeneralTracker, where: Path) -> None:
+        super().__init__(inner)
+        self.where = where
+
+    def store_init_configuration(self, values: dict) -> None:
+        self._named(super().store_init_configuration, values)
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        self._named(super().log, values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self._named(super().finish)
 
     def _named(self, method: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -321,27 +338,13 @@ def mlflow_viewer_hint(uri: str) -> str:
 {%- endif %}
 
 
-class SkipsHeldSteps(GeneralTracker):
+class SkipsHeldSteps(PassThrough):
     """Passes on to a tracker the values of the steps that its run does not hold yet, and no others."""
 
-    requires_logging_directory = False
-
     def __init__(self, inner: GeneralTracker, held: dict[str, int], held_by_all: int = -1) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.held = held  # metric name -> the last step of it that the tracker's run holds
         self.held_by_all = held_by_all  # a step up to which the run holds every metric
-        super().__init__()
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def tracker(self) -> Any:
-        return self.inner.tracker
-
-    def store_init_configuration(self, values: dict) -> None:
-        self.inner.store_init_configuration(values)
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         if step is None:  # not a value of a step: nothing to compare with
@@ -355,9 +358,6 @@ class SkipsHeldSteps(GeneralTracker):
         if new:
             self.inner.log(new, step=step, **kwargs)
             self.held.update(dict.fromkeys(new, step))
-
-    def finish(self) -> None:
-        self.inner.finish()
 
 
 def log_each_step_once(accelerator: Accelerator, config: TrainConfig, continued: bool) -> None:
