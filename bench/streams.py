@@ -121,30 +121,31 @@ def main() -> None:
         subprocess.run([*command, "task=text"], check=True, capture_output=True)
         project = next(path for path in root.iterdir() if path.is_dir())
         files = write_files(project, root / "files", rows_per_file)
-        table = [("measurement", "value", "target")]
+        print("| measurement | value | target |\n| --- | --- | --- |", flush=True)
         for workers in (0, 1, 2, 4) if (os.cpu_count() or 1) >= 8 else (0, 1, 2):
             rates = [rate(project, files, workers) for _ in range(reps)]
-            table.append((f"loader rate, num_workers {workers}", f"{spread(rates, '.0f')} samples/s", ""))
+            row(f"loader rate, num_workers {workers}", f"{spread(rates, '.0f')} samples/s")
         near, far = resume_seconds(project, files, 100 if not args.quick else 20, reps)
-        table.append(("resume to first batch, 1 batch in (64 rows)", f"{spread(near, '.3f')} s", ""))
+        row("resume to first batch, 1 batch in (64 rows)", f"{spread(near, '.3f')} s")
         far_rows = (100 if not args.quick else 20) * 64
-        table.append(
-            (f"resume to first batch, {far_rows:,} rows in", f"{spread(far, '.3f')} s", "<= 1.2x near")
-        )
+        row(f"resume to first batch, {far_rows:,} rows in", f"{spread(far, '.3f')} s", "<= 1.2x near")
         for workers, name in ((-1, "defaults (2 workers)"), (0, "num_workers 0")):
             runs = [root / f"run-{workers}-{rep}" for rep in range(reps)]
             shares = [wait_share(project, files, workers, steps, run) for run in runs]
-            target = "< 5%" if workers == -1 else ""
-            table.append((f"data wait, {name}, % of step time", f"{spread(shares, '.1f')}%", target))
-    widths = [max(len(row[column]) for row in table) for column in range(3)]
-    for index, row in enumerate(table):
-        print("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |")
-        if index == 0:
-            print("| " + " | ".join("-" * width for width in widths) + " |")
+            row(
+                f"data wait, {name}, % of step time",
+                f"{spread(shares, '.1f')}%",
+                "< 5%" if workers == -1 else "",
+            )
     print(
         f"{FILES} jsonl files of {rows_per_file} passages; median (range) of {reps} run(s); "
         f"{os.cpu_count()} CPUs"
     )
+
+
+def row(measurement: str, value: str, target: str = "") -> None:
+    """One row of the table, printed as soon as it is measured."""
+    print(f"| {measurement} | {value} | {target} |", flush=True)
 
 
 def write_files(project: Path, folder: Path, rows_per_file: int) -> str:
