@@ -203,7 +203,10 @@ def keep_vocabulary(model: torch.nn.Module, digest: str, source: str) -> None:
                 "data_file they were trained on, or prepare the new data with the same tokenizer"
             )
 
-    model.register_load_state_dict_pre_hook(check)
+    if hasattr(model, "register_load_state_dict_pre_hook"):
+        model.register_load_state_dict_pre_hook(check)
+    else:  # torch before 2.5: the same hook under its earlier, private name (.ci/lowest found it)
+        model._register_load_state_dict_pre_hook(check, with_module=True)
 
 
 def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:

@@ -84,11 +84,14 @@ class TrainWindows(Dataset):
 
     def __init__(self, ids: torch.Tensor, block_size: int, seed: int) -> None:
         self.ids, self.block_size, self.seed = ids, block_size, seed
-        self.set_epoch(0)
         self.sampler = WindowOrder(len(self), seed)  # the order train.py's loader takes the windows in
+        self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
         self.offset = int(np.random.default_rng([self.seed, epoch]).integers(self.block_size))
+        # The order too, here: Accelerate 1.6 does not pass set_epoch on to a sampler of the task's own (a
+        # resumed run then took its first epoch in epoch 0's order; .ci/lowest found it).
+        self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
         # The last window of the largest offset still ends inside the text.
