@@ -77,7 +77,8 @@ def main() -> None:
             runs = [grace(project, root / f"{moment}-{rep}", moment, train_args) for rep in range(reps)]
             rows.append((moment, runs))
     print(
-        "| moment of the SIGTERM | to the checkpoint's publish, s | to exit 75, s | steps after it | each exit, s |"
+        "| moment of the SIGTERM | to the checkpoint's publish, s | to exit 75, s | steps after it "
+        "| each exit, s |"
     )
     print("| --- | --- | --- | --- | --- |")
     for moment, runs in rows:
