@@ -48,10 +48,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform_roots")]
 
 PLATFORMS = ("colab", "kaggle")
 STANDINS = Path(__file__).parent / "platform_standins"
-# Few steps. The stop that an interrupt asks for happens at the next logging step (step 100, no checkpoint
-# step of its own), about 70 steps after the interrupt: a second or more, far longer than the 0.2 s
-# Jupyter leaves a `!` command before killing it.
-TRAIN_ARGS = ["--max_steps", "200", "--log_every", "100", "--checkpoint_every", "30"]
+# Few steps. The stop that an interrupt asks for happens at the next logging step or right after the next
+# evaluation, both at step 100 here (no checkpoint step of its own), about 70 steps after the interrupt: a
+# second or more, far longer than the 0.2 s Jupyter leaves a `!` command before killing it.
+TRAIN_ARGS = ["--max_steps", "200", "--log_every", "100", "--eval_every", "100", "--checkpoint_every", "30"]
 INTERRUPT_AFTER = "checkpoint: step 30 saved"
 STOP_STEP, LAST_STEP = 100, 200
 CELL_TIMEOUT_S = 300

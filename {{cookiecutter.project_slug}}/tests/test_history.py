@@ -113,6 +113,9 @@ def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path)
         command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     wait_for_training(output_dir, process, since, step=config.checkpoint_every + config.log_every)
+    deadline = time.monotonic() + 60  # the first checkpoint is written in the background: published by now?
+    while not list_checkpoints(output_dir) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     saved = int(list_checkpoints(output_dir)[-1].name[5:])
