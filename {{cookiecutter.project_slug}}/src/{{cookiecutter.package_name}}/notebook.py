@@ -48,29 +48,37 @@ def run_training(platform: str, *args: str) -> int:
         command, cwd=PROJECT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    interrupts = 0
-    while True:
-        try:
-            chunk = os.read(process.stdout.fileno(), 1 << 16)
-            if chunk:
-                sys.stdout.write(decoder.decode(chunk))
-                sys.stdout.flush()
-                continue
-            status = process.wait()  # end of output: training and its workers have closed it
-            break
-        except KeyboardInterrupt:
-            interrupts += 1
-            if interrupts == 1:
-                # Jupyter may have signalled the kernel's whole process group, training included; then
-                # this second SIGINT is noted as a repeat and changes nothing.
-                process.send_signal(signal.SIGINT)
-                print("\ninterrupt: training saves a checkpoint, then stops", flush=True)
-            else:
+    interrupts, said = 0, 0
+
+    # The stop button (SIGINT to the kernel) is handled here rather than raised as KeyboardInterrupt: an
+    # exception between a read and its write would lose that chunk of training's output (the line saying
+    # it got the signal, say). The read is resumed after the handler (PEP 475) and the loop says it.
+    def interrupt(signum: int, frame: object) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            # Jupyter may have signalled the kernel's whole process group, training included; then this
+            # second SIGINT is noted as a repeat and changes nothing.
+            process.send_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        while chunk := os.read(process.stdout.fileno(), 1 << 16):
+            while said < interrupts:  # each interrupt since the last chunk, said before it
+                said += 1
                 print(
-                    "\ninterrupt: already stopping, waiting for the checkpoint to be saved. To kill training "
-                    "without it, restart the kernel: the run continues from its previous checkpoint.",
+                    "\ninterrupt: training saves a checkpoint, then stops"
+                    if said == 1
+                    else "\ninterrupt: already stopping, waiting for the checkpoint to be saved. To kill "
+                    "training without it, restart the kernel: the run continues from its previous "
+                    "checkpoint.",
                     flush=True,
                 )
+            sys.stdout.write(decoder.decode(chunk))
+            sys.stdout.flush()
+        status = process.wait()  # end of output: training and its workers have closed it
+    finally:
+        signal.signal(signal.SIGINT, previous)
     process.stdout.close()
     if status == EXIT_STOPPED:  # the stop button, a signal from elsewhere or the clock: a checkpoint saved
         print(f"training stopped (exit {status}): run this cell again to continue; below, what it has so far")
