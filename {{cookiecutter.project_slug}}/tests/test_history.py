@@ -53,12 +53,17 @@ def hop(output_dir: Path, config: str, processes: int, *args: str) -> str:
 
 
 @pytest.mark.slow
-def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(tmp_path: Path) -> None:
+def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """configs/colab.yaml (1 process), kaggle.yaml (2) and local.yaml (1), one after the other on one run:
     the per-device batch stays 32, only the accumulation follows the processes, and the run ends with the
     weights and metrics of an uninterrupted one. The history names the hops and says they keep it exact.
     The first hop falls inside a logging interval: the train loss logged at its end is the mean over the
     interval's micro-batches on both sides of the hop (summed in another order: equal to rounding)."""
+    # One CPU thread per process in every session: 1 and 2 processes would otherwise get 2 and 1 threads
+    # each, and torch 2.3 splits a matrix product's sums by thread (.ci/lowest found it).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     args = [*QUICK, *SAME_ON_EVERY_PROCESS, "--mixed_precision", "no", *OFF_PLATFORM]
     reference = tmp_path / "reference"
     run_training(reference, *args)
