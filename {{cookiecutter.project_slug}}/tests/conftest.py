@@ -15,6 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
+
 from .task_settings import QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -153,6 +155,21 @@ def wait_for_training(
         if process.poll() is not None:
             return
         assert time.monotonic() < deadline, f"train.py did not reach step {step}"
+        time.sleep(0.01)
+
+
+def wait_for_checkpoint(output_dir: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    """Block until a checkpoint is published and a step is logged after it: a kill now leaves training
+    to redo after the newest checkpoint. Checkpoints are written in the background, so one saved at a
+    step may be published several steps later on a busy machine."""
+    deadline = time.monotonic() + timeout
+    metrics = output_dir / "metrics.jsonl"
+    while True:
+        saved = list_checkpoints(output_dir)
+        if saved and metrics.exists() and _logged_step(metrics) > checkpoint_step(saved[-1]):
+            return
+        assert process.poll() is None, "train.py ended before a checkpoint and a step after it"
+        assert time.monotonic() < deadline, "no checkpoint was published with a step logged after it"
         time.sleep(0.01)
 
 

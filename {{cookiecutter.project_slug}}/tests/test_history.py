@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from .conftest import (
     read_metrics,
     run_training,
     training_command,
-    wait_for_training,
+    wait_for_checkpoint,
 )
 from .task_settings import SAME_ON_EVERY_PROCESS, SIGNAL_RUN
 
@@ -113,14 +112,10 @@ def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path)
     output_dir = tmp_path / "run"
     config, _ = load_config(list(SIGNAL_RUN), PROJECT / "configs" / "local.yaml", task.Config)
     command, env = training_command(output_dir, *SIGNAL_RUN)
-    since = time.time()
     process = subprocess.Popen(
         command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    wait_for_training(output_dir, process, since, step=config.checkpoint_every + config.log_every)
-    deadline = time.monotonic() + 60  # the first checkpoint is written in the background: published by now?
-    while not list_checkpoints(output_dir) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_checkpoint(output_dir, process)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     saved = int(list_checkpoints(output_dir)[-1].name[5:])

@@ -28,7 +28,17 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.tracking import wandb_history, wandb_offline_steps
 {%- endif %}
 
-from .conftest import {% if cookiecutter.tracker == "mlflow" %}PROJECT, free_port, {% else %}PROJECT, {% endif %}read_metrics, run_training, training_command, wait_for_training
+from .conftest import (
+    PROJECT,
+{%- if cookiecutter.tracker == "mlflow" %}
+    free_port,
+{%- endif %}
+    read_metrics,
+    run_training,
+    training_command,
+    wait_for_checkpoint,
+    wait_for_training,
+)
 {%- else %}
 
 from .conftest import read_metrics, run_training
@@ -125,6 +135,8 @@ def interrupt(output_dir: Path, signal_number: int, after_step: int) -> None:
         command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     wait_for_training(output_dir, process, since=started, step=after_step)
+    if signal_number == signal.SIGKILL:
+        wait_for_checkpoint(output_dir, process)
     process.send_signal(signal_number)
     output, _ = process.communicate(timeout=120)
     stopped = -signal.SIGKILL if signal_number == signal.SIGKILL else EXIT_STOPPED

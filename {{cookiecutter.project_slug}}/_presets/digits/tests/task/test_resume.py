@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, checkpoint_step, list_checkpoints
 from {{ cookiecutter.package_name }}.utils.checkpoint import main as list_main
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
@@ -132,10 +132,19 @@ def test_repeated_kill_9_then_auto_resume_ends_bitwise_identical(
             command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         if attempt % 3 == 2:
-            time.sleep(rng.uniform(0.3, 3.0))  # during start-up or while loading the checkpoint
+            # During start-up or while loading the checkpoint; at the latest as training starts (a fast
+            # machine trains the whole run in a few seconds).
+            deadline = time.monotonic() + rng.uniform(0.3, 3.0)
+            log = output_dir / "metrics.jsonl"
+            while time.monotonic() < deadline and not (log.exists() and log.stat().st_mtime > started):
+                time.sleep(0.01)
         else:
-            wait_for_training(output_dir, process, since=started)
-            time.sleep(rng.uniform(0.0, 1.0))  # mid-step, mid-log or mid-save
+            # A few logged steps past the newest checkpoint, however fast this machine trains, then a
+            # moment more: mid-step, mid-log or mid-save.
+            saved = list_checkpoints(output_dir)
+            resumed_at = checkpoint_step(saved[-1]) if saved else 0
+            wait_for_training(output_dir, process, since=started, step=resumed_at + rng.choice([5, 10, 15]))
+            time.sleep(rng.uniform(0.0, 0.05))
             kills_during_training += 1
         if process.poll() is not None:
             break
