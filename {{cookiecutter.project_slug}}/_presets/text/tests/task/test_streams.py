@@ -52,6 +52,7 @@ from ..conftest import (
     read_metrics,
     run_training,
     training_command,
+    wait_for_checkpoint,
     wait_for_training,
 )
 from ..task_settings import SAME_ON_EVERY_PROCESS
@@ -115,6 +116,8 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     )
     # SIGKILL after the first checkpoint (step 4), else there would be nothing to resume from.
     wait_for_training(output_dir, process, since=started, step=2 if stop == signal.SIGTERM else 6)
+    if stop == signal.SIGKILL:
+        wait_for_checkpoint(output_dir, process)
     assert process.poll() is None, "train.py ended before it was signalled"
     time.sleep(random.uniform(0.0, 0.05))
     process.send_signal(stop)
@@ -146,6 +149,8 @@ def stop_session(output_dir: Path, args: list[str], stop: signal.Signals, step: 
         command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     wait_for_training(output_dir, process, since=started, step=step)
+    if stop == signal.SIGKILL:
+        wait_for_checkpoint(output_dir, process)
     assert process.poll() is None, "train.py ended before it was signalled"
     process.send_signal(stop)
     output, _ = process.communicate(timeout=120)
