@@ -342,7 +342,7 @@ def background_figures(
                 savers[mode].wait()
                 figures["persist"].append(savers[mode].last_seconds)
         figures["step"] += [step() for _ in range(2)]
-    staged = persist.stage_state(accelerator)
+    staged = persist.stage_state(accelerator, persist.Staging())
     figures["staged_bytes"] = [float(sum(_nbytes(value) for _, _, value in staged))]
     return figures
 

@@ -30,6 +30,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
 )
 from {{ cookiecutter.package_name }}.utils.config import TrainConfig, save_config, setting
 from {{ cookiecutter.package_name }}.utils.durable import write_atomically
+from {{ cookiecutter.package_name }}.utils.persist import Persister
 from {{ cookiecutter.package_name }}.utils.start import base_model_hint
 
 from .conftest import last_eval, run_training
@@ -130,6 +131,34 @@ def test_a_flipped_byte_fails_the_checksum(accelerator: Accelerator, tmp_path: P
     damaged[-1] ^= 1
     weights.write_bytes(bytes(damaged))
     assert checkpoint_problem(path).startswith("model.safetensors does not match its checksum")
+
+
+def test_background_saves_reuse_their_buffers_and_write_each_its_own_state(
+    accelerator: Accelerator, tmp_path: Path
+) -> None:
+    """A background checkpoint copies the state into CPU buffers kept from one checkpoint to the next: the
+    second reuses the first's memory, and each writes the state of its own step, not one left over."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    persister = Persister(accelerator, TrainConfig(output_dir=str(tmp_path)), published=lambda: None)
+    memory = []
+    for step in (1, 2):
+        model(torch.randn(3, 4)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+        path = persister.save(LoopState(step=step), None, {})
+        memory.append({key: buffer.data_ptr() for key, buffer in persister.staging.buffers.items()})
+        model.weight.data.add_(1.0)  # training goes on while the thread writes: not in this checkpoint
+        persister.wait()
+        assert checkpoint_problem(path) is None
+        written = load_file(path / "model.safetensors")
+        assert written.keys() == weights.keys() and all(torch.equal(written[k], weights[k]) for k in weights)
+        assert torch.equal(torch.load(path / "optimizer.bin")["state"][0]["exp_avg"], moments)
+    assert len(memory[0]) >= 4 and memory[1] == memory[0]  # weight, bias, and their moments: the same memory
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ scheduler, scaler, samplers, registered objects such as a stream's position, its
 goes on; a thread of the main process writes those same files, under the same names, into the staging
 folder, which checkpoint.py then seals (loop_state.json last) and renames, as a synchronous save does. At
 most one save is in flight: the next checkpoint, a stop (signal, time, end of training, divergence) and the
-export wait for it first. Rotation happens only after a publish. The other processes write their RNG file
+export wait for it first, so the CPU buffers of one staging (`Staging`) are written out before the next
+reuses them. Rotation happens only after a publish. The other processes write their RNG file
 (a few KB) at once into the staging folder, before the main process hands its part to the thread, so the
 thread never needs a collective. A failed background write is raised at the next wait, as a synchronous
 one would be at once. "sync" writes inside the loop (Accelerate's own save_state): for debugging and for
@@ -20,6 +21,7 @@ save_state writes formats of their own, collectively), and so do devices other t
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import random
@@ -68,6 +70,7 @@ class Persister:
         self.background = (
             config.checkpoint_mode == "background" and accelerator.distributed_type not in SYNC_ONLY
         )
+        self.staging = Staging()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_seconds = 0.0  # the last save, from staging to publish
@@ -90,12 +93,12 @@ class Persister:
                 shutil.rmtree(staging)  # this run's own unfinished save, left by a kill
             staging.mkdir(parents=True)
         accelerator.wait_for_everyone()
-        staged = stage_state(accelerator)  # on the main process: its files; elsewhere its RNG file, written
+        staged = stage_state(accelerator, self.staging)  # the main process's files; elsewhere the RNG file
         if not accelerator.is_main_process:
             _write_file(staging, *staged[0])
         accelerator.wait_for_everyone()  # every process's file is in the staging folder: the thread seals
         if accelerator.is_main_process:
-            snapshot = LoopState(**{k: _copy(v) for k, v in vars(state).items()})
+            snapshot = LoopState(**{k: copy.deepcopy(v) for k, v in vars(state).items()})
             job = (staged, snapshot, protect, dict(files), staging, final, _meta(accelerator))
             self._thread = threading.Thread(target=self._persist, args=job, name="checkpoint", daemon=False)
             self._thread.start()
@@ -127,6 +130,7 @@ class Persister:
     ) -> None:
         started = time.monotonic()
         try:
+            self.staging.wait()  # the copies from a GPU run asynchronously
             for entry in staged:
                 _write_file(staging, *entry)
             _publish(meta, self.config, state, staging, final, files)
@@ -187,9 +191,66 @@ def stageable(accelerator: Accelerator) -> bool:
     return accelerator.device.type in ("cpu", "cuda", "mps") and not stateful
 
 
-def stage_state(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
+class Staging:
+    """The CPU buffers that hold a staged state, kept from one checkpoint to the next: a checkpoint neither
+    allocates (and faults in) one checkpoint's size of memory again nor, from a CUDA GPU, copies through
+    pageable memory. From a GPU the buffers are page-locked and filled by asynchronous copies on the
+    training stream, which the loop's next kernels follow; the writer thread waits for them (`wait`).
+    torchtitan stages its asynchronous checkpoints the same way. The price: the buffers (one copy of the
+    saved state, as a staging makes anyway) stay allocated between checkpoints."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._unused: dict[str, torch.Tensor] = {}
+        self._copied: torch.cuda.Event | None = None
+        self._from_gpu = False
+
+    @property
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The last staging's buffers, by file name and place in the file."""
+        return self._buffers
+
+    def begin(self) -> None:
+        """A new staging: buffers it does not ask for again (a state that changed shape) are let go."""
+        self._unused, self._buffers = self._buffers, {}
+        self._copied, self._from_gpu = None, False
+
+    def copy(self, value: Any, key: str) -> Any:
+        """`value` with its tensors copied into this staging's buffers (under `key` and their place in it),
+        containers rebuilt; what training does next cannot change it."""
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value.detach(), key)
+        if isinstance(value, dict):
+            return type(value)((name, self.copy(item, f"{key}/{name}")) for name, item in value.items())
+        if isinstance(value, list | tuple):
+            return type(value)(self.copy(item, f"{key}/{index}") for index, item in enumerate(value))
+        return value  # numbers, strings, None: immutable
+
+    def end(self) -> None:
+        """After the last copy: from a GPU, mark the point on its stream where they are all done."""
+        if self._from_gpu:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def wait(self) -> None:
+        """Until the copies are in the buffers (at once on the CPU)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def _tensor(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
+        buffer = self._unused.pop(key, None)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+        buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        self._buffers[key] = buffer
+        self._from_gpu = self._from_gpu or tensor.is_cuda
+        return buffer
+
+
+def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, str, Any]]:
     """(file name, format, CPU copy) of what `accelerator.save_state` writes from this process: every file
-    on the main process, its own RNG file on the others. The same names and contents load_state reads."""
+    on the main process, its own RNG file on the others. The same names and contents load_state reads.
+    The tensors are copied into `staging`'s buffers: what they held before is overwritten."""
     rng = {
         "step": accelerator.step,
         "random_state": random.getstate(),
@@ -201,16 +262,19 @@ def stage_state(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
     own = (f"random_states_{accelerator.process_index}.pkl", "torch", _pickled(rng))
     if not accelerator.is_main_process:
         return [own]
+    staging.begin()
     staged = []
     weights = [accelerator.get_state_dict(model, unwrap=False) for model in accelerator._models]
     for hook in accelerator._save_model_state_pre_hook.values():  # e.g. the frozen weights left out
         hook(accelerator._models, weights, "")
     for index, state in enumerate(weights):
         name = "model.safetensors" if index == 0 else f"model_{index}.safetensors"
-        staged.append((name, "safetensors", _copy(clean_state_dict_for_safetensors(state))))
+        staged.append((name, "safetensors", staging.copy(clean_state_dict_for_safetensors(state), name)))
     for kind, objects in (("optimizer", accelerator._optimizers), ("scheduler", accelerator._schedulers)):
         for index, obj in enumerate(objects):
-            staged.append((f"{kind}{f'_{index}' if index else ''}.bin", "torch", _copy(obj.state_dict())))
+            name = f"{kind}{f'_{index}' if index else ''}.bin"
+            staged.append((name, "torch", staging.copy(obj.state_dict(), name)))
+    staging.end()
     staged += _samplers(accelerator)
     if accelerator.scaler is not None:
         staged.append(("scaler.pt", "torch", _pickled(accelerator.scaler.state_dict())))
@@ -230,17 +294,6 @@ def _samplers(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
             if isinstance(sampler, SeedableRandomSampler):
                 staged.append((f"sampler{f'_{index}' if index else ''}.bin", "torch", _pickled(sampler)))
     return staged
-
-
-def _copy(value: Any) -> Any:
-    """A copy in CPU memory that training cannot change: tensors cloned, containers rebuilt."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return type(value)((key, _copy(item)) for key, item in value.items())
-    if isinstance(value, list | tuple):
-        return type(value)(_copy(item) for item in value)
-    return value  # numbers, strings, None: immutable
 
 
 def _pickled(value: Any) -> bytes:
