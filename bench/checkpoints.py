@@ -17,6 +17,10 @@ resume against `torch.load` + `load_state_dict`. Each variant runs in a process 
 Accelerate state); within a rep the order of the writes turns; the figures are medians. The newest
 checkpoint's size is what its folder holds on disk.
 
+Then checkpoint_mode sync against background, side by side in the same worker: the loop's stop, the
+background write, steps beside it; and background with its staging buffers allocated anew at every
+checkpoint (as before persist.Staging kept them), for comparison.
+
 The script renders the template itself; it needs requirements-dev.txt's packages (peft, transformers).
 """
 
@@ -43,6 +47,7 @@ VARIANTS = ("full", "lora")
 LORA_TARGETS = ["attn.c_attn", "attn.c_proj"]  # GPT-2's attention projections, not the MLP's c_proj
 FULL_SIZE = {}  # GPT2Config's defaults: 12 layers, width 768, 50257 tokens, 124M parameters
 QUICK_SIZE = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
+MODES = ("sync", "background", "fresh")
 
 
 def main() -> None:
@@ -132,20 +137,22 @@ def background_report(results: dict[str, dict[str, Any]]) -> list[str]:
     """checkpoint_mode background against sync, measured side by side in the same worker."""
     rows = [
         "",
-        "| variant | loop stops, sync, ms | loop stops, background, ms | ratio | background write, ms "
+        "| variant | loop stops, sync, ms | loop stops, background, ms | ratio "
+        "| the same, buffers allocated anew, ms | background write, ms "
         "| step, ms | step during the write, ms | ratio | checkpointing share at every 100 steps, sync "
         "| background | staged copy, MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, result in results.items():
         figures = {name: statistics.median(values) for name, values in result["background"].items()}
         sync, background, step = figures["sync"], figures["background"], figures["step"]
         busy = figures.get("busy", step)  # no step fits inside a very short write
         during = len(result["background"].get("busy", [])) / len(result["background"]["background"])
-        cost = background + during * (busy - step)  # the loop's stop, and the slower steps beside the write
+        cost = background + during * max(busy - step, 0.0)  # the stop, and steps slowed beside the write
         rows.append(
             f"| {variant} | {sync * 1000:.0f} | {background * 1000:.0f} | {background / sync:.2f} "
-            f"| {figures['persist'] * 1000:.0f} | {step * 1000:.0f} | {busy * 1000:.0f} | {busy / step:.2f} "
+            f"| {figures['fresh'] * 1000:.0f} | {figures['persist'] * 1000:.0f} | {step * 1000:.0f} "
+            f"| {busy * 1000:.0f} | {busy / step:.2f} "
             f"| {100 * sync / (100 * step + sync):.1f}% | {100 * cost / (100 * step + cost):.1f}% "
             f"| {figures['staged_bytes'] / 1e6:.1f} |"
         )
@@ -311,10 +318,11 @@ def background_figures(
 
     persist = importlib.import_module(f"{package}.utils.persist")
     checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
-    savers = {
-        mode: persist.Persister(accelerator, dataclasses.replace(config, checkpoint_mode=mode), lambda: None)
-        for mode in ("sync", "background")
-    }
+    # "fresh" is background with new staging buffers at every checkpoint, as before they were kept.
+    savers = {}
+    for mode in MODES:
+        settings = dataclasses.replace(config, checkpoint_mode="sync" if mode == "sync" else "background")
+        savers[mode] = persist.Persister(accelerator, settings, lambda: None)
     shape = (batch, 32 if quick else 128)
     tokens = torch.randint(0, model.config.vocab_size, shape, device=accelerator.device)
     cuda = accelerator.device.type == "cuda"
@@ -329,10 +337,12 @@ def background_figures(
         return time.perf_counter() - start
 
     step()  # warm-up
-    figures: dict[str, list[float]] = {name: [] for name in ("sync", "background", "persist", "step", "busy")}
+    figures: dict[str, list[float]] = {name: [] for name in (*MODES, "persist", "step", "busy")}
     for rep in range(reps):
-        for mode in ("sync", "background") if rep % 2 == 0 else ("background", "sync"):
-            state = checkpoint.LoopState(step=100 + 2 * rep + (mode == "background"))
+        for turn, mode in enumerate(MODES[rep % 3 :] + MODES[: rep % 3]):
+            state = checkpoint.LoopState(step=100 + 3 * rep + turn)
+            if mode == "fresh":
+                savers[mode].staging = persist.Staging()
             start = time.perf_counter()
             savers[mode].save(state, None, {})
             figures[mode].append(time.perf_counter() - start)

@@ -28,7 +28,7 @@ ROWS = {
 
 
 def number(cell: str) -> float:
-    match = re.match(r"\s*([0-9.]+)", cell)
+    match = re.match(r"\s*(-?[0-9.]+)", cell)
     assert match, f"no number in {cell!r}"
     return float(match.group(1))
 
@@ -111,6 +111,16 @@ def test_quick_checkpoint_benchmark_saves_and_resumes_both_variants() -> None:
             assert low - 0.01 <= ratio <= high + 0.01, (ours, plain, ratio)
     assert rows["lora"][0] < rows["full"][0]
     assert re.search(r"LoRA checkpoint size: [0-9.]+% of the full one", result.stdout), result.stdout
+    # sync against background (kept buffers, and buffers allocated anew), each a figure, both variants
+    background = {
+        line.split("|")[1].strip(): [number(cell) for cell in line.split("|")[2:-1]]
+        for line in result.stdout.splitlines()
+        if line.startswith("| full |") or line.startswith("| lora |")
+    }
+    assert set(background) == {"full", "lora"}, result.stdout
+    for sync, stop, ratio, anew, write, *_, staged in background.values():
+        assert min(sync, stop, anew, write, staged) > 0 and ratio > 0
+    assert background["lora"][-1] < background["full"][-1]  # the staged copy: the adapter's is smaller
 
 
 @pytest.mark.slow
