@@ -349,7 +349,8 @@ def background_figures(
             if mode == "background":  # steps while the thread writes, until it has published
                 while savers[mode]._thread is not None and savers[mode]._thread.is_alive():
                     figures["busy"].append(step())
-                savers[mode].wait()
+            savers[mode].wait()  # published before the next mode saves into the same folder
+            if mode == "background":
                 figures["persist"].append(savers[mode].last_seconds)
         figures["step"] += [step() for _ in range(2)]
     staged = persist.stage_state(accelerator, persist.Staging())
