@@ -38,9 +38,12 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from .conftest import PROJECT, read_metrics, wait_for_training
 from .task_settings import SIGNAL_RUN
 
-# What Windows lacks, hidden before anything of the project is imported.
+# What Windows lacks, hidden before anything of the project is imported. The libraries are imported
+# first, as they load on this Linux: they pick their POSIX modules by sys.platform, which this stand-in
+# leaves as it is (huggingface_hub's terminal helpers, which Accelerate loads, import termios).
 WINDOWS_LACKS = """
 import os, signal, sys
+import accelerate, huggingface_hub.utils
 for name in ("fcntl", "termios", "tty", "pty", "resource", "pwd", "grp", "syslog"):
     sys.modules[name] = None
 for module, names in (
