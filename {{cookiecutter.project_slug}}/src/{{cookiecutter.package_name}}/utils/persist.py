@@ -211,7 +211,7 @@ class Staging:
         return self._buffers
 
     def begin(self) -> None:
-        """A new staging: buffers it does not ask for again (a state that changed shape) are let go."""
+        """A new staging: it reuses the buffers it asks for again; `end` lets go of the others."""
         self._unused, self._buffers = self._buffers, {}
         self._copied, self._from_gpu = None, False
 
@@ -227,7 +227,9 @@ class Staging:
         return value  # numbers, strings, None: immutable
 
     def end(self) -> None:
-        """After the last copy: from a GPU, mark the point on its stream where they are all done."""
+        """After the last copy: buffers not asked for again (a state that changed shape) are let go; from a
+        GPU, the point on its stream where the copies are all done is marked."""
+        self._unused = {}
         if self._from_gpu:
             self._copied = torch.cuda.Event()
             self._copied.record()
