@@ -133,13 +133,7 @@ class OutputLock:
                 f"{self.path} keeps a second run out"
             )
         if held_elsewhere:
-            holder = _read_holder(fd)
-            # The holder writes its name just after locking: a run started together with it may look
-            # between the two, so give it a moment.
-            deadline = time.monotonic() + 2.0
-            while not isinstance(holder.get("pid"), int) and time.monotonic() < deadline:
-                time.sleep(0.05)
-                holder = _read_holder(fd)
+            holder = _holder_named(fd)
             os.close(fd)
             raise FolderInUse(
                 f"{self.name} {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
@@ -350,6 +344,16 @@ def _lock(fd: int) -> bool:
             return False
         raise
     return True
+
+
+def _holder_named(fd: int) -> dict:
+    """The lock holder's record. The holder writes its name just after locking: a run started together with
+    it may look between the two, so it gets a moment."""
+    holder, deadline = _read_holder(fd), time.monotonic() + 2.0
+    while not isinstance(holder.get("pid"), int) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        holder = _read_holder(fd)
+    return holder
 
 
 def _read_holder(fd: int) -> dict:
