@@ -378,6 +378,29 @@ def test_kill_inside_a_background_write_resumes_bitwise(
     assert_same_run(output_dir, finished)
 
 
+def test_a_checkpoint_said_saved_is_published_and_in_the_history_when_killed_at_that_line(
+    tmp_path: Path,
+) -> None:
+    """kill -9 the moment `checkpoint: step N saved to <dir>` is printed, its files written slowly in the
+    background: the folder it names exists and verifies, and history.json claims no later step."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *FAST)
+    env[PAUSE_ENV] = "0.3"  # the thread is still writing for seconds after the hand-over
+    process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=PIPE, stderr=DEVNULL, text=True)
+    assert process.stdout is not None
+    said = None
+    for line in process.stdout:
+        if said := re.match(r"checkpoint: step (\d+) saved to (\S+)$", line.strip()):
+            process.kill()
+            break
+    process.wait()
+    assert said, "no checkpoint was said to be saved"
+    folder = Path(said.group(2))
+    assert folder.is_dir() and checkpoint_problem(folder) is None, sorted(folder.parent.iterdir())
+    sessions = json.loads((output_dir / "history.json").read_text())["sessions"]
+    assert sessions[-1]["end_step"] <= int(said.group(1)), sessions[-1]
+
+
 def test_sigterm_during_a_background_write_exits_75_with_the_newest_checkpoint_whole(
     finished: Path, tmp_path: Path
 ) -> None:
