@@ -34,7 +34,7 @@ from .mirror_stores import FolderStore, MirrorError, RemoteStore
 from .persist import Worker
 from .remote import access_problem, is_url, load_secrets
 from .run_dir import FolderInUse, RunError
-from .runs import is_run_file
+from .runs import EXPORTS, is_run_file
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
@@ -193,8 +193,9 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
 
 def _held(target: str, source: Path, step: int, local: int, behind: bool) -> str:
     """What the mirror holds at the end of the run (`step`), against output_dir's newest (`local`)."""
-    if not behind:
-        return f"{target} holds step {step} (verified), the metrics and the exports"
+    if not behind:  # the exports copied: the mirror's own that output_dir lacks are not vouched for
+        exports = [f"{name}/" for name in EXPORTS if (source / name).is_dir()]
+        return f"{target} holds step {step} (verified), " + ", ".join(["the metrics", *exports])
     held = f"step {step}" if step >= 0 else "none"
     return (
         f"WARNING: {target} is behind (newest verified checkpoint: {held}; output_dir: step {local}): the "

@@ -281,7 +281,7 @@ def test_a_kill_in_the_middle_of_an_upload_is_skipped_and_named(
     assert f"mirror: note: s3://{bucket}/run was left by a session that is gone" in result.stdout
     assert_same_run(output_dir, single_run[0])
     mirror_lines = [line for line in result.stdout.splitlines() if line.startswith("mirror: ")]
-    end = f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics and the exports"
+    end = f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics, model/, best_model/"
     assert end in mirror_lines, "\n".join(mirror_lines)
     # The cut-off copy is kept for a person to look at: in place, or set aside if it was published again.
     kept_aside = re.compile(rf"run/(set_aside/[^/]+/)?checkpoints/{cut}/")
@@ -335,7 +335,7 @@ def test_an_outage_is_reported_once_and_the_mirror_catches_up(
     mirror.finish()
     seen.extend(capsys.readouterr().out.splitlines())
     assert sum("WARNING: cannot copy" in line for line in seen) == 1, seen
-    assert f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics and the exports" in seen
+    assert f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics, model/, best_model/" in seen
     stored = s3.objects(bucket)
     assert {key.split("/")[2] for key in stored if key.startswith("run/checkpoints/")} == {
         "step_00000080",
