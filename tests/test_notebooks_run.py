@@ -480,4 +480,4 @@ def test_colab_with_a_store_it_cannot_reach_says_at_the_end_that_nothing_went_th
     assert session.error("train") == "RuntimeError", session.output("train")
     assert "cannot reach" in session.output("train"), session.output("train")
     last = session.output("flush-drive").strip().splitlines()[-1]
-    assert last.startswith("done: Drive flushed; no checkpoint in ") and f"none went to {store}" in last, last
+    assert last.startswith("done: Drive flushed; no checkpoint in ") and f"none sent to {store}" in last, last
