@@ -39,6 +39,8 @@ from .runs import EXPORTS, is_run_file
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
 FINISH_TIMEOUT_S = 900.0
+# After a stop signal (the platform wants the machine back), far less: the run is complete on its disk.
+STOP_WAIT_S = 20.0
 
 
 class Mirror:
@@ -107,15 +109,15 @@ class Mirror:
         if self.enabled:
             self._worker.wake()
 
-    def finish(self) -> None:
-        """Copy once more, wait for it (up to FINISH_TIMEOUT_S), say what the mirror holds, release it."""
+    def finish(self, wait_s: float = FINISH_TIMEOUT_S) -> None:
+        """Copy once more, wait for it (up to `wait_s`), say what the mirror holds, release it."""
         if self.store is None or not self._worker.started:
             if self._locked and self.store is not None:  # refused at start (it holds another run)
                 self.store.lock.release()
             return
-        if not self._worker.close(5.0):
-            _say(f"finishing the copy to {self.target} (waiting up to {FINISH_TIMEOUT_S / 60:.0f} min)")
-            self._worker.close(FINISH_TIMEOUT_S)
+        if not self._worker.close(min(5.0, wait_s)):
+            _say(f"finishing the copy to {self.target} (waiting up to {wait_s:.0f} s)")
+            self._worker.close(wait_s)
         newest = list_checkpoints(self.source)
         local = checkpoint_step(newest[-1]) if newest else -1
         behind = bool(self._failing) or self._worker.alive or self.newest_step < local
