@@ -160,9 +160,10 @@ class Bookkeeping:
             self.history.save(config.output_dir, step, why)
             self.progress.write(f"checkpoint: step {step} saved to {path}")
 
-        # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py.
-        self.last_saved = self.persister.save(state, self.resumed_from, history, saved)  # published before
-        # finish() names it. The time budget keeps room for a whole save, which a stop waits for.
+        # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py. Published
+        # before finish() names it.
+        self.last_saved = self.persister.save(state, self.resumed_from, history, saved)
+        # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
         self.clock.saved(saving, self.persister.last_seconds)
 
 

@@ -73,7 +73,7 @@ class Persister:
         self.staging = Staging()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._saved: Callable[[Path], None] | None = None  # said once the save in flight is published
+        self._saved: Callable[[], None] | None = None  # says that the save in flight is published
         self.last_seconds = 0.0  # the last save, from staging to publish
 
     def save(

@@ -176,7 +176,7 @@ def _check_predict(config: TrainConfig, model: torch.nn.Module, samples: int) ->
         check_rows(_call("predict(model, batch, config)", task.predict, model, batch, config), count)
 
 
-def check_rows(predicted: Any, count: int) -> list[Mapping]:
+def check_rows(predicted: Any, count: int) -> None:
     """What `predict` returned for a batch of `count` inputs: a list of `count` rows, or a TaskError."""
     if not isinstance(predicted, list) or len(predicted) != count:
         raise TaskError(
@@ -188,7 +188,6 @@ def check_rows(predicted: Any, count: int) -> list[Mapping]:
             f"predict(model, batch, config) returned a row that is {_describe(bad)}: the contract wants a "
             "dict of column -> value per input"
         )
-    return predicted
 
 
 class TaskModel:
