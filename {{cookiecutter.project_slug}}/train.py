@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             saver.join()  # a save in flight is finished, also after a crash
             # The last checkpoint and exports reach the persistent copy, also after a crash; briefly after
-            # a stop signal.
-            mirror.finish(STOP_WAIT_S if stop else FINISH_TIMEOUT_S)
+            # SIGTERM (the platform's: it kills soon after), not after the stop button's SIGINT.
+            mirror.finish(STOP_WAIT_S if stop.signal_name == "SIGTERM" else FINISH_TIMEOUT_S)
             with contextlib.suppress(*failed):
                 accelerator.end_training()  # closes trackers and the process group, also after a crash
         finally:

@@ -39,7 +39,7 @@ from .runs import EXPORTS, is_run_file
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
 FINISH_TIMEOUT_S = 900.0
-# After a stop signal (the platform wants the machine back), far less: the run is complete on its disk.
+# After SIGTERM (the platform wants the machine back), far less: the run is complete on its disk.
 STOP_WAIT_S = 20.0
 
 
