@@ -344,7 +344,7 @@ def background_figures(
             if mode == "fresh":
                 savers[mode].staging = persist.Staging()
             start = time.perf_counter()
-            savers[mode].save(state, None, {})
+            savers[mode].save(state, None, {}, lambda path: None)
             figures[mode].append(time.perf_counter() - start)
             if mode == "background":  # steps while the thread writes, until it has published
                 while savers[mode]._thread is not None and savers[mode]._thread.is_alive():

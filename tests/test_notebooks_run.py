@@ -165,10 +165,15 @@ class Session:
 
 
 async def run_cells(
-    notebook: nbformat.NotebookNode, env: dict[str, str], cwd: Path, interrupt_after: str | None
+    notebook: nbformat.NotebookNode,
+    env: dict[str, str],
+    cwd: Path,
+    interrupt_after: str | None,
+    one_by_one: bool = False,
 ) -> None:
-    """Run the code cells in order in a new kernel, stopping at the first that fails (as "Run all" does);
-    interrupt the training cell, as its stop button does, once its output shows `interrupt_after`."""
+    """Run the code cells in order in a new kernel, stopping at the first that fails (as "Run all" does;
+    `one_by_one`: going on, as a user who runs each cell does); interrupt the training cell, as its stop
+    button does, once its output shows `interrupt_after`."""
     client = NotebookClient(
         notebook, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(cwd)}}
     )
@@ -188,7 +193,8 @@ async def run_cells(
             try:
                 await running
             except CellExecutionError:
-                return
+                if not one_by_one:
+                    return
 
 
 def run_session(
@@ -198,6 +204,7 @@ def run_session(
     interrupt_after: str | None = None,
     remote_store: str = "",
     env: dict[str, str] | None = None,
+    one_by_one: bool = False,
 ) -> Session:
     """Run all cells of the platform's notebook in a new kernel, on the platform's folders as they are;
     `remote_store`: the notebook's REMOTE_STORE; `env`: more of the kernel's environment."""
@@ -212,7 +219,7 @@ def run_session(
     before = tree(inputs) if platform == "kaggle" else None
     with tempfile.TemporaryDirectory(prefix="ipython-") as ipython_dir:
         kernel = kernel_env(platform, Path(ipython_dir)) | (env or {})
-        asyncio.run(run_cells(notebook, kernel, cwd, interrupt_after))
+        asyncio.run(run_cells(notebook, kernel, cwd, interrupt_after, one_by_one))
     if before is not None:
         assert tree(inputs) == before, "the session wrote into /kaggle/input, which Kaggle mounts read-only"
     return Session(notebook)
@@ -454,3 +461,23 @@ def test_colab_with_a_remote_store_shows_the_run_where_it_is(
     assert_results_shown(session, project, "colab")
     last = session.output("flush-drive").strip().splitlines()[-1]
     assert last.startswith(f"done: Drive flushed; the run's copy goes to {store}"), last
+
+
+def test_colab_with_a_store_it_cannot_reach_says_at_the_end_that_nothing_went_there(
+    render: Callable[..., Render], roots: dict[str, Path]
+) -> None:
+    """REMOTE_STORE on an S3 endpoint where nothing answers: training stops at once with one line, and the
+    last cell, run after it, says that no checkpoint went to the store instead of where the copy goes."""
+    project = render()
+    with socket.socket() as probe:  # a port where nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
+    store = "s3://runs/digits"
+    new_session(project, "colab", roots, kept=None)
+    session = run_session(project, "colab", roots, remote_store=store, env=env, one_by_one=True)
+    assert session.error("train") == "RuntimeError", session.output("train")
+    assert "cannot reach" in session.output("train"), session.output("train")
+    last = session.output("flush-drive").strip().splitlines()[-1]
+    assert last.startswith("done: Drive flushed; no checkpoint in ") and f"none sent to {store}" in last, last

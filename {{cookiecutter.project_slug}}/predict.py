@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     from accelerate import PartialState
 
+    from {{ cookiecutter.package_name }}.utils.task_check import check_rows
+
     # The process group when started by `accelerate launch`; nothing more. PartialState, unlike the
     # Accelerator, ignores ACCELERATE_USE_CPU: without it, CPU processes would not form a group.
     state = PartialState(cpu=cpu_forced())
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{args.input or 'the eval split'}: nothing to predict")
 
         batches = in_batches(state, inputs, args.batch_size, lambda batch: task.predict(model, batch, config))
+        for start, rows in zip(range(0, len(inputs), args.batch_size), batches, strict=True):
+            check_rows(rows, min(args.batch_size, len(inputs) - start))  # one line, on every process
         # The eval split has labels: its metrics, computed as train.py's evaluation computes them.
         metrics = eval_metrics(state, model, config, args.batch_size) if args.input is None else {}
         if state.is_main_process:

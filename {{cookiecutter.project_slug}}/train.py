@@ -25,9 +25,11 @@ always has (it is decided at a logging step, after at least one optimizer step o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
+import sys
 from pathlib import Path
 
 # First only what reading the config needs (no torch): see utils/cli.py.
@@ -68,7 +70,13 @@ from {{ cookiecutter.package_name }}.utils.finish import finish
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
-from {{ cookiecutter.package_name }}.utils.mirror import Mirror, check_stores, open_mirror
+from {{ cookiecutter.package_name }}.utils.mirror import (
+    FINISH_TIMEOUT_S,
+    STOP_WAIT_S,
+    Mirror,
+    check_stores,
+    open_mirror,
+)
 from {{ cookiecutter.package_name }}.utils.persist import Persister
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
 from {{ cookiecutter.package_name }}.utils.signals import (
@@ -136,10 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         finished = train(accelerator, config, stop, lock, mirror, saver)
         stop.ignore_from_now_on()
     finally:
+        # After a crash, an error while closing (a tracker's file on the same full disk) would hide it.
+        failed = (Exception,) if sys.exc_info()[0] is not None else ()
         try:
             saver.join()  # a save in flight is finished, also after a crash
-            mirror.finish()  # the last checkpoint and exports reach the persistent copy, also after a crash
-            accelerator.end_training()  # closes trackers and the process group, also after a crash
+            # The last checkpoint and exports reach the persistent copy, also after a crash; briefly after
+            # SIGTERM (the platform's: it kills soon after), not after the stop button's SIGINT.
+            mirror.finish(STOP_WAIT_S if stop.signal_name == "SIGTERM" else FINISH_TIMEOUT_S)
+            with contextlib.suppress(*failed):
+                accelerator.end_training()  # closes trackers and the process group, also after a crash
         finally:
             lock.release()  # after the trackers' last writes; a no-op where it was not taken
     return 0 if finished else EXIT_STOPPED
@@ -377,4 +390,11 @@ if __name__ == "__main__":
         if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
         status = f"error: {write_error(Path(error.filename or '.'), error)}"
+    except RuntimeError as error:  # PyTorch's words for a loader worker that died, e.g. killed out of memory
+        if "DataLoader worker (pid" not in str(error):
+            raise
+        status = (
+            f"error: {str(error).strip()} (out of memory? lower num_workers or per_device_batch_size); "
+            "rerun the same command to resume exactly from the last checkpoint"
+        )
     exit_process(status)  # sys.exit, without the teardown that gloo's threads can abort

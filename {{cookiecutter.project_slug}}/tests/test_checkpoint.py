@@ -150,7 +150,7 @@ def test_background_saves_reuse_their_buffers_and_write_each_its_own_state(
         optimizer.zero_grad()
         weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
         moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
-        path = persister.save(LoopState(step=step), None, {})
+        path = persister.save(LoopState(step=step), None, {}, lambda path: None)
         memory.append({key: buffer.data_ptr() for key, buffer in persister.staging.buffers.items()})
         model.weight.data.add_(1.0)  # training goes on while the thread writes: not in this checkpoint
         persister.wait()

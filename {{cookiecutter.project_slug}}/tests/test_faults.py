@@ -378,6 +378,29 @@ def test_kill_inside_a_background_write_resumes_bitwise(
     assert_same_run(output_dir, finished)
 
 
+def test_a_checkpoint_said_saved_is_published_and_in_the_history_when_killed_at_that_line(
+    tmp_path: Path,
+) -> None:
+    """kill -9 the moment `checkpoint: step N saved to <dir>` is printed, its files written slowly in the
+    background: the folder it names exists and verifies, and history.json claims no later step."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *FAST)
+    env[PAUSE_ENV] = "0.3"  # the thread is still writing for seconds after the hand-over
+    process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=PIPE, stderr=DEVNULL, text=True)
+    assert process.stdout is not None
+    said = None
+    for line in process.stdout:
+        if said := re.match(r"checkpoint: step (\d+) saved to (\S+)$", line.strip()):
+            process.kill()
+            break
+    process.wait()
+    assert said, "no checkpoint was said to be saved"
+    folder = Path(said.group(2))
+    assert folder.is_dir() and checkpoint_problem(folder) is None, sorted(folder.parent.iterdir())
+    sessions = json.loads((output_dir / "history.json").read_text())["sessions"]
+    assert sessions[-1]["end_step"] <= int(said.group(1)), sessions[-1]
+
+
 def test_sigterm_during_a_background_write_exits_75_with_the_newest_checkpoint_whole(
     finished: Path, tmp_path: Path
 ) -> None:
@@ -484,6 +507,32 @@ def test_disk_full_before_the_start_names_the_output_folder_and_leaves_nothing(t
     assert f"MiB free on the filesystem of {disk}" in line, line
     assert (out / "left.txt").read_text() == ""  # not even the output folder
     assert (out / "second.rc").read_text().strip() == "0", (out / "second.err").read_text()[-3000:]
+
+
+def test_a_disk_that_fills_mid_run_is_one_line_whatever_the_tracker(tmp_path: Path) -> None:
+    """The disk fills up while training writes (another program takes the rest of it after the first
+    checkpoint): one line names the write that failed first, with no traceback, also where a tracker
+    (mlflow's files) fails again on the same disk as the run is closed."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux's unshare to mount a small tmpfs")
+    probe = in_small_filesystem(tmp_path, 'touch "$DISK/probe"', "1m")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()[-300:]}")
+    flags = "--max_steps 100000 --log_every 2 --checkpoint_every 20 --check_disk_space false"
+    train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" {flags}'
+    script = (
+        f'{train} > "$OUT/run.out" 2> "$OUT/run.err" & '
+        'until ls "$DISK/run/checkpoints" | grep -q "^step_"; do sleep 0.05; done; '
+        'head -c 4G /dev/zero > "$DISK/filler" 2> /dev/null; wait $!; echo $? > "$OUT/run.rc"'
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    result = in_small_filesystem(tmp_path, script, "256m", {"OUT": str(out)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    err = (out / "run.err").read_text()
+    assert (out / "run.rc").read_text().strip() == "1" and "Traceback" not in err, err[-5000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: could not write ") and "the disk is full" in line, line
 
 
 def test_a_disk_for_two_checkpoints_refuses_three_before_writing_and_runs_two(tmp_path: Path) -> None:

@@ -176,3 +176,19 @@ def test_a_new_session_predicts_with_the_model_of_the_mirror(single_run: tuple, 
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"predicting with {project / 'drive' / 'run' / 'model'} into" in result.stdout
     assert not model_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_predict_that_returns_one_dict_is_one_line(single_run: tuple, tmp_path: Path) -> None:
+    """A task whose predict returns its first row alone (a dict, not a list of rows): one line naming
+    predict and the contract, no traceback, no file."""
+    project, _ = copy_of_the_project(tmp_path / "project")
+    task_file = project / "src" / "{{ cookiecutter.package_name }}" / "task.py"
+    task_file.write_text(
+        task_file.read_text() + "\n\n_predict = predict\n\n\ndef predict(model, batch, config):\n"
+        "    return _predict(model, batch, config)[0]\n"
+    )
+    model_dir = str(single_run[0] / "model")
+    result = predict_elsewhere(project, tmp_path, "--model_dir", model_dir, "--output", "p.csv")
+    assert_one_line_error(result, "predict(model, batch, config) returned a dict", "a list of")
+    assert not (tmp_path / "p.csv").exists()

@@ -32,12 +32,13 @@ def test_this_task_follows_the_contract_and_the_random_streams_are_kept(setup: t
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    assert check_task(*setup, predict=True) == []
+    assert check_task(*setup, predict_inputs=2) == []
     assert torch.equal(torch.rand(3), expected)  # the run's weights and dropout are as without the check
 
 
 original_loss, original_eval_step, original_metrics = task.loss, task.eval_step, task.metrics
 original_collate = task.collate
+original_predict = task.predict
 BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
     "per-sample loss": (
         "loss",
@@ -79,6 +80,11 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         },
         "which METRIC_GOALS names (best_metric is one of them)",
     ),
+    "a predict that returns one dict, not a list of rows": (
+        "predict",
+        lambda model, batch, config: original_predict(model, batch, config)[0],
+        "predict(model, batch, config) returned a dict with the keys [",
+    ),
     "a tensor as metric": (
         "metrics",
         lambda values, config: {name: torch.tensor(0.5) for name in original_metrics(values, config)},
@@ -89,6 +95,7 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
 
 @pytest.mark.parametrize("breach", BREACHES)
 def test_each_breach_is_one_line(setup: tuple, monkeypatch: pytest.MonkeyPatch, breach: str) -> None:
+    """As every run checks before training (predict included, on the eval batch)."""
     function, broken, message = BREACHES[breach]
     monkeypatch.setattr(task, function, broken)
     with pytest.raises(TaskError) as caught:
@@ -157,6 +164,29 @@ def test_a_missing_or_misshapen_function_is_one_line_before_the_config_is_read(
     monkeypatch.setattr(task, "loss", lambda batch: 0.0)
     with pytest.raises(ConfigError, match=r"does not take the arguments of loss\(model, batch\)"):
         check_contract(task)
+
+
+def test_a_config_class_without_dataclass_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`class Config(TrainConfig)` without @dataclass: its fields would be plain class attributes."""
+
+    class Config(task.Config):
+        width: int = 3
+
+    monkeypatch.setattr(task, "Config", Config)
+    with pytest.raises(ConfigError, match=r"^task.py's Config is not a dataclass: put @dataclass"):
+        check_contract(task)
+
+
+def test_a_check_that_raises_names_the_field_its_value_and_the_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checks = [*task.Config.CHECKS, ("per_device_batch_size", lambda v: 64 // (v - v) > 0, "> 0")]
+    monkeypatch.setattr(task.Config, "CHECKS", checks)
+    with pytest.raises(ConfigError) as caught:
+        load_config([], PROJECT / "configs" / "local.yaml", task.Config)
+    message = str(caught.value)
+    assert "per_device_batch_size=" in message and "raised ZeroDivisionError: integer division" in message
+    assert "\n" not in message
 
 
 def test_a_typo_in_metric_goals_is_refused_with_the_config(monkeypatch: pytest.MonkeyPatch) -> None:

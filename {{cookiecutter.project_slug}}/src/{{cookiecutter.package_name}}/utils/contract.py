@@ -36,6 +36,10 @@ def check_contract(task: ModuleType) -> None:
             f"task.py's Config is {'missing' if config is None else repr(config)}: the contract wants a "
             "dataclass `Config(TrainConfig)`, TrainConfig's fields plus the task's"
         )
+    if "__dataclass_fields__" not in vars(config):  # inherited only: its own fields would be plain attributes
+        raise ConfigError(
+            "task.py's Config is not a dataclass: put @dataclass on the line above `class Config(...)`"
+        )
     for name, arguments in [*FUNCTIONS.items(), *OPTIONAL.items()]:
         call = f"{name}({', '.join(arguments)})"
         function = getattr(task, name, None)

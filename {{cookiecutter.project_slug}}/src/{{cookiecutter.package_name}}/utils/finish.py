@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from ..launch import report_outcome
 from .checkpoint import export_model
 from .loop import Bookkeeping, diverged_message, evaluate, track_best
-from .plots import plot_metrics
+from .plots import best_step, plot_metrics
 from .run_dir import RunError
 
 
@@ -106,10 +106,13 @@ def done(
     )
     # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
     export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
-    accelerator.print(
-        f"exported {output_dir / 'model'} (last step) and {output_dir / 'best_model'} "
-        f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
-    )
+    best = f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
+    exported = f"exported {output_dir / 'model'} (last step)"
+    # best_model/ may not have been brought in with the run (damaged in its copy: a warning at the start).
+    if best_step(output_dir) == state.best_step:
+        accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
+    else:
+        accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
     if accelerator.is_main_process:
         print(f"curves: {plot_metrics(output_dir)}")
         report_outcome("finished", book.start_step, state.step)

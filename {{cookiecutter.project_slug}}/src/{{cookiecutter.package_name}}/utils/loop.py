@@ -139,6 +139,7 @@ class Bookkeeping:
     def checkpoint(self, model: torch.nn.Module) -> None:
         """Save when due (checkpoint_every, the last step), for time, or before stopping."""
         state, config, accelerator = self.state, self.config, self.accelerator
+        self.persister.announce()  # the background save before, once published
         if self.end.diverged:
             return
         due = state.step % config.checkpoint_every == 0 or state.step == self.total_steps
@@ -152,14 +153,18 @@ class Bookkeeping:
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
-        history = {HISTORY_FILE: self.history.text(state.step, self.end.why())}
-        # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py.
-        path = self.persister.save(state, self.resumed_from, history)
-        self.history.save(config.output_dir, state.step, self.end.why())
+        step, why = state.step, self.end.why()
+        history = {HISTORY_FILE: self.history.text(step, why)}
+
+        def saved(path: Path) -> None:  # once published: what a kill from then on resumes from
+            self.history.save(config.output_dir, step, why)
+            self.progress.write(f"checkpoint: step {step} saved to {path}")
+
+        # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py. Published
+        # before finish() names it.
+        self.last_saved = self.persister.save(state, self.resumed_from, history, saved)
         # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
         self.clock.saved(saving, self.persister.last_seconds)
-        self.progress.write(f"checkpoint: step {state.step} saved to {path}")
-        self.last_saved = path  # published before finish() names it
 
 
 @dataclass

@@ -34,11 +34,13 @@ from .mirror_stores import FolderStore, MirrorError, RemoteStore
 from .persist import Worker
 from .remote import access_problem, is_url, load_secrets
 from .run_dir import FolderInUse, RunError
-from .runs import is_run_file
+from .runs import EXPORTS, is_run_file
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
 FINISH_TIMEOUT_S = 900.0
+# After SIGTERM (the platform wants the machine back), far less: the run is complete on its disk.
+STOP_WAIT_S = 20.0
 
 
 class Mirror:
@@ -107,15 +109,15 @@ class Mirror:
         if self.enabled:
             self._worker.wake()
 
-    def finish(self) -> None:
-        """Copy once more, wait for it (up to FINISH_TIMEOUT_S), say what the mirror holds, release it."""
+    def finish(self, wait_s: float = FINISH_TIMEOUT_S) -> None:
+        """Copy once more, wait for it (up to `wait_s`), say what the mirror holds, release it."""
         if self.store is None or not self._worker.started:
             if self._locked and self.store is not None:  # refused at start (it holds another run)
                 self.store.lock.release()
             return
-        if not self._worker.close(5.0):
-            _say(f"finishing the copy to {self.target} (waiting up to {FINISH_TIMEOUT_S / 60:.0f} min)")
-            self._worker.close(FINISH_TIMEOUT_S)
+        if not self._worker.close(min(5.0, wait_s)):
+            _say(f"finishing the copy to {self.target} (waiting up to {wait_s:.0f} s)")
+            self._worker.close(wait_s)
         newest = list_checkpoints(self.source)
         local = checkpoint_step(newest[-1]) if newest else -1
         behind = bool(self._failing) or self._worker.alive or self.newest_step < local
@@ -193,8 +195,9 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
 
 def _held(target: str, source: Path, step: int, local: int, behind: bool) -> str:
     """What the mirror holds at the end of the run (`step`), against output_dir's newest (`local`)."""
-    if not behind:
-        return f"{target} holds step {step} (verified), the metrics and the exports"
+    if not behind:  # the exports copied: the mirror's own that output_dir lacks are not vouched for
+        exports = [f"{name}/" for name in EXPORTS if (source / name).is_dir()]
+        return f"{target} holds step {step} (verified), " + ", ".join(["the metrics", *exports])
     held = f"step {step}" if step >= 0 else "none"
     return (
         f"WARNING: {target} is behind (newest verified checkpoint: {held}; output_dir: step {local}): the "

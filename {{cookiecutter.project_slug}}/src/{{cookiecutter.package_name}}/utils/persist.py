@@ -73,16 +73,22 @@ class Persister:
         self.staging = Staging()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._saved: Callable[[], None] | None = None  # says that the save in flight is published
         self.last_seconds = 0.0  # the last save, from staging to publish
 
-    def save(self, state: LoopState, protect: Path | None, files: dict[str, str]) -> Path:
-        """Save on every process (all call it at the same step); return the checkpoint's final path."""
+    def save(
+        self, state: LoopState, protect: Path | None, files: dict[str, str], saved: Callable[[Path], None]
+    ) -> Path:
+        """Save on every process (all call it at the same step); return the checkpoint's final path.
+        `saved(path)` runs on the loop's thread once it is published: at once, or at a later `announce`
+        or `wait` (in the background)."""
         self.background = self.background and stageable(self.accelerator)
         if not self.background:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
             self.last_seconds = time.monotonic() - started
             self.published()
+            saved(final)
             return final
         accelerator = self.accelerator
         self.wait()  # at most one save in flight
@@ -102,15 +108,25 @@ class Persister:
             job = (staged, snapshot, protect, dict(files), staging, final, _meta(accelerator))
             self._thread = threading.Thread(target=self._persist, args=job, name="checkpoint", daemon=False)
             self._thread.start()
+        self._saved = lambda: saved(final)
         return final
+
+    def announce(self) -> None:
+        """Called by the loop at every step: once the save in flight is published, `saved` says so. A failed
+        one is left to `wait`, which every process calls at the same step."""
+        if (self._thread is None or not self._thread.is_alive()) and self._error is None:  # in this order
+            self.wait()
 
     def wait(self) -> None:
         """Until the save in flight is published (every process calls it; only the main one waits); raise
-        its error, if it failed."""
+        its error, if it failed, else say it is saved."""
         self.join()
+        saved, self._saved = self._saved, None
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+        if saved is not None:
+            saved()
 
     def join(self) -> None:
         """Until the save in flight is done, published or failed (at the end of the process, a crash too)."""

@@ -8,8 +8,8 @@ the contract wants. An exception raised inside a task function is one line too: 
 exception and the line of the project's code it came from.
 
 Every run does this before anything is written (a fraction of a second for the presets: one more
-`build_model`), `predict_inputs` and `predict` aside; after editing task.py, `python train.py --check_task`
-checks all of it alone.
+`build_model`; the language model's `predict` writes text for a second), `predict` on one input of
+`predict_inputs`; after editing task.py, `python train.py --check_task` checks all of it alone, on two.
 """
 
 from __future__ import annotations
@@ -38,18 +38,17 @@ class TaskError(ConfigError):
 
 
 def check_task(
-    config: TrainConfig, train_set: Dataset, eval_set: Dataset, predict: bool = False
+    config: TrainConfig, train_set: Dataset, eval_set: Dataset, predict_inputs: int = 1
 ) -> list[str]:
     """Run task.py's functions on a few samples; raise TaskError on a breach, return warnings to print.
 
-    `predict`: also `predict_inputs` and `predict`, which training does not use (the language model's
-    `predict` writes text for seconds): `--check_task` checks them, a training run does not.
+    `predict_inputs`: how many of them `predict` gets. Training does not use it, but a wrong return found
+    now is not found by predict.py after the whole run.
     The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check.
     """
     with _kept_random_state():
-        warnings = _check_training(config, train_set, eval_set)
-        if predict:
-            _check_predict(config)
+        warnings, model = _check_training(config, train_set, eval_set)
+        _check_predict(config, model.eval(), predict_inputs)
         return warnings
 
 
@@ -82,7 +81,9 @@ def _check_sets(train_set: Dataset, eval_set: Dataset) -> None:
             )
 
 
-def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) -> list[str]:
+def _check_training(
+    config: TrainConfig, train_set: Dataset, eval_set: Dataset
+) -> tuple[list[str], torch.nn.Module]:
     _check_sets(train_set, eval_set)
     warnings = [hidden] if (hidden := _hidden_set_epoch(train_set)) else []
     train_batch = _first_batch(train_set, "training")
@@ -159,21 +160,24 @@ def _check_training(config: TrainConfig, train_set: Dataset, eval_set: Dataset) 
             f"metrics(values, config) returned {sorted(results)}, without {missing}, which METRIC_GOALS "
             "names (best_metric is one of them): return every metric of METRIC_GOALS, or remove it there"
         )
-    return warnings
+    return warnings, model
 
 
-def _check_predict(config: TrainConfig) -> None:
-    model = task.build_model(config).eval()
+def _check_predict(config: TrainConfig, model: torch.nn.Module, samples: int) -> None:
     inputs = _call("predict_inputs(config, None)", task.predict_inputs, config, None)
     if not (hasattr(inputs, "__len__") and hasattr(inputs, "__getitem__")) or len(inputs) == 0:
         raise TaskError(
             f"predict_inputs(config, None) returned {_describe(inputs)}: the contract wants the eval split, "
             "a map-style dataset that is not empty"
         )
-    count = min(SAMPLES, len(inputs))
+    count = min(samples, len(inputs))
     batch = _call("collate(items of predict_inputs)", task.collate, [inputs[i] for i in range(count)])
     with torch.no_grad():
-        predicted = _call("predict(model, batch, config)", task.predict, model, batch, config)
+        check_rows(_call("predict(model, batch, config)", task.predict, model, batch, config), count)
+
+
+def check_rows(predicted: Any, count: int) -> None:
+    """What `predict` returned for a batch of `count` inputs: a list of `count` rows, or a TaskError."""
     if not isinstance(predicted, list) or len(predicted) != count:
         raise TaskError(
             f"predict(model, batch, config) returned {_describe(predicted)} for a batch of {count} inputs: "
@@ -357,7 +361,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
         started = time.monotonic()
         train_set, eval_set = build_datasets(config)
         built = time.monotonic()
-        warnings = check_task(config, train_set, eval_set, predict=True)
+        warnings = check_task(config, train_set, eval_set, predict_inputs=SAMPLES)
     except ConfigError as error:
         if isinstance(error, TaskError) and error.__cause__ is not None:
             traceback.print_exception(error.__cause__)

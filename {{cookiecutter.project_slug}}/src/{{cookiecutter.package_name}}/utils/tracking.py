@@ -6,6 +6,9 @@ from __future__ import annotations
 {% endif %}import errno
 import importlib.util
 import json
+{%- if cookiecutter.tracker == "mlflow" %}
+import logging
+{%- endif %}
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 import os
 {%- endif %}
@@ -305,6 +308,9 @@ def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopStat
         for name in MLFLOW_SECRETS:
             if source := load_secret(name):
                 accelerator.print(f"mlflow: {name} from {source}")
+        # MLflow logs a database error with its traceback, then raises it: the raise is what the run reports
+        # (a full disk: one line, NamesAFullDisk), so the logged copy is dropped.
+        logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: record.levelno < logging.ERROR)
         kwargs = {"run_id": state.tracker_run_id or None}  # the same run, each step once: log_each_step_once
         # A SQLite file in the output folder unless MLFLOW_TRACKING_URI points at a server: what MLflow
         # recommends for local use (its file store is in maintenance mode), and what `mlflow ui` opens.

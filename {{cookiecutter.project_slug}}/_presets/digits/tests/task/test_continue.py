@@ -184,6 +184,24 @@ def test_a_damaged_export_in_a_copy_is_named_and_not_brought_in(
         assert export_problem(output_dir / export) is None
 
 
+def test_a_done_run_whose_damaged_best_model_was_left_out_claims_none_at_the_end(
+    single_run: tuple, tmp_path: Path
+) -> None:
+    """The mirror of a run that is done holds a best_model/ with a flipped bit: the session continued from it
+    evaluates nothing new, so no best_model/ exists, and neither the export line nor the mirror's line
+    claims one."""
+    mirror = tmp_path / "drive" / "run"
+    shutil.copytree(single_run[0], mirror)
+    damage(mirror / "best_model" / "model.safetensors", "flipped")
+    output_dir = tmp_path / "content" / "run"
+    result = run_training(output_dir, *QUICK, "--mirror_dir", str(mirror))
+    assert f"WARNING: not bringing in best_model/ of {mirror}" in result.stdout, result.stdout[-3000:]
+    assert not (output_dir / "best_model").exists()
+    (exported,) = [line for line in result.stdout.splitlines() if line.startswith("exported ")]
+    assert exported.startswith(f"exported {output_dir / 'model'} (last step); no best_model/ of"), exported
+    assert f"mirror: {mirror} holds step 88 (verified), the metrics, model/\n" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("file", "why"),
     [
@@ -292,7 +310,7 @@ def test_mirror_failing_mid_run_reports_once_retries_and_catches_up(
     mirror.finish()
     seen.extend(capsys.readouterr().out.splitlines())
     assert sum("WARNING: cannot copy" in line for line in seen) == 1, seen
-    assert f"mirror: {target} holds step 40 (verified), the metrics and the exports" in seen
+    assert f"mirror: {target} holds step 40 (verified), the metrics, model/, best_model/" in seen
     assert [path.name for path in list_checkpoints(target)] == ["step_00000020", "step_00000040"]
     assert all(checkpoint_problem(path) is None for path in list_checkpoints(target))
     assert (target / "metrics.jsonl").read_bytes() == (local / "metrics.jsonl").read_bytes()

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.mirror import open_mirror
+from {{ cookiecutter.package_name }}.utils.mirror import STOP_WAIT_S, open_mirror
 from {{ cookiecutter.package_name }}.utils.remote import export_secrets, open_store
 from {{ cookiecutter.package_name }}.utils.run_dir import FolderInUse, RemoteLease, RunError
 
@@ -281,11 +281,31 @@ def test_a_kill_in_the_middle_of_an_upload_is_skipped_and_named(
     assert f"mirror: note: s3://{bucket}/run was left by a session that is gone" in result.stdout
     assert_same_run(output_dir, single_run[0])
     mirror_lines = [line for line in result.stdout.splitlines() if line.startswith("mirror: ")]
-    end = f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics and the exports"
+    end = f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics, model/, best_model/"
     assert end in mirror_lines, "\n".join(mirror_lines)
     # The cut-off copy is kept for a person to look at: in place, or set aside if it was published again.
     kept_aside = re.compile(rf"run/(set_aside/[^/]+/)?checkpoints/{cut}/")
     assert any(kept_aside.match(key) for key in s3.objects(bucket))
+
+
+def test_a_sigterm_while_the_store_stops_answering_exits_soon_in_one_line(s3: S3, tmp_path: Path) -> None:
+    """The S3 server stops answering mid-run (every request after that is left unanswered), then SIGTERM:
+    the session exits 75 within STOP_WAIT_S and some seconds, no traceback, the mirror named behind."""
+    bucket = s3.bucket("silent")
+    output_dir = tmp_path / "run"
+    process = start_training(output_dir, s3.env, *QUICK, "--mirror_dir", f"s3://{bucket}/run")
+    try:
+        wait_for_training(output_dir, process, time.time() - 60, step=25)
+        s3.relay.hold(lambda line, earlier: True)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        out, err = process.communicate(timeout=600)
+        took = time.monotonic() - signalled
+    finally:
+        s3.relay.hold(None)
+    assert process.returncode == 75 and "Traceback" not in err, out[-2000:] + err[-3000:]
+    assert took < STOP_WAIT_S + 30, (took, out[-2000:])
+    assert f"mirror: WARNING: s3://{bucket}/run is behind" in out, out[-2000:]
 
 
 def wait_for(output: pytest.CaptureFixture[str], text: str, seen: list[str]) -> None:
@@ -335,7 +355,7 @@ def test_an_outage_is_reported_once_and_the_mirror_catches_up(
     mirror.finish()
     seen.extend(capsys.readouterr().out.splitlines())
     assert sum("WARNING: cannot copy" in line for line in seen) == 1, seen
-    assert f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics and the exports" in seen
+    assert f"mirror: s3://{bucket}/run holds step 88 (verified), the metrics, model/, best_model/" in seen
     stored = s3.objects(bucket)
     assert {key.split("/")[2] for key in stored if key.startswith("run/checkpoints/")} == {
         "step_00000080",

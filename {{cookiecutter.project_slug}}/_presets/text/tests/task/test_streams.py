@@ -23,6 +23,7 @@ import csv
 import hashlib
 import itertools
 import json
+import os
 import pickle
 import random
 import shutil
@@ -138,6 +139,30 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     epochs = {row["train/epoch"] for row in rows}
     assert saved.epoch + 1 in epochs, epochs  # the resumed run went through an epoch boundary
     assert framework_warnings(resumed) == []  # datasets' warning about a shuffle buffer, among others
+    assert_same_run(output_dir, reference)
+
+
+@pytest.mark.slow
+def test_a_loader_worker_killed_is_one_line_and_the_rerun_resumes_bitwise(
+    jsonl_files: str, reference: Path, tmp_path: Path
+) -> None:
+    """A stream's loader worker killed with SIGKILL (as the kernel's out-of-memory killer does) after a
+    checkpoint: train.py ends with one line that says so and how to go on, no traceback; the rerun ends
+    bitwise equal to a run never stopped."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, "--data_files", jsonl_files, *STEPS)
+    started = time.time()
+    process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for_training(output_dir, process, since=started, step=6)
+    wait_for_checkpoint(output_dir, process)
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    assert children, "no loader worker to kill"
+    os.kill(int(children[0]), signal.SIGKILL)
+    err = process.communicate(timeout=120)[1].decode()
+    assert process.returncode == 1 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: DataLoader worker (pid") and "rerun the same command" in last, last
+    run_training(output_dir, "--data_files", jsonl_files, *STEPS)
     assert_same_run(output_dir, reference)
 
 
