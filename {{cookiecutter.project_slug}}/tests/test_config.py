@@ -16,12 +16,14 @@ import yaml
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import (
     ConfigError,
+    TrainConfig,
     field_help,
     gradient_accumulation_steps,
     load_config,
 )
 
 from .conftest import PROJECT
+from .task_settings import QUICK, SIGNAL_RUN
 
 BEST = task.Config().best_metric
 
@@ -245,3 +247,10 @@ def test_resolved_config_round_trips(single_run: tuple) -> None:
     config, _ = load_config(["--config", str(output_dir / "config.yaml")], Path("unused"), task.Config)
     assert saved["output_dir"] == str(output_dir)
     assert dataclasses.asdict(config) == saved
+
+
+def test_the_short_runs_of_the_generic_tests_set_only_train_config_fields() -> None:
+    """QUICK and SIGNAL_RUN are sized by the fields every task has (steps, epochs, logging, checkpoints): a
+    task.py of a user's own, whose fields are named otherwise, runs the generic suite with them."""
+    flags = {arg.removeprefix("--") for arg in [*QUICK, *SIGNAL_RUN] if arg.startswith("--")}
+    assert flags - {field.name for field in dataclasses.fields(TrainConfig)} == set()
