@@ -254,3 +254,20 @@ def test_the_short_runs_of_the_generic_tests_set_only_train_config_fields() -> N
     task.py of a user's own, whose fields are named otherwise, runs the generic suite with them."""
     flags = {arg.removeprefix("--") for arg in [*QUICK, *SIGNAL_RUN] if arg.startswith("--")}
     assert flags - {field.name for field in dataclasses.fields(TrainConfig)} == set()
+
+
+def test_a_best_metric_spelled_in_another_case_points_at_the_metric_goals_key(tmp_path: Path) -> None:
+    """METRIC_GOALS's 'eval/MAE' against best_metric 'eval/mae': the one line names both spellings, not the
+    other metric that difflib finds closer."""
+
+    @dataclasses.dataclass
+    class Forecast(task.Config):
+        METRIC_GOALS: typing.ClassVar[dict[str, str]] = {"eval/MAE": "min", "eval/rmse": "min"}
+        best_metric: str = "eval/mae"
+
+    with pytest.raises(ConfigError) as error:
+        load_config([], write(tmp_path, ""), Forecast)
+    assert str(error.value) == (
+        "default: best_metric='eval/mae' is not one of ['eval/MAE', 'eval/rmse']: task.py's METRIC_GOALS "
+        "spells it 'eval/MAE'; use the name metrics() returns in both"
+    )

@@ -70,6 +70,11 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         lambda model, batch: {name: v.sum() for name, v in original_eval_step(model, batch).items()},
         "for a batch of 2 samples: the contract wants one value per sample, a tensor of shape [2]",
     ),
+    "an eval_step value with 4 columns": (
+        "eval_step",
+        lambda model, batch: {name: v[:, None].repeat(1, 4) for name, v in original_eval_step(model, batch).items()},
+        "a tensor of shape [2]; return one name per column (",
+    ),
     "metrics without best_metric": (
         "metrics",
         lambda values, config: {
