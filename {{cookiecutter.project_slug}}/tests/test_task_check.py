@@ -72,7 +72,9 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
     ),
     "an eval_step value with 4 columns": (
         "eval_step",
-        lambda model, batch: {name: v[:, None].repeat(1, 4) for name, v in original_eval_step(model, batch).items()},
+        lambda model, batch: {
+            name: value[:, None].repeat(1, 4) for name, value in original_eval_step(model, batch).items()
+        },
         "a tensor of shape [2]; return one name per column (",
     ),
     "metrics without best_metric": (

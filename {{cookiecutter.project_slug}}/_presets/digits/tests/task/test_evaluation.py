@@ -40,9 +40,11 @@ def test_two_processes_evaluate_exactly_like_one_on_an_odd_eval_set(
     shapes = {}
     for name, processes in (("one", 1), ("two", 2)):
         monkeypatch.setenv("EVAL_SHAPES", str(tmp_path / f"{name}.shapes"))
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EVAL_SHAPES_HOOK), os.environ.get("PYTHONPATH", "")]))
+        hooked = os.pathsep.join([str(EVAL_SHAPES_HOOK), os.environ.get("PYTHONPATH", "")])
+        monkeypatch.setenv("PYTHONPATH", hooked)
         run_training(tmp_path / name, *args, processes=processes)
-        shapes[name] = {line for path in tmp_path.glob(f"{name}.shapes.*") for line in path.read_text().split()}
+        recorded = [path.read_text().split() for path in tmp_path.glob(f"{name}.shapes.*")]
+        shapes[name] = {line for lines in recorded for line in lines}
     # Every eval batch has one shape on any process count (the last one filled up, its fill not counted),
     # so the equality below holds on any CPU, not only where no kernel rounds another shape otherwise
     # (the batch of 2 is the task check's, before training).
