@@ -2,8 +2,9 @@
 ipykernel), as a user runs them, on the default render.
 
 Stood in for, and only these, since the platforms themselves provide them:
-- the /content and /kaggle roots: links to temporary folders, made for these tests where no such path
-  exists (root is needed to make them: CI runs as root) and removed afterwards;
+- the /content and /kaggle roots: links to temporary folders, seen only by these tests and the kernels they
+  start: the tests run in a private mount namespace whose root is the machine's, folder for folder, with
+  the two links added (root is needed: CI runs as root); nothing is written at the machine's root;
 - the platform's variable in the kernel's environment: COLAB_RELEASE_TAG, or KAGGLE_KERNEL_RUN_TYPE;
 - Colab: `google.colab` (tests/platform_standins/: `drive.mount` makes /content/drive/MyDrive a plain folder,
   which a new session keeps as Drive does; `userdata` has no secrets). The project is uploaded to
@@ -20,7 +21,8 @@ that cell runs only its `else` branch here (its magics are still parsed).
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import contextlib
+import ctypes
 import os
 import re
 import shutil
@@ -43,7 +45,7 @@ from nbclient.exceptions import CellExecutionError
 
 from .conftest import DEFAULT_SLUG, Render, explain, run, tool
 
-# One xdist worker for all of them: they make the machine's /content and /kaggle links.
+# One xdist worker for all of them: they share one private view of /content and /kaggle.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform_roots")]
 
 PLATFORMS = ("colab", "kaggle")
@@ -56,54 +58,87 @@ INTERRUPT_AFTER = "checkpoint: step 30 saved"
 STOP_STEP, LAST_STEP = 100, 200
 CELL_TIMEOUT_S = 300
 KAGGLE_NOTEBOOK = "train-digits"  # the notebook's slug on Kaggle: its output is attached under this name
-# Held while /content and /kaggle are ours: two runs of these tests on one machine take turns.
-LOCK = Path(tempfile.gettempdir()) / "notebook-tests-platform-roots.lock"
-# In each folder the links point to: a link to a folder holding it was made by these tests.
-MARK = ".made-by-notebook-tests"
+# Linux's unshare(2), mount(2) and setns(2) flags.
+CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x1000, 0x4000, 0x40000
+
+
+@contextlib.contextmanager
+def private_root(links: dict[str, Path], scratch: Path) -> Iterator[Path]:
+    """This thread, and the processes it starts, see a root with the machine's folders and files bound in
+    and `links` added (name -> target), in a mount namespace of their own; the machine's root is left as
+    it is, and yielded (a path through /proc that reaches it). Back to the machine's namespace and root at
+    the end."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"{what}: {os.strerror(error)}")
+
+    machine_namespace, machine_root = os.open("/proc/self/ns/mnt", os.O_RDONLY), os.open("/", os.O_RDONLY)
+    cwd = os.getcwd()
+    try:
+        check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        try:
+            check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+            check(libc.mount(b"tmpfs", str(scratch).encode(), b"tmpfs", 0, None), f"a tmpfs on {scratch}")
+            for entry in Path("/").iterdir():
+                bound = scratch / entry.name
+                if entry.is_symlink():
+                    bound.symlink_to(os.readlink(entry))
+                    continue
+                bound.mkdir() if entry.is_dir() else bound.touch()
+                flags = MS_BIND | (MS_REC if entry.is_dir() else 0)
+                check(
+                    libc.mount(str(entry).encode(), str(bound).encode(), None, flags, None), f"bind {entry}"
+                )
+            for name, target in links.items():
+                (scratch / name).symlink_to(target)
+            os.chroot(scratch)
+            os.chdir(cwd)
+            yield Path(f"/proc/self/fd/{machine_root}")
+        finally:
+            os.fchdir(machine_root)
+            os.chroot(".")
+            check(libc.setns(machine_namespace, CLONE_NEWNS), "setns back to the machine's mount namespace")
+            os.chdir(cwd)
+    finally:
+        os.close(machine_namespace)
+        os.close(machine_root)
 
 
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """/content and /kaggle, links to empty temporary folders for this module; the folders, by name."""
+    """/content and /kaggle, links to empty temporary folders that only these tests see; the folders, by
+    name, and "machine": the machine's own root."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a private /content and /kaggle need Linux's mount namespaces")
     base = tmp_path_factory.mktemp("platform-roots")
-    with LOCK.open("a") as lock:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.skip(f"another run of these tests has held {LOCK} for 10 minutes")
-                time.sleep(1)
-        made: list[Path] = []
+    folders = {name: base / name for name in ("content", "kaggle")}
+    for folder in folders.values():
+        folder.mkdir()
+    (base / "root").mkdir()
+    with contextlib.ExitStack() as stack:
         try:
-            for name in ("content", "kaggle"):
-                link, folder = Path("/") / name, base / name
-                folder.mkdir()
-                (folder / MARK).touch()
-                # A link of ours that is still here was left by a run that was killed (no run holds the
-                # lock): replace it. Anything else is not ours to touch.
-                if link.is_symlink() and (not link.exists() or (link / MARK).exists()):
-                    link.unlink()
-                if link.exists() or link.is_symlink():
-                    pytest.skip(f"{link} exists and was not made by these tests: left as it is")
-                try:
-                    link.symlink_to(folder)
-                except OSError as error:
-                    pytest.skip(f"cannot make {link} a link to a temporary folder ({error}): root is needed")
-                made.append(link)
-            yield {"content": base / "content", "kaggle": base / "kaggle"}
-        finally:
-            for link in made:
-                link.unlink()
+            machine = stack.enter_context(private_root(folders, base / "root"))
+        except OSError as error:
+            pytest.skip(f"cannot give these tests a private /content and /kaggle ({error}): root is needed")
+        assert Path("/content").resolve() == folders["content"], "the private root is not in effect"
+        yield {**folders, "machine": machine}
+
+
+def test_the_machines_root_is_left_as_it_is(roots: dict[str, Path]) -> None:
+    """The links are in these tests' own view: the machine's root has no link of theirs."""
+    for name in ("content", "kaggle"):
+        assert Path(f"/{name}").resolve() == roots[name]
+        made = roots["machine"] / name
+        assert not (made.is_symlink() and os.readlink(made) == str(roots[name])), f"/{name} was made"
 
 
 def clear(root: Path) -> None:
     """Empty a platform root, as a new session finds it."""
     for child in root.iterdir():
-        if child.name != MARK:
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
 def upload(project: Path, destination: Path) -> None:

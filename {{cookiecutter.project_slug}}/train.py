@@ -314,9 +314,14 @@ def build_loaders(
             pin_memory=pin_memory,
             generator=torch.Generator().manual_seed(config.seed),
         )
+    # The last eval batch is filled up from the set's start, as Accelerate fills it on N processes, and
+    # gather_for_metrics drops the fill: eval_step sees the same batches on any process count, so no
+    # kernel computes a sample inside a batch of another shape (which may round it otherwise).
+    fill = -len(eval_set) % config.per_device_batch_size
     eval_loader = DataLoader(
         eval_set,
         batch_size=config.per_device_batch_size,
+        sampler=[*range(len(eval_set)), *(i % len(eval_set) for i in range(fill))],
         collate_fn=task.collate,
         num_workers=loader_workers(config, streamed=False),
         worker_init_fn=ignore_stop_signals,

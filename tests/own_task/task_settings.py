@@ -1,7 +1,5 @@
 """What the task-independent tests run for tests/own_task/task.py (see its docstring)."""
 
-import torch
-
 # 2 epochs of 24 optimizer steps (1,536 training rows // 64): a second or two of training.
 QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"]
 
@@ -11,7 +9,3 @@ SIGNAL_RUN = ["--num_epochs", "20", "--log_every", "5", "--checkpoint_every", "1
 
 # No dropout: nothing in training draws random numbers that differ between processes.
 SAME_ON_EVERY_PROCESS: list[str] = []
-
-# A regression head: a row's prediction may round differently in a batch of another size (the last,
-# uneven eval batch of 2 processes), so 1 and 2 processes agree to float32's rounding, not bit for bit.
-EVAL_ROUNDING_DTYPE = torch.float32

@@ -16,12 +16,14 @@ import yaml
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import (
     ConfigError,
+    TrainConfig,
     field_help,
     gradient_accumulation_steps,
     load_config,
 )
 
 from .conftest import PROJECT
+from .task_settings import QUICK, SIGNAL_RUN
 
 BEST = task.Config().best_metric
 
@@ -245,3 +247,27 @@ def test_resolved_config_round_trips(single_run: tuple) -> None:
     config, _ = load_config(["--config", str(output_dir / "config.yaml")], Path("unused"), task.Config)
     assert saved["output_dir"] == str(output_dir)
     assert dataclasses.asdict(config) == saved
+
+
+def test_the_short_runs_of_the_generic_tests_set_only_train_config_fields() -> None:
+    """QUICK and SIGNAL_RUN are sized by the fields every task has (steps, epochs, logging, checkpoints): a
+    task.py of a user's own, whose fields are named otherwise, runs the generic suite with them."""
+    flags = {arg.removeprefix("--") for arg in [*QUICK, *SIGNAL_RUN] if arg.startswith("--")}
+    assert flags - {field.name for field in dataclasses.fields(TrainConfig)} == set()
+
+
+def test_a_best_metric_spelled_in_another_case_points_at_the_metric_goals_key(tmp_path: Path) -> None:
+    """METRIC_GOALS's 'eval/MAE' against best_metric 'eval/mae': the one line names both spellings, not the
+    other metric that difflib finds closer."""
+
+    @dataclasses.dataclass
+    class Forecast(task.Config):
+        METRIC_GOALS: typing.ClassVar[dict[str, str]] = {"eval/MAE": "min", "eval/rmse": "min"}
+        best_metric: str = "eval/mae"
+
+    with pytest.raises(ConfigError) as error:
+        load_config([], write(tmp_path, ""), Forecast)
+    assert str(error.value) == (
+        "default: best_metric='eval/mae' is not one of ['eval/MAE', 'eval/rmse']: task.py's METRIC_GOALS "
+        "spells it 'eval/MAE'; use the name metrics() returns in both"
+    )

@@ -10,14 +10,23 @@ checkpoint's (the refusals themselves: the text preset's test_streams.py and the
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint, first_difference, plain_state
+from {{ cookiecutter.package_name }}.utils.fingerprint import (
+    DataFingerprint,
+    data_fingerprint,
+    first_difference,
+    plain_state,
+)
+from {{ cookiecutter.package_name }}.utils.run_dir import RunError
+from {{ cookiecutter.package_name }}.utils.start import check_data
 
 
 class Texts(Dataset):
@@ -93,3 +102,21 @@ def test_files_are_named_when_changed_added_or_removed_and_not_by_their_folder(t
     (tmp_path / "b" / "dog" / "2.png").unlink()
     (tmp_path / "b" / "dog" / "1.png").unlink()  # dog/3.png stays: the files still share the folder b/
     assert first_difference(saved, fingerprint(tmp_path / "b")).startswith("train dog/1.png was removed")
+
+
+def test_samples_built_in_memory_that_changed_name_the_files_the_config_reads(tmp_path: Path) -> None:
+    """A task that reads a CSV into tensors is fingerprinted by its samples: the refusal names the files
+    its config points at (where the change comes from), not only "eval samples"."""
+    series = tmp_path / "series.csv"
+    series.write_text("t,value\n0,1.5\n")
+
+    @dataclasses.dataclass
+    class Forecast(task.Config):
+        series_csv: str = str(series)
+
+    saved = {"train samples": "50 samples, xxh3 aa", "eval samples": "2 samples, xxh3 bb"}
+    now = DataFingerprint({**saved, "eval samples": "2 samples, xxh3 cc"})
+    with pytest.raises(RunError, match="trained on other data") as error:
+        check_data(tmp_path / "step_2", Forecast(), now, saved)
+    differs = "eval samples differs (2 samples, xxh3 bb before, 2 samples, xxh3 cc now)"
+    assert f"{differs}, built from series_csv={series}. Nothing was changed" in str(error.value)

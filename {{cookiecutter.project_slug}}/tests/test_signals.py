@@ -6,8 +6,10 @@ without the interpreter teardown that gloo's threads can abort."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,6 +45,43 @@ def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str
     assert result.stdout.split() == ["0", "True"]  # the worker ignored it; the process recorded it
     line = "SIGUSR1 received: finishing the current step, then saving a checkpoint"
     assert result.stderr.splitlines() == ([] if rank == "1" else [line])
+
+
+# Installs the handler, says so, and waits to be signalled.
+WAITS = """
+import time
+from {{ cookiecutter.package_name }}.utils.signals import StopRequest
+
+stop = StopRequest()
+print("ready", flush=True)
+time.sleep(4)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="process groups and os.killpg are POSIX only")
+def test_one_stop_button_press_that_reaches_training_twice_is_said_once() -> None:
+    """Kaggle's stop button: Jupyter sends SIGINT to the kernel's process group, training included, and the
+    kernel's relay (notebook.py) sends training another a moment later. One press, one line; a press a
+    second later is said as a repeat."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", WAITS],
+        cwd=PROJECT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as the kernel's is
+    )
+    assert process.stdout.readline() == "ready\n"
+    os.killpg(process.pid, signal.SIGINT)  # Jupyter's interrupt
+    time.sleep(0.05)
+    process.send_signal(signal.SIGINT)  # the relay's
+    time.sleep(1.5)
+    process.send_signal(signal.SIGINT)  # a second press
+    _, stderr = process.communicate(timeout=60)
+    assert stderr.splitlines() == [
+        "SIGINT received: finishing the current step, then saving a checkpoint",
+        "SIGINT received again: already stopping (kill -9 is safe too)",
+    ]
 
 
 # A tracker that captures the console (wandb does) replaces sys.stderr with a writer that holds a lock,

@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_confi
 from {{ cookiecutter.package_name }}.utils.contract import check_contract
 from {{ cookiecutter.package_name }}.utils.task_check import TaskError, build_datasets, check_task
 
-from .conftest import PROJECT, training_command
+from .conftest import PROJECT, framework_warnings, training_command
 from .task_settings import QUICK
 
 
@@ -70,6 +70,13 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         "eval_step",
         lambda model, batch: {name: v.sum() for name, v in original_eval_step(model, batch).items()},
         "for a batch of 2 samples: the contract wants one value per sample, a tensor of shape [2]",
+    ),
+    "an eval_step value with 4 columns": (
+        "eval_step",
+        lambda model, batch: {
+            name: value[:, None].repeat(1, 4) for name, value in original_eval_step(model, batch).items()
+        },
+        "a tensor of shape [2]; return one name per column (",
     ),
     "metrics without best_metric": (
         "metrics",
@@ -214,10 +221,11 @@ class Augmented(Dataset):
 
 
 def test_a_wrapper_that_hides_set_epoch_is_warned_about(setup: tuple) -> None:
-    config, train_set, eval_set = setup
-    (warning,) = check_task(config, Subset(Augmented(train_set), range(64)), eval_set)
+    """Wrapped around the eval set, which has a length and an index whatever the train set is (a stream)."""
+    config, _, eval_set = setup
+    (warning,) = check_task(config, Subset(Augmented(eval_set), range(len(eval_set))), eval_set)
     assert warning.startswith("the train set, a Subset, wraps a Augmented that has set_epoch")
-    assert check_task(config, Augmented(train_set), eval_set) == []
+    assert check_task(config, Augmented(eval_set), eval_set) == []
 
 
 @pytest.mark.slow
@@ -274,3 +282,21 @@ def test_a_setting_kept_on_the_model_trains_on_two_processes(tmp_path: Path) -> 
     result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "world size 2" in result.stdout and "done: 4 optimizer steps" in result.stdout
+
+
+def test_a_task_that_calls_peft_itself_prints_no_library_warning() -> None:
+    """peft warns that transformers 5 renamed a name it reads: not the user's to fix, so a task.py of a
+    user's own that makes a LoRA model gets no warning in its run (the generic tests count them)."""
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    own_task = (
+        "from {{ cookiecutter.package_name }} import task\n"  # imported first, as train.py imports it
+        "import peft, transformers\n"
+        "config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,\n"
+        "    num_attention_heads=2, intermediate_size=32)\n"
+        "model = transformers.BertForSequenceClassification(config)\n"
+        "peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=['query', 'value']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", own_task], cwd=PROJECT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert framework_warnings(result) == []

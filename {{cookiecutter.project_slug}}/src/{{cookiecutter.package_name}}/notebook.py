@@ -57,8 +57,8 @@ def run_training(platform: str, *args: str) -> int:
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1:
-            # Jupyter may have signalled the kernel's whole process group, training included; then this
-            # second SIGINT is noted as a repeat and changes nothing.
+            # Jupyter may have signalled the kernel's whole process group, training included; then
+            # training takes this second SIGINT, so close behind, for the same press (utils/signals.py).
             process.send_signal(signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, interrupt)

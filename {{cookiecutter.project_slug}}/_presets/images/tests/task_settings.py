@@ -16,10 +16,6 @@ SIGNAL_RUN = ["--num_epochs", "12", "--log_every", "2", "--checkpoint_every", "1
 # Dropout draws different masks on each process: off where 1 and 2 processes are compared.
 SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
 
-# None: 1 vs 2 processes (dropout 0, one thread each) end at exactly the same eval metrics, not
-# merely to rounding.
-EVAL_ROUNDING_DTYPE = None
-
 # Fine-tuning (tests/task/test_fine_tuning.py): a pretrained model stood in for by a tiny ViT with random
 # weights (32-pixel images in 8-pixel patches) and its image processor, saved as a download is
 # (save_pretrained); a run of 24 optimizer steps with dropout on and a checkpoint every 10, long enough for

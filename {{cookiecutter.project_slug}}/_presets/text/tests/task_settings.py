@@ -18,11 +18,6 @@ SIGNAL_RUN = ["--num_epochs", "5", "--log_every", "5", "--checkpoint_every", "20
 # Dropout draws different masks on each process: off where 1 and 2 processes are compared.
 SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
 
-# None: 1 vs 2 processes (dropout 0, one thread each) end at exactly the same eval metrics, not
-# merely to rounding: `loss` drops the padding columns a micro-batch keeps from its longer batch, so
-# both compute on the same shapes.
-EVAL_ROUNDING_DTYPE = None
-
 # Fine-tuning (tests/task/test_fine_tuning.py): a pretrained model stood in for by the tiny BERT with random
 # weights and the word-level tokenizer, saved as a download is (save_pretrained); a run of 30 optimizer
 # steps with dropout on and a checkpoint every 10, long enough for a signal to land mid-run.

@@ -362,6 +362,8 @@ def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
     if config.best_metric not in config.METRIC_GOALS:
         where = sources.get("best_metric", "default")
         hint = _nearest(config.best_metric, config.METRIC_GOALS)
+        if same := [name for name in config.METRIC_GOALS if name.lower() == config.best_metric.lower()]:
+            hint = f": task.py's METRIC_GOALS spells it {same[0]!r}; use the name metrics() returns in both"
         raise ConfigError(
             f"{where}: best_metric={config.best_metric!r} is not one of {list(config.METRIC_GOALS)}{hint}"
         )

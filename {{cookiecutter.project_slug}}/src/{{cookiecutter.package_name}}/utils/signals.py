@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import NoReturn
 
@@ -23,6 +24,10 @@ from .devices import main_process_of_launch
 # Exit status of a run that stopped on a signal after saving a checkpoint: rerun the same command
 # to continue. 75 is EX_TEMPFAIL ("try again later").
 EXIT_STOPPED = 75
+
+# A second signal of the same kind this soon after the first is the same stop: a notebook's stop button
+# reaches training twice, from Jupyter (it signals the kernel's process group) and from notebook.py's relay.
+SAME_PRESS_S = 1.0
 
 # Those this system has: SIGUSR1 is POSIX only, SIGBREAK Windows only.
 STOP_SIGNALS = tuple(
@@ -35,6 +40,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self._first_at = 0.0
         # DataLoader workers are forked with this handler and ignore stop signals only once started
         # (ignore_stop_signals); until then it must do nothing in them.
         self._pid = os.getpid()
@@ -58,8 +64,10 @@ class StopRequest:
             return
         name = signal.Signals(signum).name
         if self.signal_name is None:
-            self.signal_name = name
+            self.signal_name, self._first_at = name, time.monotonic()
             message = f"{name} received: finishing the current step, then saving a checkpoint"
+        elif name == self.signal_name and time.monotonic() - self._first_at < SAME_PRESS_S:
+            return  # one press that reached training twice (see SAME_PRESS_S)
         else:
             message = f"{name} received again: already stopping (kill -9 is safe too)"
         if self._announce:

@@ -147,6 +147,10 @@ def check_data(
     `data`; with continue_on_new_data, the note to print. Checkpoints from before fingerprints have none."""
     if (change := data_change(path, data, saved)) is None:
         return []
+    if change.startswith(("train samples ", "eval samples ")):  # samples built in memory: from which file?
+        named = [(field.name, getattr(config, field.name)) for field in dataclasses.fields(config)]
+        files = [f"{name}={value}" for name, value in named if _names_a_file(value)]
+        change += f", built from {', '.join(files)}" if files else ""
     where = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
     if not config.continue_on_new_data:
         raise RunError(
@@ -156,6 +160,10 @@ def check_data(
         )
     name = path.name if isinstance(path, Path) else str(path)
     return [f"{NEW_DATA} continuing {name} on other data ({change}); recorded"]
+
+
+def _names_a_file(value: Any) -> bool:
+    return isinstance(value, str) and value != "" and Path(value).is_file()
 
 
 def base_model_hint(config: TrainConfig, *sources: str) -> str:

@@ -215,8 +215,9 @@ class StreamLoader:
         if buffer := shuffle_buffer(stream):
             raise ConfigError(
                 f"the train stream shuffles through a buffer of {buffer} samples, which cannot be resumed "
-                "exactly (datasets saves its position, not the buffer's contents): shuffle with "
-                "buffer_size=1 (the order of the files) and write each file's rows in random order"
+                "exactly (datasets saves its position, not the buffer's contents): give the task's Config "
+                "a `shuffle_window: int` field instead (rows shuffled in windows of that many, resumed "
+                "exactly; docs/own-task.md), or write each file's rows in random order"
             )
         asked = loader_workers(config, streamed=True)
         self.num_workers = stream_workers(stream, asked)  # part of the order: saved, and kept

@@ -138,9 +138,12 @@ def _check_training(
         )
     for name, value in values.items():
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows,):
+            several = isinstance(value, torch.Tensor) and value.dim() > 1 and len(value) == rows
+            way_out = f"; return one name per column ('{name}_0': {name}[:, 0], ...) or reduce each sample's "
             raise TaskError(
                 f"eval_step(model, batch) returned {_describe(value)} as {name!r} for a batch of {rows} "
                 f"samples: the contract wants one value per sample, a tensor of shape [{rows}]"
+                + (f"{way_out}values to one ({name}.mean(1))" if several else "")
             )
 
     results = _call("metrics(values, config)", task.metrics, dict(values), config)

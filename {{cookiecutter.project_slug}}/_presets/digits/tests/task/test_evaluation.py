@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -20,6 +21,9 @@ from {{ cookiecutter.package_name }}.utils.config import load_config
 from ..conftest import PROJECT, read_metrics, run_training
 
 SVG = "{http://www.w3.org/2000/svg}"
+# A sitecustomize that writes the shapes of every batch eval_step is given, one line per batch, to
+# $EVAL_SHAPES.<rank>: what the kernels of a real run were asked to compute.
+EVAL_SHAPES_HOOK = Path(__file__).parent / "eval_shapes_hook"
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +37,18 @@ def test_two_processes_evaluate_exactly_like_one_on_an_odd_eval_set(
     assert len(eval_set) % 2 == 1  # the last batch is uneven: process 1 gets padding that must not count
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
     args = ["--num_epochs", "2", "--dropout", "0", "--eval_every", "11", "--mixed_precision", "no"]
-    run_training(tmp_path / "one", *args)
-    run_training(tmp_path / "two", *args, processes=2)
+    shapes = {}
+    for name, processes in (("one", 1), ("two", 2)):
+        monkeypatch.setenv("EVAL_SHAPES", str(tmp_path / f"{name}.shapes"))
+        hooked = os.pathsep.join([str(EVAL_SHAPES_HOOK), os.environ.get("PYTHONPATH", "")])
+        monkeypatch.setenv("PYTHONPATH", hooked)
+        run_training(tmp_path / name, *args, processes=processes)
+        recorded = [path.read_text().split() for path in tmp_path.glob(f"{name}.shapes.*")]
+        shapes[name] = {line for lines in recorded for line in lines}
+    # Every eval batch has one shape on any process count (the last one filled up, its fill not counted),
+    # so the equality below holds on any CPU, not only where no kernel rounds another shape otherwise
+    # (the batch of 2 is the task check's, before training).
+    assert shapes["one"] == shapes["two"] == {"[[32,64],[32]]", "[[2,64],[2]]"}, shapes
     one, two = (tmp_path / name / "model" / "model.safetensors" for name in ("one", "two"))
     assert one.read_bytes() == two.read_bytes()
     evals = [[row for row in read_metrics(tmp_path / name) if "eval/loss" in row] for name in ("one", "two")]

@@ -23,8 +23,8 @@ The contract (README, "Bring your own task"); every run checks it on two samples
   compute on the same shapes.
 - `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
   gathers them from all processes, in dataset order, without the padding of the last uneven batch.
-  Each value is computed inside its batch: where a model's output for a row depends on the batch's size
-  (kernels chosen by shape), 1 and N processes agree up to rounding, not bit for bit.
+  Each batch holds the same samples, in the same shape, on any number of processes (train.py fills the
+  last one up from the set's start and drops the fill), so 1 and N processes agree bit for bit.
 - `metrics(values, config)`: the eval metrics from those values over the whole eval set, reduced once;
   `config` carries this task's fields (weights, thresholds).
 - `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval

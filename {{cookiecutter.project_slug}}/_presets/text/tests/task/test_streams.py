@@ -444,6 +444,7 @@ def test_a_stream_with_a_shuffle_buffer_is_refused_in_one_line(jsonl_files: str)
     with pytest.raises(ConfigError, match="shuffles through a buffer of 100 samples") as error:
         StreamLoader(train.shuffle(seed=0, buffer_size=100), config, accelerator, task.collate, False)
     assert "\n" not in str(error.value)
+    assert "give the task's Config a `shuffle_window: int` field" in str(error.value)  # the way out
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -13,7 +13,6 @@ import contextlib
 import copy
 import os
 import socket
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -149,14 +148,11 @@ def default_targets(model: PreTrainedModel) -> list[str] | None:
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """transformers' errors only: its notes on loading (the new head "MISMATCH", a processor's backend)
-    describe what this module asks for on purpose; and without peft's deprecation warning about a name
-    transformers 5 renamed, which is not the user's to fix."""
+    describe what this module asks for on purpose (peft's deprecation warning: utils/__init__.py)."""
     verbosity = transformers.utils.logging.get_verbosity()
     transformers.utils.logging.set_verbosity_error()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            yield
+        yield
     finally:
         transformers.utils.logging.set_verbosity(verbosity)
 
