@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .. import task
 from .checkpoint import LoopState, export_model
+from .compile_cache import cache_files
 from .config import TrainConfig
 from .history import HISTORY_FILE, History
 from .persist import Persister
@@ -152,9 +153,10 @@ class Bookkeeping:
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
-        history = {HISTORY_FILE: self.history.text(state.step, self.end.why())}
+        files = {HISTORY_FILE: self.history.text(state.step, self.end.why())}
+        files |= cache_files(accelerator, config)  # what was compiled (utils/compile_cache.py)
         # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py.
-        path = self.persister.save(state, self.resumed_from, history)
+        path = self.persister.save(state, self.resumed_from, files)
         self.history.save(config.output_dir, state.step, self.end.why())
         # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
         self.clock.saved(saving, self.persister.last_seconds)

@@ -75,7 +75,7 @@ class Persister:
         self._error: BaseException | None = None
         self.last_seconds = 0.0  # the last save, from staging to publish
 
-    def save(self, state: LoopState, protect: Path | None, files: dict[str, str]) -> Path:
+    def save(self, state: LoopState, protect: Path | None, files: dict[str, str | bytes]) -> Path:
         """Save on every process (all call it at the same step); return the checkpoint's final path."""
         self.background = self.background and stageable(self.accelerator)
         if not self.background:
@@ -123,7 +123,7 @@ class Persister:
         staged: list[tuple[str, str, Any]],
         state: LoopState,
         protect: Path | None,
-        files: dict[str, str],
+        files: dict[str, str | bytes],
         staging: Path,
         final: Path,
         meta: dict[str, Any],
