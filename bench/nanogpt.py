@@ -284,7 +284,10 @@ def timed(name: str, command: list[str], cwd: Path, env: dict[str, str], metrics
     offset = 0
     while True:
         exited = process.poll() is not None
-        if metrics is not None and metrics.exists() and metrics.stat().st_size > offset:
+        size = metrics.stat().st_size if metrics is not None and metrics.exists() else 0
+        if size < offset:  # cut back: a resumed run drops the rows logged after its checkpoint
+            offset = 0
+        if metrics is not None and size > offset:
             with metrics.open("rb") as file:
                 file.seek(offset)
                 chunk = file.read()

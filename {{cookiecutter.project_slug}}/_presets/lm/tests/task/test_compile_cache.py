@@ -22,10 +22,10 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from ..conftest import PROJECT, assert_same_run, run_training, training_command, wait_for_training
 
 # A one-layer GPT with dropout on (compiled dropout draws from the RNG a resume restores), evaluated every 4
-# steps: the session that is stopped compiles the eval graphs too (50 windows: batches of 32 and 18).
+# steps: the session that is stopped compiles the eval graph too (32 windows: one batch).
 COMPILED = [
     *("--compile", "true", "--num_layers", "1", "--num_heads", "2", "--embed_dim", "32"),
-    *("--block_size", "16", "--dropout", "0.1", "--eval_windows", "50", "--eval_every", "4"),
+    *("--block_size", "16", "--dropout", "0.1", "--eval_windows", "32", "--eval_every", "4"),
     *("--max_steps", "24", "--log_every", "2", "--checkpoint_every", "8", "--tracker", "none"),
 ]
 # Inductor's own log of the resumed session: each compiled graph found in its cache, or compiled anew.
