@@ -22,8 +22,8 @@ cosine decay to 0 over the same steps (nanoGPT's min_lr set to 0, the preset's s
 decay, gradient clipping and precision (bf16 on a GPU, fp32 on the CPU); both evaluate at the same steps.
 Left as each has it: nanoGPT's AdamW beta2 0.99 (the preset's is torch's 0.999) and its weight decay of
 matrices only (the preset decays every parameter); nanoGPT estimates the validation loss on eval_iters
-random batches, the preset on every window of the held-out text; the preset's deterministic kernels are
-turned off, as nanoGPT has them.
+random batches (and the train loss on as many), the preset on as many windows spread evenly over the
+held-out text (all of them when there are fewer); the preset's deterministic kernels are off, as nanoGPT's.
 
 Measured from outside, the same way for both: the time each line of nanoGPT's output and each row of the
 preset's metrics.jsonl appears, counted from the start of its process (start-up and compilation included).
@@ -66,7 +66,7 @@ class Setting:
     batch: int
     steps: int
     eval_every: int
-    eval_iters: int  # nanoGPT's random batches per estimate; the preset reads all of its held-out windows
+    eval_iters: int  # nanoGPT's random batches per estimate; the preset reads as many fixed windows
     log_every: int
     learning_rate: float
     warmup: int
@@ -234,7 +234,7 @@ def run_preset(project: Path, out: Path, setting: Setting, device: str, compiled
         "num_epochs": epochs,
         "max_steps": setting.steps,
         "eval_every": setting.eval_every,
-        "eval_windows": 0,
+        "eval_windows": setting.eval_iters * setting.batch,  # nanoGPT's val windows (at most all there are)
         "log_every": setting.log_every,
         "checkpoint_every": setting.eval_every,
         "tracker": "none",
@@ -340,8 +340,8 @@ def report(
         f"{setting.layers} layers x {setting.heads} heads x {setting.width}, block {setting.block}, batch "
         f"{setting.batch}, {setting.steps} steps (cosine to 0 over {schedule}), peak learning rate "
         f"{setting.learning_rate:g} after {setting.warmup} warmup steps, dropout {setting.dropout:g}, "
-        f"evaluated every {setting.eval_every} steps (nanoGPT: {setting.eval_iters} random batches; "
-        "the preset: every held-out window)",
+        f"evaluated every {setting.eval_every} steps on {setting.eval_iters} batches (nanoGPT: random, "
+        "and as many of the train text; the preset: spread evenly)",
         "",
         "| torch.compile | tokens/s nanoGPT | tokens/s preset | ratio (target >= 1.0) "
         "| final val loss nanoGPT | final val loss preset "
