@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,43 @@ def test_quick_grace_benchmark_times_a_real_signal_at_each_moment() -> None:
     for published, exited, steps, _ in cells.values():
         assert 0 < number(published) <= number(exited) and 0 <= number(steps) <= 10, result.stdout
     assert number(cells["mid-evaluation"][2]) == 0, result.stdout
+
+
+NANOGPT = TEMPLATE / ".nanogpt"  # bench/nanogpt.py's default checkout; git ignores it
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (NANOGPT / "train.py").is_file(),
+    reason=f"no nanoGPT checkout in {NANOGPT}: git clone https://github.com/karpathy/nanoGPT .nanogpt",
+)
+def test_nanogpt_comparison_trains_both_on_the_cpu_and_prints_one_row_per_mode() -> None:
+    """bench/nanogpt.py on the CPU, a tiny model, eager only: nanoGPT's own train.py and the preset's both
+    train and evaluate, and the row holds their tokens/s, final losses and times, with consistent ratios."""
+    tiny = ["--steps", "40", "--eval_every", "20", "--eval_iters", "4", "--log_every", "4"]
+    command = [sys.executable, "bench/nanogpt.py", "--device", "cpu", "--quick", "--compile", "false", *tiny]
+    result = run(command, cwd=TEMPLATE, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, explain(result)
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0].startswith("| torch.compile | tokens/s nanoGPT | tokens/s preset | ratio (target >= 1.0) ")
+    assert len(rows) == 2 and rows[1].startswith("| off |"), result.stdout
+    cells = [cell.strip() for cell in rows[1].split("|")[2:-1]]
+    nano_rate, preset_rate = (number(cell.replace(",", "")) for cell in cells[:2])
+    rate_ratio = number(cells[2])
+    assert nano_rate > 0 and preset_rate > 0
+    assert abs(rate_ratio - preset_rate / nano_rate) < 0.02, cells
+    nano_loss, preset_loss = number(cells[3]), number(cells[4])
+    assert 0 < nano_loss < 4.2 and 0 < preset_loss < 4.2  # below guessing among 65 characters: ln 65 = 4.17
+    assert number(cells[5]) > 0
+    assert cells[6] == "not reached" or number(cells[6]) > 0, cells
+    assert "2 layers x 2 heads x 64, block 32, batch 12, 40 steps" in result.stdout
+
+
+def test_nanogpt_comparison_without_a_checkout_is_one_line(tmp_path: Path) -> None:
+    result = run([sys.executable, "bench/nanogpt.py", "--nanogpt", str(tmp_path)], cwd=TEMPLATE)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: {tmp_path} is not a nanoGPT checkout (no train.py, model.py, configurator.py, "
+        f"config/train_shakespeare_char.py): git clone https://github.com/karpathy/nanoGPT {tmp_path}, "
+        "or give --nanogpt PATH"
+    )

@@ -64,6 +64,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
+from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.disk_budget import check_disk_space
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.finish import finish
@@ -212,6 +213,8 @@ def train(
         if warning := truncate_metrics(output_dir, state.metrics_bytes, state.step):
             print(warning)
     history = begin_history(accelerator, config, state, resumed_from)  # prints what changed since last time
+    # What the last session compiled, before the first compiled call (every process): utils/compile_cache.py
+    history.note("compile_cache", load_cache(config, accelerator.device, resumed_from))
     start_trackers(accelerator, config, state, finished=state.step >= total_steps)
     book = Bookkeeping(
         accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, saver, history

@@ -221,12 +221,13 @@ def save_checkpoint(
     config: TrainConfig,
     state: LoopState,
     protect: Path | None = None,
-    files: dict[str, str] | None = None,
+    files: dict[str, str | bytes] | None = None,
 ) -> Path:
     """Save on every process (each writes its own RNG state), then publish by renaming on the main one.
 
     All processes must call this at the same step. `protect` (the checkpoint the run resumed from)
-    is never removed by rotation. `files` (name: text, the run's history) are sealed in with the rest.
+    is never removed by rotation. `files` (name: text or bytes: the run's history, the compile cache) are
+    sealed in with the rest.
     """
     root = checkpoint_root(config.output_dir)
     final = root / f"step_{state.step:08d}"
@@ -255,13 +256,16 @@ def _publish(
     state: LoopState,
     staging: Path,
     final: Path,
-    extra: dict[str, str],
+    extra: dict[str, str | bytes],
 ) -> None:
     """Seal the staging folder with `meta`, the loop state and every file's size and checksum; rename it.
     Called by the process that saves (synchronous) or by the persister's thread (utils/persist.py)."""
     save_config(config, staging / "config.yaml", durable=False)
-    for name, text in extra.items():
-        (staging / name).write_text(text, encoding="utf-8")
+    for name, content in extra.items():  # the history's text, the compile cache's bytes
+        if isinstance(content, bytes):
+            (staging / name).write_bytes(content)
+        else:
+            (staging / name).write_text(content, encoding="utf-8")
     _write_durably(staging / META_FILE, json.dumps(meta, indent=2))
     paths = [path for path in sorted(staging.iterdir()) if path.is_file()]
     # The checksums are computed from the page cache by a second thread while this one waits for the disk

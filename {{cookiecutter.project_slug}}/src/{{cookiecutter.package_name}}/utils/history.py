@@ -70,6 +70,13 @@ class History:
         if self.enabled:
             write_atomically(Path(output_dir) / HISTORY_FILE, self.text(step, ending))
 
+    def note(self, key: str, line: str) -> None:
+        """A fact of this session (the compile cache it loaded): kept in its record, printed once."""
+        if line:
+            self.current[key] = line
+            if self.enabled:
+                print(f"history: {line}")
+
     def changes(self) -> list[str]:
         """Every difference from the previous session, with its consequence (empty for a first session)."""
         if not self.sessions:

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .. import task
 from .checkpoint import LoopState, export_model
+from .compile_cache import cache_files
 from .config import TrainConfig
 from .history import HISTORY_FILE, History
 from .persist import Persister
@@ -154,7 +155,8 @@ class Bookkeeping:
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         saving, self.timed_checkpoint = time.monotonic(), False
         step, why = state.step, self.end.why()
-        history = {HISTORY_FILE: self.history.text(step, why)}
+        files = {HISTORY_FILE: self.history.text(step, why)}
+        files |= cache_files(accelerator, config)  # what was compiled (utils/compile_cache.py)
 
         def saved(path: Path) -> None:  # once published: what a kill from then on resumes from
             self.history.save(config.output_dir, step, why)
@@ -162,7 +164,7 @@ class Bookkeeping:
 
         # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py. Published
         # before finish() names it.
-        self.last_saved = self.persister.save(state, self.resumed_from, history, saved)
+        self.last_saved = self.persister.save(state, self.resumed_from, files, saved)
         # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
         self.clock.saved(saving, self.persister.last_seconds)
 

@@ -77,7 +77,11 @@ class Persister:
         self.last_seconds = 0.0  # the last save, from staging to publish
 
     def save(
-        self, state: LoopState, protect: Path | None, files: dict[str, str], saved: Callable[[Path], None]
+        self,
+        state: LoopState,
+        protect: Path | None,
+        files: dict[str, str | bytes],
+        saved: Callable[[Path], None],
     ) -> Path:
         """Save on every process (all call it at the same step); return the checkpoint's final path.
         `saved(path)` runs on the loop's thread once it is published: at once, or at a later `announce`
@@ -139,7 +143,7 @@ class Persister:
         staged: list[tuple[str, str, Any]],
         state: LoopState,
         protect: Path | None,
-        files: dict[str, str],
+        files: dict[str, str | bytes],
         staging: Path,
         final: Path,
         meta: dict[str, Any],

@@ -1,0 +1,85 @@
+"""torch.compile across a resume: the checkpoint carries Inductor's cache, and the resumed session uses it
+instead of compiling again, on a machine whose own Inductor cache is empty, and ends bitwise equal to a
+compiled run that was never stopped (utils/compile_cache.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.compile_cache import ARTIFACTS, CACHE_FILE, load_cache
+from {{ cookiecutter.package_name }}.utils.history import run_history
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+
+from ..conftest import PROJECT, assert_same_run, run_training, training_command, wait_for_training
+
+# A one-layer GPT with dropout on (compiled dropout draws from the RNG a resume restores), evaluated every 4
+# steps: the session that is stopped compiles the eval graph too (32 windows: one batch).
+COMPILED = [
+    *("--compile", "true", "--num_layers", "1", "--num_heads", "2", "--embed_dim", "32"),
+    *("--block_size", "16", "--dropout", "0.1", "--eval_windows", "32", "--eval_every", "4"),
+    *("--max_steps", "24", "--log_every", "2", "--checkpoint_every", "8", "--tracker", "none"),
+]
+# Inductor's own log of the resumed session: each compiled graph found in its cache, or compiled anew.
+CACHE_LOGS = "torch._inductor.codecache,torch._functorch._aot_autograd.autograd_cache"
+
+
+@pytest.mark.slow
+def test_a_compiled_run_resumed_on_an_empty_inductor_cache_loads_the_checkpoints_and_ends_bitwise_equal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reference and the first session share one Inductor cache (the second compiles nothing new); the
+    # resumed session gets an empty one, as on a new machine, and logs Inductor's cache hits and misses.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-first"))
+    reference = tmp_path / "reference"
+    run_training(reference, *COMPILED)
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *COMPILED)
+    started = time.time()
+    process = subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_for_training(output_dir, process, since=started, step=6)  # trained and evaluated, compiled
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == EXIT_STOPPED, output[-3000:]
+    stopped = list_checkpoints(output_dir)[-1]
+    assert (stopped / CACHE_FILE).is_file() == ARTIFACTS, output[-3000:]
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-new-machine"))
+    monkeypatch.setenv("TORCH_LOGS", CACHE_LOGS)
+    resumed = run_training(output_dir, *COMPILED)
+    output = resumed.stdout + resumed.stderr
+    assert f"resuming from {stopped}" in resumed.stdout, output[-3000:]
+    if ARTIFACTS:
+        assert f"history: compile cache of {stopped.name} loaded (" in resumed.stdout, output[-3000:]
+        assert "fx graph cache hit" in output and "AOTAutograd cache hit" in output, output[-5000:]
+        assert "cache miss" not in output, [line for line in output.splitlines() if "cache miss" in line]
+    else:  # one line, and the session compiles as before
+        assert f"history: compile cache: torch {torch.__version__} keeps none with a run" in resumed.stdout
+    assert_same_run(output_dir, reference)
+    assert "compile_cache" in run_history(output_dir)[-1]
+
+
+def test_a_cache_made_for_another_gpu_and_torch_is_not_loaded_and_named_in_one_line(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "step_00000008"
+    checkpoint.mkdir()
+    other = {"torch": "2.7.1+cu126", "device": "Tesla T4", "cuda": "12.6"}
+    (checkpoint / CACHE_FILE).write_bytes(json.dumps(other).encode() + b"\nnot read")
+    line = load_cache(task.Config(compile=True), torch.device("cpu"), checkpoint)
+    if not ARTIFACTS:
+        assert line.startswith(f"compile cache: torch {torch.__version__} keeps none with a run"), line
+        return
+    assert line == (
+        "compile cache of step_00000008 not used: made for torch 2.7.1+cu126, device Tesla T4, cuda 12.6; "
+        f"here torch {torch.__version__}, device cpu, cuda none: this session compiles from scratch"
+    )
+    assert load_cache(task.Config(compile=False), torch.device("cpu"), checkpoint) == ""
