@@ -179,8 +179,11 @@ def test_cpu_processes_on_a_gpu_machine_leave_the_gpu_alone(tmp_path: Path) -> N
 # end of the first step (its lazy set-up may sync) to the last step: any call that waits for the
 # GPU then raises. Allowed to sync: the logging step's one read-back of the train loss (TrainLoss.total),
 # fp16's loss scaler deciding whether to skip the step (GradScaler._maybe_opt_step reads whether any
-# gradient overflowed: inherent to fp16), the task's own loss (the text preset's trims padding columns),
-# and the run's end (the last step's checkpoint, the final evaluation, the exports).
+# gradient overflowed: inherent to fp16), the task's model forward and backward (task.loss and
+# Tensor.backward: the text preset's loss trims padding columns; torch's backward of an embedding may
+# read a count back for large batches), and the run's end (the last step's checkpoint, the final
+# evaluation, the exports). The loop's own work (batches, their copies, accumulation, clipping, the
+# optimizer and the schedule, the bookkeeping) may not.
 SYNC_FREE = """
 import atexit, runpy, sys, torch
 from {{ cookiecutter.package_name }} import task
@@ -198,7 +201,7 @@ def allowed(function):
 
 loop.TrainLoss.total = allowed(loop.TrainLoss.total)
 torch.amp.GradScaler._maybe_opt_step = allowed(torch.amp.GradScaler._maybe_opt_step)
-task.loss = allowed(task.loss)
+task.loss, torch.Tensor.backward = allowed(task.loss), allowed(torch.Tensor.backward)
 count, checkpoint, modes = loop.Bookkeeping.count, loop.Bookkeeping.checkpoint, []
 
 def strict_from_here(self, *args):
