@@ -17,12 +17,13 @@ What is measured, all on one CPU process:
 4. host-device synchronisations: every Tensor.item/tolist/numpy/cpu/__bool__/__float__/__int__ called
    from outside torch during training, grouped by the optimizer step it follows; and, in the same run,
    Python function calls per step of both loops (a count that the machine's speed cannot blur).
-5. data wait: the share of the generated train.py's step time spent inside next() on its train loader
-   and in its train set's set_epoch, in the default example (augmentation on, default model), with
-   num_workers 0 (what its configs set) and, for comparison, 2.
+5. data wait: the share of the generated train.py's step time spent inside next() on the batches its
+   loop iterates (its train set's set_epoch included), in the default example (augmentation on, default
+   model), with num_workers 0 (what its configs set) and, for comparison, 2.
 
 On a machine with CUDA (and only there), the same method also compares the two loops on the GPU in
-bf16 at GPU_SIZES, and measures the data wait there. The CPU measurements hide the GPU from their
+bf16 at GPU_SIZES and in fp16 (with a loss scaler) at FP16_SIZE, and measures the data wait there;
+`--gpu` runs these alone (bench/gpu.sh does). The CPU measurements hide the GPU from their
 processes, so that they measure the same thing on any machine.
 
 The script renders the template itself; it needs the packages of requirements-dev.txt (torch included).
@@ -56,7 +57,9 @@ SIZES = {"tiny": 64, "realistic": 1024}  # hidden_size of the default MLP
 # GPU mode, bf16: name -> (hidden_size, per-device = global batch). At 1024 x 64 a GPU step is little
 # more than Python and kernel launches; 4096 x 512 gives the device more work per step than that.
 GPU_SIZES = {"medium": (1024, 64), "large": (4096, 512)}
-GPU_TARGETS = {"medium": None, "large": 0.98}
+GPU_TARGETS = {"medium": 0.98, "large": 0.98}
+# fp16 (T4s, compute 7.5, have no bf16): both loops with a GradScaler, at this size.
+FP16_SIZE = "medium"
 DATA_WORKERS = (0, 2)  # the digits configs' num_workers, and 2 (the images preset's colab/kaggle.yaml)
 SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
 
@@ -69,7 +72,8 @@ class Setup:
     reps: int  # timed runs (per loop), after a warm-up that is thrown away
     hidden: int | None = None  # hidden_size of the MLP; None: the task's default
     batch: int = BATCH  # per-device = global batch
-    gpu: bool = False  # both loops on the GPU in bf16; else on the CPU, the GPU hidden
+    gpu: bool = False  # both loops on the GPU; else on the CPU, the GPU hidden
+    precision: str = "bf16"  # on the GPU: bf16, or fp16 with a loss scaler
 
 
 # --- parent: render, start workers, print the table
@@ -78,7 +82,19 @@ class Setup:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few steps and one run each: checks, no figures")
+    parser.add_argument(
+        "--gpu", action="store_true", help="the GPU measurements alone, 3 runs of 300 steps (bench/gpu.sh)"
+    )
     args = parser.parse_args()
+    if args.gpu:
+        if not cuda_available():
+            sys.exit("bench: --gpu needs a CUDA GPU, and torch sees none here")
+        with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+            project = render(Path(scratch))
+            steps, reps = (75, 1) if args.quick else (300, 3)
+            gpu = gpu_mode(project, steps, reps, Setup(steps, reps))
+        print("\n".join(gpu_rows(gpu) + gpu_notes(gpu)))
+        return
     reps = 1 if args.quick else 11
     steps = {"tiny": 75, "realistic": 75} if args.quick else {"tiny": 1000, "realistic": 400}
     wait = Setup(steps=75 if args.quick else 400, reps=1 if args.quick else 5)
@@ -111,6 +127,10 @@ def gpu_mode(project: Path, steps: int, reps: int, wait: Setup) -> dict:
         name: worker(project, "loops", f"gpu-{name}", Setup(steps, reps, hidden, batch, gpu=True))
         for name, (hidden, batch) in GPU_SIZES.items()
     }
+    hidden, batch = GPU_SIZES[FP16_SIZE]
+    loops[f"{FP16_SIZE}-fp16"] = worker(
+        project, "loops", "gpu-fp16", Setup(steps, reps, hidden, batch, gpu=True, precision="fp16")
+    )
     data_wait = worker(project, "data_wait", "gpu", dataclasses.replace(wait, gpu=True))
     return {"loops": loops, "data_wait": data_wait, "steps": steps}
 
@@ -118,12 +138,8 @@ def gpu_mode(project: Path, steps: int, reps: int, wait: Setup) -> dict:
 def time_to_first_step(root: Path) -> dict[str, float]:
     """Seconds from starting `cookiecutter` to the end of the new project's first optimizer step."""
     start = time.time()
-    run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", str(TEMPLATE), "-o", str(root / "render")],
-        cwd=root,
-    )
+    project = render(root)
     rendered = time.time()
-    project = root / "render" / "digits-classifier"
     # train.py exactly as a user runs it; the only addition is a hook that reports the first step.
     driver = (
         "import runpy, sys, time\n"
@@ -139,6 +155,15 @@ def time_to_first_step(root: Path) -> dict[str, float]:
     output = run([sys.executable, "-c", driver, str(root / "first-run")], cwd=project, src=project / "src")
     stamp = float(next(line.split()[1] for line in output.splitlines() if line.startswith("FIRST_STEP")))
     return {"render": rendered - start, "first_step": stamp - start}
+
+
+def render(root: Path) -> Path:
+    """The default project (digits), rendered under `root`."""
+    run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", str(TEMPLATE), "-o", str(root / "render")],
+        cwd=root,
+    )
+    return root / "render" / "digits-classifier"
 
 
 def worker(project: Path, mode: str, name: str, setup: Setup) -> Any:
@@ -201,12 +226,7 @@ def report(
         f"{syncs['per_log']:g} | {syncs['plain_ordinary']} / {syncs['plain_per_log']:g} | | 0 / any |",
     ]
     if gpu is not None:
-        for name, result in gpu["loops"].items():
-            hidden, batch = GPU_SIZES[name]
-            size = f"hidden {hidden}, batch {batch}"
-            label = f"{result['device']}, bf16, {size} ({plain_ms(result):.1f} ms/step)"
-            rows.append(loop_row(label, result, GPU_TARGETS[name]))
-        rows += data_wait_rows(gpu["data_wait"], f" on {gpu['data_wait']['device']}")
+        rows += gpu_rows(gpu)[2:]
     timed = ", ".join(f"{size} {steps[size]}" for size in SIZES)
     notes = [
         "",
@@ -228,20 +248,38 @@ def report(
         f"{syncs['plain_torch_internal']:g}.",
     ]
     if gpu is not None:
-        notes.append(
-            f"GPU ({gpu['data_wait']['device']}): the same method, {gpu['steps']} optimizer steps per run; "
-            "the generated loop with --mixed_precision bf16, the plain loop with a pinned DataLoader, "
-            ".to(device, non_blocking=True) and torch.autocast bf16 around forward and loss; per-device = "
-            "global batch, 1 process; the step hook calls torch.cuda.synchronize() at block edges (both "
-            "loops), so that a block is timed by the device's work, not by how fast it was queued. "
-            "Data wait on the GPU: as above, with --mixed_precision bf16."
-        )
+        notes += gpu_notes(gpu)[1:]
     notes.append(
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"accelerate {accelerate.__version__}, {os.cpu_count()} CPUs "
         f"({torch.get_num_threads()} torch threads), {time.strftime('%Y-%m-%d')}"
     )
     return "\n".join(rows + notes + call_breakdown(syncs))
+
+
+def gpu_rows(gpu: dict) -> list[str]:
+    """The GPU mode's rows, under the table's header."""
+    rows = ["| measurement | generated project | plain PyTorch | ratio | target |", "|---|---|---|---|---|"]
+    for name, result in gpu["loops"].items():
+        size, precision = name.split("-")[0], "fp16" if name.endswith("-fp16") else "bf16"
+        hidden, batch = GPU_SIZES[size]
+        size_text = f"hidden {hidden}, batch {batch} ({plain_ms(result):.1f} ms/step)"
+        label = f"{result['device']}, {precision}, {size_text}"
+        rows.append(loop_row(label, result, GPU_TARGETS[size]))
+    return rows + data_wait_rows(gpu["data_wait"], f" on {gpu['data_wait']['device']}", target=5)
+
+
+def gpu_notes(gpu: dict) -> list[str]:
+    return [
+        "",
+        f"GPU ({gpu['data_wait']['device']}): the same method, {gpu['steps']} optimizer steps per run; "
+        "the generated loop with --mixed_precision bf16 (fp16: the row says so), the plain loop with a "
+        "pinned DataLoader, .to(device, non_blocking=True) and torch.autocast around forward and loss "
+        "(fp16: and a torch.amp.GradScaler); per-device = global batch, 1 process; the step hook calls "
+        "torch.cuda.synchronize() at block edges (both loops), so that a block is timed by the device's "
+        "work, not by how fast it was queued. Data wait on the GPU: as on the CPU, with --mixed_precision "
+        "bf16.",
+    ]
 
 
 def call_breakdown(syncs: dict) -> list[str]:
@@ -269,7 +307,7 @@ def loop_row(label: str, result: dict, target: float | None) -> str:
     return f"| steps/s, {label} | {ours:.1f} | {plain:.1f} | {statistics.median(pairs):.3f}{spread} |{goal}|"
 
 
-def data_wait_rows(result: dict, where: str) -> list[str]:
+def data_wait_rows(result: dict, where: str, target: int = 10) -> list[str]:
     """One row per num_workers: the median share (and range) of the timed window spent fetching."""
     rows = []
     for workers in DATA_WORKERS:
@@ -278,7 +316,7 @@ def data_wait_rows(result: dict, where: str) -> list[str]:
         ms = statistics.median(result["ms_per_step"][str(workers)])
         if workers == 0:
             name = f"default example (augmentation on, hidden {result['hidden']}, {ms:.1f} ms/step)"
-            target = " < 10% "
+            target = f" < {target}% "
         else:
             name = f"num_workers {workers}, for comparison ({ms:.1f} ms/step)"
             target = " "
@@ -293,9 +331,9 @@ def data_wait_note(result: dict) -> str:
     return (
         "Data wait: the generated train.py as is (augment_noise and hidden_size at their defaults, "
         f"configs/local.yaml, batch {BATCH}, log_every {LOG_EVERY}, evaluation and checkpoint after the "
-        "window); every next() on its prepared train loader timed (Accelerate's DataLoaderShard.__iter__ "
-        "wrapped: the fetch from the DataLoader, the start and stop of its workers, the move to the device) "
-        "and every call of the train set's set_epoch (its new noise) outside them, "
+        "window); every next() on the batches its loop iterates timed (utils/loop.py's epoch_batches "
+        "wrapped: the train set's set_epoch (its new noise), the fetch from the DataLoader, the start and "
+        "stop of its workers, the move to the device), "
         f"summed over the steps after the first {WARMUP_STEPS}, against the wall time of those steps; "
         f"median (and range) of {len(result['share']['0'])} runs per num_workers, alternating, after a "
         f"warm-up pair, {result['steps']} optimizer steps per run. Workers start again every epoch "
@@ -376,8 +414,8 @@ def template_argv(
         argv += ["--hidden_size", str(setup.hidden)]
     if not augment:  # the loop measurements: data loading must not hide the loop's own cost
         argv += ["--augment_noise", "0"]
-    if setup.gpu:  # what `mixed_precision: auto` picks on compute capability 8.0 or newer, made sure of
-        argv += ["--mixed_precision", "bf16"]
+    if setup.gpu:  # bf16: what `mixed_precision: auto` picks on compute capability 8.0 or newer
+        argv += ["--mixed_precision", setup.precision]
     return argv
 
 
@@ -425,7 +463,8 @@ def gpu_name() -> str:
 def plain_loop(package: str, setup: Setup) -> None:
     """The loop a user would write by hand: same model, data order source, optimizer, schedule, clipping.
 
-    On the GPU, what such a user adds for speed: pinned memory, copies that do not wait, bf16 autocast.
+    On the GPU, what such a user adds for speed: pinned memory, copies that do not wait, autocast (and
+    in fp16 the loss scaler that it needs).
     """
     import torch
     import torch.nn.functional as F
@@ -435,6 +474,8 @@ def plain_loop(package: str, setup: Setup) -> None:
     task = importlib.import_module(f"{package}.task")  # the default render: the digits preset
     config = task.Config(hidden_size=setup.hidden, num_epochs=1000, augment_noise=0.0)
     gpu, device = setup.gpu, torch.device("cuda" if setup.gpu else "cpu")
+    fp16 = gpu and setup.precision == "fp16"
+    scaler, dtype = (torch.amp.GradScaler("cuda"), torch.float16) if fp16 else (None, torch.bfloat16)
     # train.main switches deterministic kernels on for the whole process (its `deterministic` option):
     # the hand-written loop runs with torch's default, as in a process of its own.
     torch.use_deterministic_algorithms(False)
@@ -462,13 +503,20 @@ def plain_loop(package: str, setup: Setup) -> None:
         for inputs, labels in loader:
             if gpu:
                 inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-                with torch.autocast("cuda", dtype=torch.bfloat16):
+                with torch.autocast("cuda", dtype=dtype):
                     loss = F.cross_entropy(model(inputs), labels)
             else:  # the batch is already where the model is, and fp32 is what the generated loop runs
                 loss = F.cross_entropy(model(inputs), labels)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
+            if scaler is None:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                optimizer.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
             optimizer.zero_grad()
             scheduler.step()
             step += 1
@@ -490,7 +538,7 @@ def bench_data_wait(project: Path, package: str, setup: Setup) -> dict:
     fetches: list[tuple[float, float]] = []
     config = task.Config()
     train_set, _ = task.build_datasets(config)
-    with timed_fetches(fetches, type(train_set)):
+    with timed_fetches(fetches, package):
         for rep in range(setup.reps + 1):
             for workers in DATA_WORKERS if rep % 2 == 0 else DATA_WORKERS[::-1]:
                 fetches.clear()
@@ -518,50 +566,36 @@ def bench_data_wait(project: Path, package: str, setup: Setup) -> dict:
 
 
 @contextlib.contextmanager
-def timed_fetches(fetches: list[tuple[float, float]], dataset_type: type):
-    """Record (start, end) of every next() on a prepared data loader, and of every set_epoch of the
-    train set made outside one; train.py stays as it is.
+def timed_fetches(fetches: list[tuple[float, float]], package: str):
+    """Record (start, end) of every next() on the batches the generated loop iterates; train.py stays
+    as it is.
 
-    Accelerate's DataLoaderShard.__iter__ is the generator the loop iterates: it fetches from the
-    torch DataLoader (which starts its workers at an epoch's first fetch and stops them after the
-    last) and moves the batch to the device. Wrapping that generator times all the loop waits for,
-    except the dataset's set_epoch that train.py calls before an epoch: the GPU waits for that too.
+    They come from `Bookkeeping.epoch_batches` (utils/loop.py): at an epoch's first fetch it calls the
+    loader's and the train set's set_epoch (new noise), then each fetch takes a batch from Accelerate's
+    DataLoaderShard (which fetches from the torch DataLoader, whose workers start at an epoch's first
+    fetch and stop after its last) and puts it on the device (on a GPU: queues the next one's copy).
+    All of that is time the loop waits for.
     """
-    from accelerate.data_loader import DataLoaderShard
+    bookkeeping = importlib.import_module(f"{package}.utils.loop").Bookkeeping
+    original = bookkeeping.epoch_batches
 
-    original = DataLoaderShard.__iter__
-    original_set_epoch = getattr(dataset_type, "set_epoch", None)
-    fetching = False  # a set_epoch inside a fetch is already in that fetch's time
-
-    def timed_iter(self):
-        nonlocal fetching
-        with contextlib.closing(original(self)) as batches:
+    def timed(self, *args):
+        with contextlib.closing(original(self, *args)) as batches:
             while True:
-                begun, fetching = time.perf_counter(), True
+                begun = time.perf_counter()
                 try:
                     batch = next(batches)
                 except StopIteration:
                     return
                 finally:  # the last, empty fetch of an epoch counts too: Accelerate ends the epoch there
                     fetches.append((begun, time.perf_counter()))
-                    fetching = False
                 yield batch
 
-    def timed_set_epoch(self, epoch: int) -> None:
-        begun = time.perf_counter()
-        original_set_epoch(self, epoch)
-        if not fetching:
-            fetches.append((begun, time.perf_counter()))
-
-    DataLoaderShard.__iter__ = timed_iter
-    if original_set_epoch is not None:
-        dataset_type.set_epoch = timed_set_epoch
+    bookkeeping.epoch_batches = timed
     try:
         yield
     finally:
-        DataLoaderShard.__iter__ = original
-        if original_set_epoch is not None:
-            dataset_type.set_epoch = original_set_epoch
+        bookkeeping.epoch_batches = original
 
 
 def bench_checkpoint(project: Path, package: str, reps: int) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TEMPLATE, explain, run
+from .conftest import TEMPLATE, explain, run, tool
 
 ROWS = {
     "steps/s, tiny model": "loop",
@@ -64,6 +64,35 @@ def test_quick_benchmark_prints_every_row() -> None:
             assert cells[1].startswith("0 / "), f"the plain loop has syncs: {cells[1]}"
     assert "Sync call sites at logging steps: loop.py:" in result.stdout  # Bookkeeping.log's one reduce
     assert "Data wait: the generated train.py as is" in result.stdout
+
+
+def test_gpu_script_passes_shellcheck_and_plans_every_part() -> None:
+    """bench/gpu.sh (run where a GPU is lent) is shellcheck-clean; --dry-run names every part with its time
+    limit, and each script it names exists and takes the options it is given."""
+    result = run([tool("shellcheck"), "bench/gpu.sh"], cwd=TEMPLATE)
+    assert result.returncode == 0, explain(result)
+    plan = run(["bash", "bench/gpu.sh", "--dry-run"], cwd=TEMPLATE)
+    assert plan.returncode == 0, explain(plan)
+    for part in ("task=digits and task=lm", "pytest -m cuda", "bench/bench.py --gpu", "bench/checkpoints.py"):
+        assert part in plan.stdout, plan.stdout
+    assert ("bench/nanogpt.py --quick" in plan.stdout) == (TEMPLATE / "bench" / "nanogpt.py").is_file()
+    for script, option in (("bench/bench.py", "--gpu"), ("bench/checkpoints.py", "--device")):
+        helped = run([sys.executable, script, "--help"], cwd=TEMPLATE)
+        assert helped.returncode == 0 and option in helped.stdout, explain(helped)
+
+
+def test_gpu_runs_refuse_a_machine_without_a_gpu_in_one_line() -> None:
+    """Where torch sees no GPU, bench/gpu.sh and bench.py --gpu stop at once, saying why."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: bench/gpu.sh would run")
+    env = {**os.environ, "PYTHON": sys.executable}
+    script = run(["bash", "bench/gpu.sh"], cwd=TEMPLATE, env=env)
+    assert script.returncode == 1 and "sees no CUDA GPU here" in script.stderr, explain(script)
+    bench = run([sys.executable, "bench/bench.py", "--gpu"], cwd=TEMPLATE)
+    assert bench.returncode == 1, explain(bench)
+    assert bench.stderr.strip() == "bench: --gpu needs a CUDA GPU, and torch sees none here"
 
 
 @pytest.mark.slow

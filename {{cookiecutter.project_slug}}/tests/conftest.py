@@ -105,6 +105,26 @@ def printed_metrics(stdout: str) -> dict[str, float]:
     return {name: float(value) for name, value in pairs}
 
 
+# The fields of train.py's start line, in order (print_start): `platform local | config ... | world size 1 |
+# distributed NO | device cpu | ...`.
+START_FIELDS = (
+    "platform", "config", "world size", "distributed", "device", "mixed precision", "per-device batch",
+    "deterministic kernels", "CPU threads", "output",
+)  # fmt: skip
+
+
+def start_line(stdout: str) -> dict[str, str]:
+    """The start line of a train.py run, field -> value (`{"world size": "2", "device": "cuda:0", ...}`).
+    Every test that reads the line reads it here, the CPU tests too: a change of its format fails them
+    on any machine, not only the GPU tests that CI cannot run."""
+    lines = [line for line in stdout.splitlines() if line.startswith("platform ")]
+    assert len(lines) == 1, f"expected one start line, got {lines}:\n{stdout[-3000:]}"
+    parts = lines[0].split(" | ")
+    names = [next((name for name in START_FIELDS if part.startswith(f"{name} ")), part) for part in parts]
+    assert names == list(START_FIELDS), f"the start line's fields changed: {lines[0]}"
+    return {name: part.removeprefix(f"{name} ") for name, part in zip(names, parts, strict=True)}
+
+
 def framework_warnings(result: subprocess.CompletedProcess[str]) -> list[str]:
     """The lines of a run's output that are warnings of a library (Accelerate, torch, tqdm, ...): a
     Python warning, a logged one, or torch's glog-style `W1124 12:00:00...` lines. The run's own begin

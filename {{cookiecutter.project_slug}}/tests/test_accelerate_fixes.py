@@ -8,6 +8,7 @@ import accelerate.optimizer
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import GradientState
 from accelerate.utils import GradientAccumulationPlugin
 
 from {{ cookiecutter.package_name }}.utils import accelerate_fixes
@@ -43,11 +44,13 @@ def test_an_accelerate_without_the_check_is_left_alone(monkeypatch: pytest.Monke
 
 
 def gradients_after(accumulation: int, fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
-    """The gradients of two micro-batches through Accelerator.backward, with or without the fixes."""
+    """The gradients of two micro-batches through Accelerator.backward, clipped (to a norm they exceed)
+    through Accelerator.clip_grad_norm_, and their norm before; with or without the fixes."""
     if not fast:  # Accelerate's own methods, as before speed_up_accelerate() patched them
         for cls, name in (
             (Accelerator, "backward"),
             (accelerate.optimizer.AcceleratedOptimizer, "zero_grad"),
+            (Accelerator, "clip_grad_norm_"),
         ):
             monkeypatch.setattr(cls, name, inspect.unwrap(getattr(cls, name)))
     torch.manual_seed(0)
@@ -59,7 +62,8 @@ def gradients_after(accumulation: int, fast: bool, monkeypatch: pytest.MonkeyPat
     for micro in inputs:
         with accelerator.accumulate(model):
             accelerator.backward(model(micro).square().mean())
-    return [param.grad.clone() for param in model.parameters()]
+    norm = accelerator.clip_grad_norm_(model.parameters(), 1e-3)
+    return [norm, *(param.grad.clone() for param in model.parameters())]
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
@@ -95,3 +99,16 @@ def test_no_division_by_one_and_zero_grad_inspects_once(monkeypatch: pytest.Monk
         optimizer.zero_grad()
         assert model.weight.grad is None  # set_to_none=True, as Accelerate does
     assert divisions == [] and len(inspected) == 1
+
+
+def test_the_fsdp_flag_is_read_once_and_the_xla_state_still_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After speed_up_accelerate, GradientState.is_xla_gradients_synced no longer reads the environment
+    (which the launcher sets before the process starts); its setter still works."""
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    speed_up_accelerate()
+    state = GradientState()
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    state.is_xla_gradients_synced = False
+    assert state.is_xla_gradients_synced is False
+    state.is_xla_gradients_synced = True
+    assert state.is_xla_gradients_synced is True

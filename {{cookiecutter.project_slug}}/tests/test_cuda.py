@@ -9,7 +9,8 @@ as a user's run does, with this project's task:
 - predict.py writes its predictions from the GPU, the same bytes twice, row for row like the CPU;
 - the launcher, with the machine's real nvidia-smi, picks one process per GPU and the precision the
   GPUs support, and train.py runs on the GPU;
-- CPU processes (ACCELERATE_USE_CPU=1) on a GPU machine train in a gloo group without touching the GPU.
+- CPU processes (ACCELERATE_USE_CPU=1) on a GPU machine train in a gloo group without touching the GPU;
+- an ordinary training step (not a logging step) never waits for the GPU: no host-device sync.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .conftest import (
     last_eval,
     run_predict,
     run_training,
+    start_line,
     training_command,
     wait_for_training,
 )
@@ -58,7 +60,8 @@ def test_sigterm_and_kill_9_on_the_gpu_then_the_same_command_ends_bitwise_identi
     args = [*GPU_RUN, "--mixed_precision", precision]
     reference = tmp_path / "reference"
     result = run_training(reference, *args, gpu=True)
-    assert "device cuda" in result.stdout and f"mixed precision {precision}" in result.stdout
+    started = start_line(result.stdout)
+    assert started["device"] == "cuda:0" and started["mixed precision"].startswith(f"{precision} (")
 
     stopped = tmp_path / "sigterm"
     command, env = training_command(stopped, *args, gpu=True)
@@ -105,9 +108,9 @@ def test_fp16_steps_skipped_past_the_patience_stop_the_run_as_diverged(tmp_path:
 
 
 def test_compiled_model_trains_to_the_eager_metrics(tmp_path: Path) -> None:
-    eager = run_training(tmp_path / "eager", *QUICK, gpu=True)
+    run_training(tmp_path / "eager", *QUICK, gpu=True)
     compiled = run_training(tmp_path / "compiled", *QUICK, "--compile", "true", gpu=True)
-    assert "device cuda" in compiled.stdout, eager.stdout[-2000:]
+    assert start_line(compiled.stdout)["device"] == "cuda:0", compiled.stdout[-2000:]
     expected, actual = last_eval(tmp_path / "eager"), last_eval(tmp_path / "compiled")
     assert actual["step"] == expected["step"]
     # Fused kernels round differently: close, not equal.
@@ -153,7 +156,9 @@ def test_launcher_decides_from_the_real_nvidia_smi(tmp_path: Path) -> None:
     assert f"run_local: GPUs: {gpus} x {torch.cuda.get_device_name(0)}" in output, output[:3000]
     assert f"run_local: processes: {gpus} (one per GPU)" in output
     assert f"run_local: precision: {precision} (" in output
-    assert f"world size {gpus} | device cuda:0 | mixed precision {precision}" in output
+    started = start_line(result.stdout)
+    assert (started["world size"], started["device"]) == (str(gpus), "cuda:0")
+    assert started["mixed precision"].startswith(f"{precision} (")
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
 
 
@@ -162,8 +167,78 @@ def test_cpu_processes_on_a_gpu_machine_leave_the_gpu_alone(tmp_path: Path) -> N
     would crash in Accelerate's barrier on cuda:1) and neither sees the GPU: a process that did would
     record the CUDA random state in its checkpoint."""
     result = run_training(tmp_path / "run", *QUICK, processes=2)
-    assert "world size 2 | device cpu" in result.stdout
+    started = start_line(result.stdout)
+    assert (started["world size"], started["distributed"], started["device"]) == ("2", "MULTI_CPU", "cpu")
     states = sorted((tmp_path / "run" / "checkpoints").glob("step_*/random_states_*.pkl"))
     assert {path.name for path in states} == {"random_states_0.pkl", "random_states_1.pkl"}
     for path in states:
         assert "torch_cuda_manual_seed" not in torch.load(path, weights_only=False), path
+
+
+# train.py as a user starts it (argv: its arguments), with torch.cuda.set_sync_debug_mode("error") from the
+# end of the first step (its lazy set-up may sync) to the last step: any call that waits for the
+# GPU then raises. Allowed to sync: the logging step's one read-back of the train loss (TrainLoss.total),
+# fp16's loss scaler deciding whether to skip the step (GradScaler._maybe_opt_step reads whether any
+# gradient overflowed: inherent to fp16), the task's model forward and backward (task.loss and
+# Tensor.backward: the text preset's loss trims padding columns; torch's backward of an embedding may
+# read a count back for large batches), and the run's end (the last step's checkpoint, the final
+# evaluation, the exports). The loop's own work (batches, their copies, accumulation, clipping, the
+# optimizer and the schedule, the bookkeeping) may not.
+SYNC_FREE = """
+import atexit, runpy, sys, torch
+from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils import loop
+
+def allowed(function):
+    def call(*args, **kwargs):
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+    return call
+
+loop.TrainLoss.total = allowed(loop.TrainLoss.total)
+torch.amp.GradScaler._maybe_opt_step = allowed(torch.amp.GradScaler._maybe_opt_step)
+task.loss, torch.Tensor.backward = allowed(task.loss), allowed(torch.Tensor.backward)
+count, checkpoint, modes = loop.Bookkeeping.count, loop.Bookkeeping.checkpoint, []
+
+def strict_from_here(self, *args):
+    modes.append(torch.cuda.get_sync_debug_mode())  # the step that ends here ran in this mode
+    count(self, *args)
+    torch.cuda.set_sync_debug_mode("error")
+
+def at_the_end(self, model):
+    if self.state.step == self.total_steps:
+        torch.cuda.set_sync_debug_mode(0)
+    return checkpoint(self, model)
+
+loop.Bookkeeping.count, loop.Bookkeeping.checkpoint = strict_from_here, at_the_end
+atexit.register(lambda: print(f"STRICT_STEPS {modes.count(2)}", flush=True))
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_sync_debug_mode_raises_on_this_torch() -> None:
+    """What the next test relies on: a read-back of a GPU value raises in this mode."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            torch.ones(1, device="cuda").item()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_ordinary_steps_never_wait_for_the_gpu(tmp_path: Path, precision: str) -> None:
+    """30 steps of the real loop with accumulation 2 and an epoch's end among them (the digits preset's
+    epoch is 22 steps), logging every 10: only the allowed calls (SYNC_FREE) wait for the GPU."""
+    args = [*SIGNAL_RUN, "--max_steps", "30", "--log_every", "10", "--eval_every", "1000"]
+    args += ["--checkpoint_every", "1000", "--mixed_precision", precision, "--output_dir", str(tmp_path)]
+    command = [sys.executable, "-c", SYNC_FREE, "--config", "configs/local.yaml", *args]
+    result = subprocess.run(command, cwd=PROJECT, env=gpu_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert start_line(result.stdout)["device"] == "cuda:0"
+    assert "STRICT_STEPS 29" in result.stdout, result.stdout[-3000:]

@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.utils.config import ConfigError
 from {{ cookiecutter.package_name }}.utils.devices import Gpu, auto_precision, detect_platform, gpu_facts
 from {{ cookiecutter.package_name }}.utils.hardware import check_output_dir
 
-from .conftest import PROJECT, free_port, run_training
+from .conftest import PROJECT, free_port, run_training, start_line
 
 PLATFORM_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "SLURM_JOB_ID")
 T4 = "Tesla T4, 7.5, 15360 MiB"
@@ -281,7 +281,8 @@ def test_processes_that_do_not_communicate_are_refused(tmp_path: Path) -> None:
     result = launch_with("multi_gpu.yaml", tmp_path / "run", env)
     if Version(accelerate.__version__) < Version("1.13"):
         assert result.returncode == 0, result.stderr[-3000:]
-        assert "world size 2 | distributed MULTI_CPU |" in result.stdout
+        started = start_line(result.stdout)
+        assert (started["world size"], started["distributed"]) == ("2", "MULTI_CPU")
         return
     assert result.returncode != 0
     assert (
@@ -305,7 +306,8 @@ def test_a_launch_that_asked_for_fsdp_and_got_cpu_processes_says_so(tmp_path: Pa
         assert not (tmp_path / "run").exists()
         return
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "world size 2 | distributed MULTI_CPU |" in result.stdout
+    started = start_line(result.stdout)
+    assert (started["world size"], started["distributed"]) == ("2", "MULTI_CPU")
     assert (
         "WARNING: the launch asked for FSDP (ACCELERATE_USE_FSDP) but this run is MULTI_CPU" in result.stdout
     )

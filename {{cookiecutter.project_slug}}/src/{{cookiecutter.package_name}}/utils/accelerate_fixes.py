@@ -12,7 +12,9 @@ from typing import Any
 
 import accelerate.accelerator
 import accelerate.optimizer
-from accelerate.utils import DistributedType
+import accelerate.state
+import torch
+from accelerate.utils import DistributedType, parse_flag_from_env
 
 # Where Accelerator.backward is `(loss / gradient_accumulation_steps).backward()` and nothing else.
 PLAIN_BACKWARD = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
@@ -22,6 +24,8 @@ def speed_up_accelerate() -> None:
     cache_lomo_check()
     cache_zero_grad_check()
     skip_division_by_one()
+    clip_without_dtensor_checks()
+    read_fsdp_flag_once()
 
 
 def cache_lomo_check() -> None:
@@ -95,3 +99,48 @@ def skip_division_by_one() -> None:
 
     backward.skips_division_by_one = True
     accelerator_class.backward = backward
+
+
+def clip_without_dtensor_checks() -> None:
+    """Clip the gradients with torch's clip_grad_norm_ directly where no gradient can be a DTensor.
+
+    `Accelerator.clip_grad_norm_` unscales fp16 gradients, then (Accelerate 1.10 and newer) compares the
+    torch version and walks every parameter in Python to group DTensor gradients by device mesh, at every
+    optimizer step, before it calls `torch.nn.utils.clip_grad_norm_` on them all: about 2% of a small
+    model's step on a 2-core CPU, and per-step Python that keeps a GPU waiting. Without FSDP, DeepSpeed,
+    XLA or a parallelism config (tensor parallelism) there are no DTensors, and this is the same call.
+    """
+    accelerator_class = accelerate.accelerator.Accelerator
+    original = accelerator_class.clip_grad_norm_
+    if getattr(original, "skips_dtensor_checks", False):
+        return
+
+    @functools.wraps(original)
+    def clip_grad_norm_(self: Any, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        if self.distributed_type in PLAIN_BACKWARD and getattr(self, "parallelism_config", None) is None:
+            self.unscale_gradients()
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return original(self, parameters, max_norm, norm_type)
+
+    clip_grad_norm_.skips_dtensor_checks = True
+    accelerator_class.clip_grad_norm_ = clip_grad_norm_
+
+
+def read_fsdp_flag_once() -> None:
+    """Read the ACCELERATE_USE_FSDP environment variable once per process, not at every optimizer step.
+
+    `AcceleratedOptimizer.step` asks `GradientState.is_xla_gradients_synced` first thing, which parses
+    that variable each time (about 1% of a small model's step on a 2-core CPU); the answer matters on
+    XLA only. The launcher sets the variable before the process starts, so it cannot change within a run.
+    """
+    state_class = accelerate.state.GradientState
+    original = getattr(state_class, "is_xla_gradients_synced", None)
+    if not isinstance(original, property) or getattr(original.fget, "reads_the_flag_once", False):
+        return
+    fsdp = parse_flag_from_env("ACCELERATE_USE_FSDP", default=False)
+
+    def synced(self: Any) -> bool:
+        return fsdp or self._is_xla_gradients_synced
+
+    synced.reads_the_flag_once = True
+    state_class.is_xla_gradients_synced = property(synced, original.fset)

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.data_loader import DataLoaderShard
+from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import task
@@ -264,7 +266,31 @@ def epoch_batches(
         seen = state.epoch_samples // config.global_batch_size
         batches = accelerator.skip_first_batches(train_loader, seen)
         batches.set_epoch(state.epoch)
-    yield from batches
+    if accelerator.device.type == "cuda" and isinstance(batches, DataLoaderShard):
+        batches.device = None  # Accelerate would copy each batch when it is due, on the compute stream
+        yield from copied_ahead(batches, accelerator.device)
+    else:
+        yield from batches
+
+
+def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
+    """`batches` (page-locked, on the host) on the GPU, each copied on a stream of its own while the step
+    before it computes: batch k+1's copy is queued before step k's kernels and runs beside them.
+
+    Not for a stream (StreamLoader): its saved position would count the batch read ahead."""
+    copies, compute = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+    ahead = None
+    for batch in batches:
+        compute.wait_stream(copies)  # the batch copied last is on the device before its step runs
+        # Memory that the steps queued so far used may hold the next copy: it waits for them.
+        copies.wait_stream(compute)
+        with torch.cuda.stream(copies):
+            current, ahead = ahead, send_to_device(batch, device, non_blocking=True)
+        if current is not None:
+            yield current
+    if ahead is not None:
+        compute.wait_stream(copies)
+        yield ahead
 
 
 def stop_voted(accelerator: Accelerator, stop_request: StopRequest) -> bool:

@@ -15,14 +15,14 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import PROJECT, QUICK, gpu_env, last_eval, read_metrics, run_training
+from ..conftest import PROJECT, QUICK, gpu_env, last_eval, read_metrics, run_training, start_line
 
 pytestmark = pytest.mark.slow
 
 
 def test_short_run_learns(single_run: tuple) -> None:
     output_dir, result = single_run
-    assert "world size 1" in result.stdout
+    assert start_line(result.stdout)["world size"] == "1"
     # 10 classes: chance is 0.1.
     assert last_eval(output_dir)["eval/accuracy"] > 0.8
 
@@ -70,8 +70,9 @@ def test_two_processes_communicate_and_match_one(single_run: tuple, tmp_path: Pa
     output_dir = tmp_path / "two"
     result = run_training(output_dir, *QUICK, processes=2)
     # Two independent copies would each report world size 1.
-    assert "world size 2" in result.stdout
-    assert "32 x 2 processes x 1 accumulation = global batch 64" in result.stdout
+    started = start_line(result.stdout)
+    assert started["world size"] == "2"
+    assert started["per-device batch"] == "32 x 2 processes x 1 accumulation = global batch 64"
     one, two = last_eval(single_dir), last_eval(output_dir)
     assert one["step"] == two["step"] == 88
     # Same data order and global batch; only the dropout masks differ between ranks.
@@ -82,11 +83,14 @@ def test_two_processes_communicate_and_match_one(single_run: tuple, tmp_path: Pa
     assert first_losses == pytest.approx(single_losses, rel=0.05)
 
 
-# train.py as a user starts it, on a GPU of which this process may use only argv[1] MiB: PyTorch's
-# allocator then raises its real CUDA out-of-memory error, as on a smaller or shared GPU.
+# train.py as a user starts it, on a GPU of which this process may use only argv[1] bytes (0: all of it):
+# PyTorch's allocator then raises its real CUDA out-of-memory error, as on a smaller or shared GPU. At
+# exit it prints the most memory the run held, which sizes the limit.
 LIMITED_GPU = """
-import runpy, sys, torch
-torch.cuda.set_per_process_memory_fraction(int(sys.argv[1]) * 2**20 / torch.cuda.mem_get_info()[1])
+import atexit, runpy, sys, torch
+if int(sys.argv[1]):
+    torch.cuda.set_per_process_memory_fraction(int(sys.argv[1]) / torch.cuda.mem_get_info()[1])
+atexit.register(lambda: print(f"PEAK_RESERVED {torch.cuda.max_memory_reserved()}", flush=True))
 sys.argv = ["train.py", *sys.argv[2:]]
 runpy.run_path("train.py", run_name="__main__")
 """
@@ -94,26 +98,40 @@ runpy.run_path("train.py", run_name="__main__")
 
 @pytest.mark.cuda
 def test_auto_batch_size_backs_off_from_a_real_cuda_out_of_memory(tmp_path: Path) -> None:
-    """In 512 MiB, hidden 65536 (about 90 MB of weights, gradients and AdamW state) fits, a batch of 1024
-    (about 0.5 MB of activations per sample) does not. The search finds a size that fits, trains with
-    accumulation and ends bitwise equal to a run configured with that size from the start."""
-    args = ["--config", "configs/local.yaml", "--hidden_size", "65536", "--global_batch_size", "1024"]
+    """Hidden 4096 (about 270 MB of weights, gradients and AdamW state): the memory a per-device batch of
+    512 and one of 1024 take are measured first, and the limit set halfway, so a batch of 1024 does not
+    fit on any GPU. The search finds a size that fits, trains with accumulation and ends bitwise equal
+    to a run configured with that size from the start."""
+    args = ["--config", "configs/local.yaml", "--hidden_size", "4096", "--global_batch_size", "1024"]
     args += ["--max_steps", "3", "--mixed_precision", "bf16"]
 
-    def train(output_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-c", LIMITED_GPU, "512", *args, "--output_dir", str(output_dir), *extra]
+    def train(output_dir: Path, limit: int, *extra: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", LIMITED_GPU, str(limit), *args, "--output_dir", str(output_dir)]
         env = gpu_env()
-        return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [*command, *extra], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600
+        )
 
-    plain = train(tmp_path / "plain", "--per_device_batch_size", "1024")
+    def peak(size: int) -> int:
+        result = train(tmp_path / f"peak-{size}", 0, "--per_device_batch_size", str(size))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return int(re.findall(r"PEAK_RESERVED (\d+)", result.stdout)[-1])
+
+    half, whole = peak(512), peak(1024)
+    assert whole - half > 40 * 2**20, f"batches of 512 and 1024 hold {half} and {whole} bytes: too close"
+    limit = (half + whole) // 2
+
+    plain = train(tmp_path / "plain", limit, "--per_device_batch_size", "1024")
     assert plain.returncode != 0 and "CUDA out of memory" in plain.stderr, plain.stderr[-3000:]
-    searched = train(tmp_path / "searched", "--per_device_batch_size", "1024", "--auto_batch_size", "true")
+    searched = train(
+        tmp_path / "searched", limit, "--per_device_batch_size", "1024", "--auto_batch_size", "true"
+    )
     assert searched.returncode == 0, searched.stderr[-3000:]
     found = re.search(r"auto_batch_size: per-device batch (\d+) x (\d+) accumulation", searched.stdout)
     assert found, searched.stdout[-3000:]
     size, accumulation = int(found[1]), int(found[2])
     assert size < 1024 and size * accumulation == 1024
-    configured = train(tmp_path / "configured", "--per_device_batch_size", str(size))
+    configured = train(tmp_path / "configured", limit, "--per_device_batch_size", str(size))
     assert configured.returncode == 0, configured.stderr[-3000:]
     weights = [tmp_path / name / "model" / "model.safetensors" for name in ("searched", "configured")]
     assert weights[0].read_bytes() == weights[1].read_bytes()
