@@ -9,9 +9,6 @@ QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", 
 # jitter is on.
 SIGNAL_RUN = ["--num_epochs", "20", "--log_every", "5", "--checkpoint_every", "100"]
 
-# No dropout: nothing in training draws random numbers that differ between processes.
-SAME_ON_EVERY_PROCESS: list[str] = []
-
 # A regression head: a row's prediction may round differently in a batch of another size (the last,
 # uneven eval batch of 2 processes), so 1 and 2 processes agree to float32's rounding, not bit for bit.
 EVAL_ROUNDING_DTYPE = torch.float32

@@ -9,10 +9,7 @@ QUICK = ["--max_steps", "20", "--checkpoint_every", "10", "--keep_checkpoints", 
 # logging step: every 2 steps.
 SIGNAL_RUN = ["--max_steps", "40", "--dropout", "0.1", "--log_every", "2", "--checkpoint_every", "10"]
 
-# Dropout draws different masks on each process: off where 1 and 2 processes are compared.
-SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
-
-# None: 1 vs 2 processes (dropout 0, one thread each) end at exactly the same eval metrics, not
+# None: 1 vs 2 processes (dropout on, one thread each) end at exactly the same eval metrics, not
 # merely to rounding: the gradients are summed in the same order (g1/2 + g2/2 == (g1 + g2)/2 in
 # floating point), a window's loss sum does not depend on the batch it is in (the padded last batch of
 # 2 processes included), and the sums over the 500 windows are reduced once, in dataset order.

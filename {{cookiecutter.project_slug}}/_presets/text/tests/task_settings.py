@@ -15,10 +15,7 @@ QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", 
 # 5 epochs, 105 optimizer steps, dropout 0.1 (the default) on, accumulation 2 (per-device 32, global 64).
 SIGNAL_RUN = ["--num_epochs", "5", "--log_every", "5", "--checkpoint_every", "20"]
 
-# Dropout draws different masks on each process: off where 1 and 2 processes are compared.
-SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
-
-# None: 1 vs 2 processes (dropout 0, one thread each) end at exactly the same eval metrics, not
+# None: 1 vs 2 processes (dropout on, one thread each) end at exactly the same eval metrics, not
 # merely to rounding: `loss` drops the padding columns a micro-batch keeps from its longer batch, so
 # both compute on the same shapes.
 EVAL_ROUNDING_DTYPE = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from .. import task
 from .checkpoint import LoopState, export_model
 from .config import TrainConfig
+from .exact import StepDigest, verdict
 from .history import HISTORY_FILE, History
 from .persist import Persister
 from .progress import Progress
@@ -63,16 +64,28 @@ class Bookkeeping:
         self.timed_checkpoint = self.end_of_epoch = self.streamed = False
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
         self.metrics: dict[str, float] | None = None
+        # The first step after a checkpoint is recorded; a resumed session's first is verified too.
+        self.record_at = self.verify_at = state.step if resumed_from is not None else -1
+        self.digest = StepDigest(accelerator, False)
+        self.loader = self.train_set = None
 
     def epoch_batches(self, train_loader: Any, train_set: Any) -> Iterator:
         """The train batches of the epoch in progress, in its order: after a resume, those not yet seen."""
         self.streamed = isinstance(train_set, IterableDataset)
+        self.loader, self.train_set = train_loader, train_set  # the probe's next batch (checkpoint)
         return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
+
+    def step_digest(self) -> StepDigest:
+        """What the loop records of the step it starts: active on the first step after a checkpoint."""
+        self.digest = StepDigest(self.accelerator, self.state.step in (self.record_at, self.verify_at))
+        return self.digest
 
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
         """One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients): then
         the logged loss does not count it, and too many skipped in a row is divergence."""
         state, config = self.state, self.config
+        if self.digest.active:
+            self.digested(self.digest.result())
         if skipped:
             state.skipped_in_a_row += 1
             if state.skipped_in_a_row >= config.fp16_skip_patience:
@@ -136,8 +149,9 @@ class Bookkeeping:
             self.evaluate(model, forward, eval_loader)
             self.end_of_epoch = False
 
-    def checkpoint(self, model: torch.nn.Module) -> None:
-        """Save when due (checkpoint_every, the last step), for time, or before stopping."""
+    def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
+        """Save when due (checkpoint_every, the last step), for time, or before stopping. A session that
+        ends here with steps left first computes the next step without taking it (`probe`)."""
         state, config, accelerator = self.state, self.config, self.accelerator
         if self.end.diverged:
             return
@@ -148,6 +162,9 @@ class Bookkeeping:
         if not weights_finite(accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
             return
+        if not self.streamed and state.step < self.steps_per_epoch * config.num_epochs and self.end.now():
+            self.probe(model, gradients)
+        self.record_at = state.step
         self.loss.save()  # the logging interval in progress, which a resumed run logs whole
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
@@ -160,6 +177,31 @@ class Bookkeeping:
         self.clock.saved(saving, self.persister.last_seconds)
         self.progress.write(f"checkpoint: step {state.step} saved to {path}")
         self.last_saved = path  # published before finish() names it
+
+    def probe(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
+        """Record the step after this checkpoint without taking it: its batch (the data order's next),
+        forward and backward as the loop does them, BatchNorm's statistics not updated, no optimizer or
+        schedule step, the gradients dropped. The checkpoint then carries the record (its history). A
+        stream's next batch is not read ahead: its position is part of the checkpoint."""
+        batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
+        self.record_at, self.digest = self.state.step, StepDigest(self.accelerator, True)
+        gradients(batch, self.digest, tracking=False)
+        for param in model.parameters():
+            param.grad = None  # as optimizer.zero_grad() leaves them
+        self.digested(self.digest.result())
+
+    def digested(self, digest: dict[str, Any]) -> None:
+        """The first step after a checkpoint: recorded for later resumes; after this session's resume,
+        compared with what the uninterrupted run recorded, in one line, which the history keeps."""
+        state, history = self.state, self.history
+        if state.step == self.verify_at and self.accelerator.is_main_process:
+            kind, line = verdict(history.recorded(state.step), digest, state.step + 1, history.changes())
+            self.progress.write(line)
+            history.current.update(resume=kind, resume_line=line)
+        self.verify_at = -1
+        if self.accelerator.is_main_process:
+            history.record(state.step, digest)
+            history.save(self.config.output_dir, state.step)
 
 
 @dataclass
