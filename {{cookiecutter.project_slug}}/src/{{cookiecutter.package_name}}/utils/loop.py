@@ -162,7 +162,8 @@ class Bookkeeping:
         if not weights_finite(accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
             return
-        if not self.streamed and state.step < self.steps_per_epoch * config.num_epochs and self.end.now():
+        more = state.step < self.steps_per_epoch * config.num_epochs and not state.stopped_early
+        if more and self.end.now() and not self.streamed:
             self.probe(model, gradients)
         self.record_at = state.step
         self.loss.save()  # the logging interval in progress, which a resumed run logs whole
