@@ -512,7 +512,7 @@ def bench_exact(project: Path, package: str, reps: int) -> dict:
     for _ in range(reps):
         start = time.perf_counter()
         for step in range(1000):
-            exact.follow_the_sample(42, step, 1)
+            exact.follow_the_sample(42, step, 1, accelerator.device)
         reseeds.append((time.perf_counter() - start) / 1000)
         start = time.perf_counter()
         digest = exact.StepDigest(accelerator, True)

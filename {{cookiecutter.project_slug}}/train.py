@@ -224,7 +224,7 @@ def train(
                 # batch, so 1 and N processes end with the same statistics.
                 for layer in norms:
                     layer.track_running_stats = tracking and stats_here and micro == 0
-                follow_the_sample(config.seed, book.state.step, first_place + micro)
+                follow_the_sample(config.seed, book.state.step, first_place + micro, accelerator.device)
                 loss = task.loss(task_model, micro_batch)
                 digest.add(micro_batch, loss)  # on the first step after a checkpoint only
                 accelerator.backward(loss)  # divides by the accumulation steps

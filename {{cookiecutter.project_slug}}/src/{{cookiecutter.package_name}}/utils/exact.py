@@ -25,11 +25,19 @@ import torch
 from accelerate.utils import gather_object
 
 
-def follow_the_sample(seed: int, step: int, place: int) -> None:
-    """Seed the default generators (CPU, every GPU) for the micro-batch at `place` in the global batch of
-    optimizer step `step`. A host-side call: no device sync."""
+def follow_the_sample(seed: int, step: int, place: int, device: torch.device) -> None:
+    """Seed the default generators of the CPU and of `device` for the micro-batch at `place` in the global
+    batch of optimizer step `step`: host-side, no device sync. Not torch.manual_seed: it also queues a
+    seeding, with a stack trace, for every device kind not yet initialized (milliseconds, and a list that
+    grows at every call)."""
     key = hashlib.blake2b(f"{seed}/{step}/{place}".encode(), digest_size=8).digest()
-    torch.manual_seed(int.from_bytes(key, "little") >> 1)
+    value = int.from_bytes(key, "little") >> 1
+    torch.default_generator.manual_seed(value)
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        torch.cuda.default_generators[index].manual_seed(value)
+    elif device.type != "cpu":  # mps, xpu, ...: in use, so initialized
+        getattr(torch, device.type).manual_seed(value)
 
 
 def sample_hashes(batch: Any) -> list[str]:
@@ -52,9 +60,9 @@ def sample_hashes(batch: Any) -> list[str]:
     hashes = [hashlib.blake2b(digest_size=16) for _ in range(rows)]
     for leaf in leaves:
         per_row = leaf.dim() > 0 and leaf.shape[0] == rows
+        data = leaf.contiguous().reshape(rows if per_row else 1, -1).view(torch.uint8).numpy()
         for row, digest in enumerate(hashes):
-            part = leaf[row] if per_row else leaf
-            digest.update(part.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            digest.update(data[row if per_row else 0])
     return [digest.hexdigest() for digest in hashes]
 
 
