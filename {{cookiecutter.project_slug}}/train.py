@@ -13,7 +13,8 @@ call per decision of utils/loop.py (count, log, evaluate, checkpoint, end). Ever
 this loop; to change the loop itself, see the README's "Change the loop".
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
-the resumed run ends with the same weights and logs the same losses as one that was never stopped.
+the resumed run ends with the same weights and logs the same losses as one that was never stopped, and
+its first step prints whether it was bit for bit the uninterrupted run's (utils/exact.py).
 Exit status: 0 when training is done; 75 when it stopped after a checkpoint, on a signal or because its
 `time_budget` was nearly spent (then also with model/ exported and the curves drawn, and the last line
 "stopped for time; run again to continue"); 1 with a one-line `config error:` or `error:` (a bad value,

@@ -1,7 +1,8 @@
 """The step's bookkeeping: what the training loop decides after each optimizer step, one method per concern.
 
 train.py builds one `Bookkeeping` before the loop, takes each epoch's batches from it (`epoch_batches`:
-its order, and after a resume the batches not yet seen) and calls, after every optimizer step, in order:
+its order, and after a resume the batches not yet seen), before each step `step_digest` (what is recorded
+of it, on the first step after a checkpoint: utils/exact.py) and, after every optimizer step, in order:
 `count` (the position in the data, fp16's skipped steps), `log` (the train loss, the stop and time votes),
 `evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then
 `end.now()` (whether the loop ends);
