@@ -186,7 +186,7 @@ class Bookkeeping:
         schedule step, the gradients dropped. The checkpoint then carries the record (its history). A
         stream's next batch is not read ahead: its position is part of the checkpoint."""
         batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
-        self.record_at, self.digest = self.state.step, StepDigest(self.accelerator, True)
+        self.digest = StepDigest(self.accelerator, True)
         gradients(batch, self.digest, tracking=False)
         for param in model.parameters():
             param.grad = None  # as optimizer.zero_grad() leaves them
