@@ -20,6 +20,9 @@ What is measured, all on one CPU process:
 5. data wait: the share of the generated train.py's step time spent inside next() on the batches its
    loop iterates (its train set's set_epoch included), in the default example (augmentation on, default
    model), with num_workers 0 (what its configs set) and, for comparison, 2.
+6. the cost of exactness (utils/exact.py): reseeding torch's generators before each micro-batch, against
+   the realistic step; and the digest of the first step after a checkpoint (each sample's hash, the loss,
+   one gather), against the steps between two checkpoints of configs/local.yaml.
 
 On a machine with CUDA (and only there), the same method also compares the two loops on the GPU in
 bf16 at GPU_SIZES and in fp16 (with a loss scaler) at FP16_SIZE, and measures the data wait there;
@@ -109,6 +112,7 @@ def main() -> None:
         data_wait = worker(project, "data_wait", "cpu", wait)
         checkpoint = worker(project, "checkpoint", "realistic", Setup(0, 3 if args.quick else 7))
         syncs = worker(project, "syncs", "tiny", Setup(6 * LOG_EVERY + 5, 1, SIZES["tiny"]))
+        loops["realistic"]["exact"] = worker(project, "exact", "cpu", Setup(0, reps))
         gpu = gpu_mode(project, 75 if args.quick else 1000, reps, wait) if cuda_available() else None
     print(report(loops, data_wait, checkpoint, syncs, first_step, gpu, reps, steps, args.quick))
 
@@ -207,6 +211,7 @@ def report(
         label = f"{size} model (hidden {SIZES[size]}, {plain_ms(result):.1f} ms/step)"
         rows.append(loop_row(label, result, target))
     rows += data_wait_rows(data_wait, "")
+    rows += exact_rows(loops["realistic"])
     save, torch_save = statistics.median(checkpoint["save"]), statistics.median(checkpoint["torch_save"])
     save_fsync = statistics.median(checkpoint["torch_save_fsync"])
     ours_calls, plain_calls = syncs["python_calls"], syncs["plain_python_calls"]
@@ -279,6 +284,20 @@ def gpu_notes(gpu: dict) -> list[str]:
         "torch.cuda.synchronize() at block edges (both loops), so that a block is timed by the device's "
         "work, not by how fast it was queued. Data wait on the GPU: as on the CPU, with --mixed_precision "
         "bf16.",
+    ]
+
+
+def exact_rows(realistic: dict) -> list[str]:
+    """Reseeding per micro-batch against the realistic step (of the generated loop, which includes it),
+    and a recorded step's digest against the steps of one checkpoint interval."""
+    step = 1 / statistics.median(realistic["template"])
+    exact = realistic["exact"]
+    reseed, digest, interval = exact["reseed"], exact["digest"], exact["checkpoint_every"]
+    return [
+        f"| reseeding per micro-batch, us (utils/exact.py) | {reseed * 1e6:.1f} | | "
+        f"{reseed / step:.2%} of a realistic step | <= 1% |",
+        f"| digest of the step after a checkpoint, ms (batch {BATCH}) | {digest * 1000:.2f} | | "
+        f"{digest / (step * interval):.3%} of {interval} steps (checkpoint_every) | <= 1% |",
     ]
 
 
@@ -361,6 +380,8 @@ def worker_main(mode: str, project: Path, setup: Setup, result: Path) -> None:
         output = bench_data_wait(project, package, setup)
     elif mode == "checkpoint":
         output = bench_checkpoint(project, package, setup.reps)
+    elif mode == "exact":
+        output = bench_exact(project, package, setup.reps)
     else:
         output = count_syncs(project, package, setup.steps)
     result.write_text(json.dumps(output))
@@ -523,6 +544,36 @@ def plain_loop(package: str, setup: Setup) -> None:
             if step == setup.steps:
                 break
         epoch += 1
+
+
+def bench_exact(project: Path, package: str, reps: int) -> dict:
+    """Seconds per follow_the_sample call, and per digest of a realistic digits micro-batch (its samples'
+    hashes, its loss, the gather of one process), median of `reps` rounds."""
+    import torch
+    import yaml
+    from accelerate import Accelerator
+
+    exact = importlib.import_module(f"{package}.utils.exact")
+    accelerator = Accelerator(cpu=True)
+    batch = (torch.randn(BATCH, 64), torch.randint(0, 10, (BATCH,)))
+    reseeds, digests = [], []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for step in range(1000):
+            exact.follow_the_sample(42, step, 1, accelerator.device)
+        reseeds.append((time.perf_counter() - start) / 1000)
+        start = time.perf_counter()
+        digest = exact.StepDigest(accelerator, True)
+        digest.add(batch, torch.tensor(2.5))
+        digest.norm = torch.tensor(1.5)
+        digest.result()
+        digests.append(time.perf_counter() - start)
+    config = yaml.safe_load((project / "configs" / "local.yaml").read_text())
+    return {
+        "reseed": statistics.median(reseeds),
+        "digest": statistics.median(digests),
+        "checkpoint_every": config["checkpoint_every"],
+    }
 
 
 def bench_data_wait(project: Path, package: str, setup: Setup) -> dict:

@@ -53,6 +53,7 @@ ROOMS = {
             "start",
             "fingerprint",
             "history",
+            "exact",
             "durable",
             "run_dir",
             "runs",

@@ -13,7 +13,8 @@ call per decision of utils/loop.py (count, log, evaluate, checkpoint, end). Ever
 this loop; to change the loop itself, see the README's "Change the loop".
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
-the resumed run ends with the same weights and logs the same losses as one that was never stopped.
+the resumed run ends with the same weights and logs the same losses as one that was never stopped, and
+its first step prints whether it was bit for bit the uninterrupted run's (utils/exact.py).
 Exit status: 0 when training is done; 75 when it stopped after a checkpoint, on a signal or because its
 `time_budget` was nearly spent (then also with model/ exported and the curves drawn, and the last line
 "stopped for time; run again to continue"); 1 with a one-line `config error:` or `error:` (a bad value,
@@ -66,6 +67,7 @@ from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_acce
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.disk_budget import check_disk_space
+from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_sample
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.finish import finish
 from {{ cookiecutter.package_name }}.utils.history import begin_history
@@ -222,28 +224,37 @@ def train(
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
     accumulation, micro_size = accelerator.gradient_accumulation_steps, config.per_device_batch_size
+    first_place = accelerator.process_index * accumulation  # this process's micro-batches in the global batch
     norms, stats_here = running_stats(accelerator, model)  # BatchNorm's, and whether this process's count
+
+    def gradients(batch: object, digest: StepDigest, tracking: bool = True) -> torch.Tensor:
+        """Forward and backward over the step's micro-batches, the gradients clipped; the summed loss.
+        Each micro-batch draws its samples' random numbers (dropout...): utils/exact.py."""
+        step_loss = None
+        for micro in range(accumulation):
+            micro_batch = batch  # the whole batch is one micro-batch unless accumulating
+            if accumulation > 1:
+                micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
+            with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
+                # BatchNorm's running statistics follow the step's first micro-batch alone (the main
+                # process's): the same samples on any number of processes with the same per-device
+                # batch, so 1 and N processes end with the same statistics.
+                for layer in norms:
+                    layer.track_running_stats = tracking and stats_here and micro == 0
+                follow_the_sample(config.seed, book.state.step, first_place + micro, accelerator.device)
+                loss = task.loss(task_model, micro_batch)
+                digest.add(micro_batch, loss)  # on the first step after a checkpoint only
+                accelerator.backward(loss)  # divides by the accumulation steps
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        digest.norm = accelerator.clip_grad_norm_(trained, config.max_grad_norm)
+        return step_loss
+
     while not book.end.now():
         model.train()
         for batch in book.epoch_batches(train_loader, train_set):  # after a resume: those not yet seen
-            step_loss = None
-            for micro in range(accumulation):
-                micro_batch = batch  # the whole batch is one micro-batch unless accumulating
-                if accumulation > 1:
-                    micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
-                with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
-                    # BatchNorm's running statistics follow the step's first micro-batch alone (the main
-                    # process's): the same samples on any number of processes with the same per-device
-                    # batch, so 1 and N processes end with the same statistics.
-                    for layer in norms:
-                        layer.track_running_stats = stats_here and micro == 0
-                    loss = task.loss(task_model, micro_batch)
-                    accelerator.backward(loss)  # divides by the accumulation steps
-                    if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(trained, config.max_grad_norm)
-                        optimizer.step()
-                        optimizer.zero_grad()
-                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+            step_loss = gradients(batch, book.step_digest())
+            optimizer.step()  # after the last micro-batch, whose gradients were synced
+            optimizer.zero_grad()
             # fp16's loss scaler skips a step whose gradients overflowed: the schedule does not count it.
             skipped = accelerator.optimizer_step_was_skipped
             if not skipped:
@@ -251,7 +262,7 @@ def train(
             book.count(step_loss, skipped)  # the step, the position in the data, skipped fp16 steps
             book.log(scheduler)  # every log_every steps: train loss, and the stop and time votes
             book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/, early stopping
-            book.checkpoint(model)  # when due, for time, or before a stop; never of non-finite weights
+            book.checkpoint(model, gradients)  # when due, for time, or before a stop; never of broken weights
             if book.end.now():  # done, stopping, or diverged
                 break
         book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
@@ -276,8 +287,8 @@ def print_start(
 
 
 def seed(config: TrainConfig) -> None:
-    """Different dropout per process, same data order for all (data_seed, in main)."""
-    set_seed(config.seed, device_specific=True)
+    """The same seed on every process; each micro-batch reseeds for its samples (utils/exact.py)."""
+    set_seed(config.seed)
     # Bitwise-equal reruns and resumes on a GPU also need kernels that add in a fixed order (attention's
     # backward pass and cuBLAS do not by default). Strict: an op without such a kernel stops the run and
     # names itself, rather than quietly breaking exact resume. cuBLAS reads its setting at its first use.

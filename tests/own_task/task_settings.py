@@ -7,5 +7,3 @@ QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", 
 # jitter is on.
 SIGNAL_RUN = ["--num_epochs", "20", "--log_every", "5", "--checkpoint_every", "100"]
 
-# No dropout: nothing in training draws random numbers that differ between processes.
-SAME_ON_EVERY_PROCESS: list[str] = []

@@ -3,7 +3,8 @@
 The rest of the suite runs on the CPU everywhere (conftest.py). Here train.py and predict.py use the GPU
 as a user's run does, with this project's task:
 - in bf16 and in fp16 (with its real GradScaler), a run stopped by SIGTERM and one killed with SIGKILL
-  both continue with the same command and end bitwise identical to a run that was never stopped;
+  both continue with the same command and end bitwise identical to a run that was never stopped (the
+  resume after SIGTERM says its first step was verified);
 - fp16 steps that the loss scaler keeps skipping stop the run as diverged after `fp16_skip_patience`;
 - `--compile true` trains to the end, to nearly the same eval metrics as the eager run;
 - predict.py writes its predictions from the GPU, the same bytes twice, row for row like the CPU;
@@ -75,7 +76,8 @@ def test_sigterm_and_kill_9_on_the_gpu_then_the_same_command_ends_bitwise_identi
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=300)
     assert process.returncode == EXIT_STOPPED, output[-3000:]
-    assert "resuming from" in run_training(stopped, *args, gpu=True).stdout
+    resumed = run_training(stopped, *args, gpu=True).stdout
+    assert "resuming from" in resumed and "resume verified: step " in resumed, resumed[-3000:]
     assert_same_run(stopped, reference)
 
     killed = tmp_path / "kill"

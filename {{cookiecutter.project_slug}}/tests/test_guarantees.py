@@ -2,10 +2,13 @@
 
 - a run stopped by SIGTERM mid-training and started again with the same command ends bitwise identical
   to a run that was never stopped; so does a run stopped by its time_budget;
-- 1 and 2 processes with the same global batch (dropout off, one thread each) end with the same weights
-  and buffers (BatchNorm's running statistics among them) and the same eval metrics, exactly or, for a
-  task whose model rounds a row differently in a batch of another size, to that dtype's rounding; the
+- 1 and 2 processes with the same global batch (the task's defaults, dropout on; one thread each) end
+  with the same weights and buffers (BatchNorm's running statistics among them) and the same eval
+  metrics, exactly or, for a task whose model rounds a row differently in a batch of another size, to
+  that dtype's rounding; the
   2-process run stopped by its time_budget on the way;
+- a run stopped by SIGTERM on 1 process, continued on 2 and stopped by SIGTERM again, then finished on 1,
+  ends bitwise identical to a run never stopped, dropout on; each resume verifies its first step;
 - predict.py writes the same bytes on 1 and 2 processes.
 """
 
@@ -43,7 +46,7 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import SAME_ON_EVERY_PROCESS, SIGNAL_RUN
+from .task_settings import SIGNAL_RUN
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +109,41 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
     assert "; nothing changed since session 1 (local, steps 0-" in resumed.stdout
 
 
+def test_one_then_two_then_one_process_with_sigterm_between_ends_bitwise_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-device batch 32 of a global 64 throughout: 1 process x 2 accumulation, then 2 x 1, then 1 x 2,
+    each session stopped by SIGTERM mid-run but the last. The random numbers follow the samples, so the
+    run ends as one never stopped, and each resume says its first step was the uninterrupted run's."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same kernels on 1 and 2 processes
+    args = [*SIGNAL_RUN, "--mixed_precision", "no", "--per_device_batch_size", "32"]
+    reference = tmp_path / "reference"
+    run_training(reference, *args)
+    output_dir, stopped_at, outputs = tmp_path / "run", 0, []
+    for processes in (1, 2):
+        command, env = training_command(output_dir, *args, processes=processes)
+        started = time.time()
+        process = subprocess.Popen(
+            command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        wait_for_training(output_dir, process, since=started, step=stopped_at + 1)
+        assert process.poll() is None, "train.py ended before it was signalled"
+        process.send_signal(signal.SIGTERM)  # the launcher passes it on to its 2 processes
+        output, _ = process.communicate(timeout=120)
+        assert "checkpoint saved, run the same command to continue" in output, output[-3000:]
+        assert f"world size {processes}" in output
+        stopped_at = max(int(path.name[5:]) for path in list_checkpoints(output_dir))
+        outputs.append(output)
+    outputs.append(run_training(output_dir, *args).stdout)
+    assert_same_run(output_dir, reference)
+    sessions = run_history(output_dir)
+    assert [(s["processes"], s["accumulation"]) for s in sessions] == [(1, 2), (2, 1), (1, 2)]
+    assert [s.get("resume") for s in sessions] == [None, "verified", "verified"]
+    for session, output in zip(sessions[1:], outputs[1:], strict=True):
+        step = session["start_step"] + 1
+        assert f"resume verified: step {step} is bit for bit the uninterrupted run's" in output, output
+
+
 def test_a_run_stopped_for_time_then_rerun_ends_bitwise_identical(single_run: tuple, tmp_path: Path) -> None:
     """Stopped by its time_budget at the first logging step; the rerun, with no budget and a checkpoint at
     every logging step by checkpoint_every_minutes, ends as the run that was never stopped."""
@@ -129,7 +167,7 @@ def test_one_and_two_processes_end_at_the_same_eval_metrics(
     2 processes also agree on the main process's clock: stopped for time at the first logging step, then
     continued with a checkpoint at every logging step, they end where the uninterrupted process does."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
-    args = [*QUICK, *SAME_ON_EVERY_PROCESS, "--mixed_precision", "no", "--per_device_batch_size", "32"]
+    args = [*QUICK, "--mixed_precision", "no", "--per_device_batch_size", "32"]
     one = run_training(tmp_path / "one", *args)
     resumed_from = stopped_for_time(tmp_path / "two", *args, processes=2)
     two = run_training(tmp_path / "two", *args, "--checkpoint_every_minutes", EVERY_LOGGING_STEP, processes=2)

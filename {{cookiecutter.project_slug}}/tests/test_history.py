@@ -27,7 +27,7 @@ from .conftest import (
     training_command,
     wait_for_checkpoint,
 )
-from .task_settings import SAME_ON_EVERY_PROCESS, SIGNAL_RUN
+from .task_settings import SIGNAL_RUN
 
 # Off its platform, a platform config's paths are given on the command line.
 OFF_PLATFORM = ["--mirror_dir", "", "--import_from", ""]
@@ -63,7 +63,7 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(
     # One CPU thread per process in every session: 1 and 2 processes would otherwise get 2 and 1 threads
     # each, and torch 2.3 splits a matrix product's sums by thread (.ci/lowest found it).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    args = [*QUICK, *SAME_ON_EVERY_PROCESS, "--mixed_precision", "no", *OFF_PLATFORM]
+    args = [*QUICK, "--mixed_precision", "no", *OFF_PLATFORM]
     reference = tmp_path / "reference"
     run_training(reference, *args)
     config, _ = load_config(args, PROJECT / "configs" / "local.yaml", task.Config)
@@ -78,8 +78,10 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(
         "history: processes 1 -> 2, accumulation 2 -> 1 (per-device batch 32 kept): the same sums" in kaggle
     )
     assert "history: session 2 of run" in kaggle and f"(local, steps 0-{first}, max_steps reached)" in kaggle
+    assert f"resume verified: step {first + 1} is bit for bit the uninterrupted run's" in kaggle
     laptop = hop(output_dir, "local", 1, *args)
     assert "history: processes 2 -> 1, accumulation 1 -> 2 (per-device batch 32 kept)" in laptop
+    assert f"resume verified: step {second + 1} is bit for bit the uninterrupted run's" in laptop
     rows, expected = read_metrics(output_dir), read_metrics(reference)
     (hop_row,) = [
         i for i, row in enumerate(expected) if row["step"] == 2 * config.log_every and "train/loss" in row
@@ -103,6 +105,7 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(
     assert table[0].split()[:3] == ["session", "started", "steps"]
     assert [line.split()[0] for line in table[1:4]] == ["1", "2", "3"]
     assert "2 x 32 x 1" in table[2] and "1 x 32 x 2" in table[3] and final in table[3]
+    assert table[0].split()[-1] == "resume" and table[2].split()[-1] == table[3].split()[-1] == "verified"
 
 
 @pytest.mark.slow
@@ -144,6 +147,58 @@ def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path)
         "no clean end (killed or crashed)" in table
         and f"per-device batch {config.per_device_batch_size}" in table
     )
+
+
+@pytest.mark.slow
+def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_found(tmp_path: Path) -> None:
+    """Sessions that end at max_steps record the step after their checkpoint without taking it; each resume
+    compares its first step with that record: as it was (verified); a record whose loss, then batch, was
+    altered (differs, saying whether the batch is the same); no record (said so); half the per-device
+    batch (differs by float rounding: the batch is the same, the split is named, the difference measured).
+    """
+    output_dir = tmp_path / "run"
+    args = [*QUICK, "--mixed_precision", "no"]
+    config, _ = load_config(args, PROJECT / "configs" / "local.yaml", task.Config)
+    half = str(config.per_device_batch_size // 2)
+
+    def session(end: int, *more: str, alter: str = "") -> str:
+        """Alter the record of the step after the newest checkpoint in the run folder's history (which the
+        resume reads over the checkpoint's own copy), then run on to step `end`; what the resume said."""
+        if alter:
+            path = output_dir / HISTORY_FILE
+            saved = json.loads(path.read_text())
+            step = str(max(int(path.name[5:]) for path in list_checkpoints(output_dir)))
+            (record,) = [s for s in saved["sessions"] if step in s.get("after_checkpoint", {})]
+            if alter == "drop":
+                del record["after_checkpoint"][step]
+            else:  # the last hex digit of the loss or of the batch's hash
+                value = record["after_checkpoint"][step][alter]
+                record["after_checkpoint"][step][alter] = value[:-1] + ("1" if value[-1] != "1" else "2")
+            path.write_text(json.dumps(saved))
+        result = run_training(output_dir, *args, "--max_steps", str(end), *more)
+        return "\n".join(line for line in result.stdout.splitlines() if line.startswith("resume "))
+
+    session(4)
+    assert session(6) == "resume verified: step 5 is bit for bit the uninterrupted run's"
+    loss = session(8, alter="loss")
+    assert loss.startswith("resume differs at step 7: loss ")
+    assert "(the batch is the same): nothing the history names changed" in loss
+    assert "measured: relative difference " in loss and " in the gradient norm" in loss
+    batch = session(10, alter="batch")
+    assert batch.startswith("resume differs at step 9: loss ") and "(the batch differs)" in batch
+    assert session(12, alter="drop").startswith("resume not verified: nothing was recorded of step 11 (")
+    split = session(14, "--per_device_batch_size", half)
+    assert split.startswith("resume differs at step 13: loss "), split
+    assert f"(the batch is the same): per-device batch {config.per_device_batch_size} -> {half}" in split
+    assert [s.get("resume") for s in run_history(output_dir)] == [
+        None,
+        "verified",
+        "differs",
+        "differs",
+        "not recorded",
+        "differs",
+    ]
+    assert history_table(output_dir).splitlines()[2].split()[-1] == "verified"
 
 
 def test_a_checkpoint_from_before_histories_is_compared_on_its_meta_json(tmp_path: Path) -> None:

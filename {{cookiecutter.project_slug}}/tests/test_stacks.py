@@ -1,5 +1,7 @@
 """A checkpoint moves between software stacks (Colab and Kaggle ship different torch and Accelerate): written
-on one, it resumes on the other, both ways, and the run's history names what changed.
+on one, it resumes on the other, both ways, and the run's history names what changed; the resume's first
+step is verified against the one the first stack computed, or differs by a measured amount that the line
+puts down to the stack.
 
 The other stack is a second environment with this project installed, whose interpreter OTHER_STACK_PYTHON
 names: `.ci/stacks` in the template builds one at the lowest versions pyproject.toml allows and runs this
@@ -58,3 +60,11 @@ def test_a_checkpoint_resumes_on_the_other_stack_and_the_history_names_it(first:
     assert [session["versions"]["torch"] for session in sessions] == [before["torch"], after["torch"]]
     assert [session["start_step"] for session in sessions] == [0, 10]
     assert sessions[-1]["ending"] in ("done", "max_steps reached")
+    (line,) = [line for line in resumed.splitlines() if line.startswith("resume ")]
+    changed = [f"{name} {before[name]} -> {after[name]}" for name in before if before[name] != after[name]]
+    if line.startswith("resume differs at step 11: loss "):
+        assert "measured: relative difference " in line and any(change in line for change in changed), line
+        assert sessions[-1]["resume"] == "differs"
+    else:
+        assert line == "resume verified: step 11 is bit for bit the uninterrupted run's"
+        assert sessions[-1]["resume"] == "verified"

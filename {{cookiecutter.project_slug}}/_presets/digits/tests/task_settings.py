@@ -9,5 +9,3 @@ QUICK = ["--num_epochs", "4", "--checkpoint_every", "20", "--keep_checkpoints", 
 # (per-device 32, global 64).
 SIGNAL_RUN = ["--max_steps", "400", "--log_every", "5", "--checkpoint_every", "20"]
 
-# Dropout draws different masks on each process: off where 1 and 2 processes are compared.
-SAME_ON_EVERY_PROCESS = ["--dropout", "0"]

@@ -13,8 +13,6 @@ QUICK = [
 # dropout and the augmentation (random crops, mirroring) are on: 12 epochs of 12 optimizer steps.
 SIGNAL_RUN = ["--num_epochs", "12", "--log_every", "2", "--checkpoint_every", "10"]
 
-# Dropout draws different masks on each process: off where 1 and 2 processes are compared.
-SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
 
 # Fine-tuning (tests/task/test_fine_tuning.py): a pretrained model stood in for by a tiny ViT with random
 # weights (32-pixel images in 8-pixel patches) and its image processor, saved as a download is

@@ -9,5 +9,3 @@ QUICK = ["--max_steps", "20", "--checkpoint_every", "10", "--keep_checkpoints", 
 # every 2 steps.
 SIGNAL_RUN = ["--max_steps", "40", "--log_every", "2", "--checkpoint_every", "10"]
 
-# Dropout draws different masks on each process: off where 1 and 2 processes are compared.
-SAME_ON_EVERY_PROCESS = ["--dropout", "0"]

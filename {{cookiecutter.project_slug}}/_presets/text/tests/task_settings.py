@@ -15,8 +15,6 @@ QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", 
 # 5 epochs, 105 optimizer steps, dropout 0.1 (the default) on, accumulation 2 (per-device 32, global 64).
 SIGNAL_RUN = ["--num_epochs", "5", "--log_every", "5", "--checkpoint_every", "20"]
 
-# Dropout draws different masks on each process: off where 1 and 2 processes are compared.
-SAME_ON_EVERY_PROCESS = ["--dropout", "0"]
 
 # Fine-tuning (tests/task/test_fine_tuning.py): a pretrained model stood in for by the tiny BERT with random
 # weights and the word-level tokenizer, saved as a download is (save_pretrained); a run of 30 optimizer

@@ -12,7 +12,9 @@ session, at each checkpoint and at its end. That copy also knows the sessions wh
 (a divergence, a session killed before its first checkpoint).
 
 At a resume every difference from the previous session is printed, one line each, with what it does to
-the numbers. Print a run's history as a table:
+the numbers; then the first step says whether it is bit for bit the one the uninterrupted run took (each
+session records the step after each of its checkpoints: utils/exact.py), and the verdict is recorded.
+Print a run's history as a table:
 
     python -m {{ cookiecutter.package_name }}.utils.history outputs/{{ cookiecutter.task }}
 """
@@ -84,6 +86,17 @@ class History:
         previous = self.sessions[-1]
         lines = [] if previous.get("ending") else [unclean_end(previous)]
         return lines + differences(previous, self.current)
+
+    def record(self, checkpoint_step: int, digest: Record) -> None:
+        """What the step after the checkpoint at `checkpoint_step` was (utils/exact.py), for its resumes."""
+        self.current.setdefault("after_checkpoint", {})[str(checkpoint_step)] = digest
+
+    def recorded(self, checkpoint_step: int) -> Record | None:
+        """The step after that checkpoint as the earliest session that took it (or computed it) saw it."""
+        for record in self.sessions:
+            if str(checkpoint_step) in record.get("after_checkpoint", {}):
+                return record["after_checkpoint"][str(checkpoint_step)]
+        return None
 
 
 def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path | None) -> History:
@@ -300,12 +313,13 @@ def _batch_change(before: Record, now: Record) -> list[str]:
     if before.get("per_device_batch") == now["per_device_batch"]:
         return [
             f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same sums in the "
-            "same order, bitwise as one uninterrupted run, unless the model draws random numbers while "
-            "training (dropout): each process draws from its own stream, and new ones start from the seed"
+            "same order and the same random numbers (they follow the samples), so bitwise as one "
+            "uninterrupted run: the resume line says what the first step measured"
         ]
     return [
         f"{', '.join(changed)}: the same optimization (same global batch, same samples), but the float "
-        f"rounding now differs from an uninterrupted run: {NOT_EXACT}"
+        f"rounding now differs from an uninterrupted run, and so do the random numbers (dropout: drawn per "
+        f"micro-batch): {NOT_EXACT}"
     ]
 
 
@@ -331,7 +345,7 @@ def _version_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
 def table(sessions: list[Record]) -> list[str]:
     """The sessions as rows, each followed by what changed since the session before it."""
     header = ("session", "started", "steps", "ended", "platform", "processes x batch x accum", "device")
-    rows = [(*header, "precision", "torch", "accelerate", "task.py", "data")]
+    rows = [(*header, "precision", "torch", "accelerate", "task.py", "data", "resume")]
     for record in sessions:
         versions = record.get("versions", {})
         rows.append(
@@ -349,6 +363,7 @@ def table(sessions: list[Record]) -> list[str]:
                 versions.get("accelerate", "?"),
                 str(record.get("task_sha256", "?"))[:12],
                 str(record.get("data") or "?")[:12],
+                str(record.get("resume", "")),
             )
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]

@@ -1,7 +1,8 @@
 """The step's bookkeeping: what the training loop decides after each optimizer step, one method per concern.
 
 train.py builds one `Bookkeeping` before the loop, takes each epoch's batches from it (`epoch_batches`:
-its order, and after a resume the batches not yet seen) and calls, after every optimizer step, in order:
+its order, and after a resume the batches not yet seen), before each step `step_digest` (what is recorded
+of it, on the first step after a checkpoint: utils/exact.py) and, after every optimizer step, in order:
 `count` (the position in the data, fp16's skipped steps), `log` (the train loss, the stop and time votes),
 `evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then
 `end.now()` (whether the loop ends);
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from .. import task
 from .checkpoint import LoopState, export_model
 from .compile_cache import cache_files
 from .config import TrainConfig
+from .exact import StepDigest, verdict
 from .history import HISTORY_FILE, History
 from .persist import Persister
 from .progress import Progress
@@ -65,17 +67,31 @@ class Bookkeeping:
         self.end = Ending(stop, state, total_steps, steps_per_epoch * config.num_epochs, config.max_steps)
         self.timed_checkpoint = self.end_of_epoch = self.streamed = False
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
+        # The newest checkpoint published: the run folder's history never claims a later step.
+        self.published = state.step if resumed_from is not None else None
         self.metrics: dict[str, float] | None = None
+        # The first step after a checkpoint is recorded; a resumed session's first is verified too.
+        self.record_at = self.verify_at = state.step if resumed_from is not None else -1
+        self.digest = StepDigest(accelerator, False)
+        self.loader = self.train_set = None
 
     def epoch_batches(self, train_loader: Any, train_set: Any) -> Iterator:
         """The train batches of the epoch in progress, in its order: after a resume, those not yet seen."""
         self.streamed = isinstance(train_set, IterableDataset)
+        self.loader, self.train_set = train_loader, train_set  # the probe's next batch (checkpoint)
         return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
+
+    def step_digest(self) -> StepDigest:
+        """What the loop records of the step it starts: active on the first step after a checkpoint."""
+        self.digest = StepDigest(self.accelerator, self.state.step in (self.record_at, self.verify_at))
+        return self.digest
 
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
         """One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients): then
         the logged loss does not count it, and too many skipped in a row is divergence."""
         state, config = self.state, self.config
+        if self.digest.active:
+            self.digested(self.digest.result())
         if skipped:
             state.skipped_in_a_row += 1
             if state.skipped_in_a_row >= config.fp16_skip_patience:
@@ -139,8 +155,9 @@ class Bookkeeping:
             self.evaluate(model, forward, eval_loader)
             self.end_of_epoch = False
 
-    def checkpoint(self, model: torch.nn.Module) -> None:
-        """Save when due (checkpoint_every, the last step), for time, or before stopping."""
+    def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
+        """Save when due (checkpoint_every, the last step), for time, or before stopping. A session that
+        ends here with steps left first computes the next step without taking it (`probe`)."""
         state, config, accelerator = self.state, self.config, self.accelerator
         self.persister.announce()  # the background save before, once published
         if self.end.diverged:
@@ -152,6 +169,10 @@ class Bookkeeping:
         if not weights_finite(accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
             return
+        more = state.step < self.steps_per_epoch * config.num_epochs and not state.stopped_early
+        if more and self.end.now() and not self.streamed:
+            self.probe(model, gradients)
+        self.record_at = state.step
         self.loss.save()  # the logging interval in progress, which a resumed run logs whole
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
@@ -161,6 +182,7 @@ class Bookkeeping:
         files |= cache_files(accelerator, config)  # what was compiled (utils/compile_cache.py)
 
         def saved(path: Path) -> None:  # once published: what a kill from then on resumes from
+            self.published = step
             self.history.save(config.output_dir, step, why)
             self.progress.write(f"checkpoint: step {step} saved to {path}")
 
@@ -169,6 +191,32 @@ class Bookkeeping:
         self.last_saved = self.persister.save(state, self.resumed_from, files, saved)
         # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
         self.clock.saved(saving, self.persister.last_seconds)
+
+    def probe(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
+        """Record the step after this checkpoint without taking it: its batch (the data order's next),
+        forward and backward as the loop does them, BatchNorm's statistics not updated, no optimizer or
+        schedule step, the gradients dropped. The checkpoint then carries the record (its history). A
+        stream's next batch is not read ahead: its position is part of the checkpoint."""
+        batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
+        self.digest = StepDigest(self.accelerator, True)
+        gradients(batch, self.digest, tracking=False)
+        for param in model.parameters():
+            param.grad = None  # as optimizer.zero_grad() leaves them
+        self.digested(self.digest.result())
+
+    def digested(self, digest: dict[str, Any]) -> None:
+        """The first step after a checkpoint: recorded for later resumes; after this session's resume,
+        compared with what the uninterrupted run recorded, in one line, which the history keeps."""
+        state, history = self.state, self.history
+        if state.step == self.verify_at and self.accelerator.is_main_process:
+            kind, line = verdict(history.recorded(state.step), digest, state.step + 1, history.changes())
+            self.progress.write(line)
+            history.current.update(resume=kind, resume_line=line)
+        self.verify_at = -1
+        if self.accelerator.is_main_process:
+            history.record(state.step, digest)  # in the next checkpoint's history, and in the run folder's:
+            if self.published is not None:  # at once where its checkpoint is published, else once it is
+                history.save(self.config.output_dir, self.published)
 
 
 @dataclass

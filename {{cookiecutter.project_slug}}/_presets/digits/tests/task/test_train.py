@@ -75,7 +75,7 @@ def test_two_processes_communicate_and_match_one(single_run: tuple, tmp_path: Pa
     assert started["per-device batch"] == "32 x 2 processes x 1 accumulation = global batch 64"
     one, two = last_eval(single_dir), last_eval(output_dir)
     assert one["step"] == two["step"] == 88
-    # Same data order and global batch; only the dropout masks differ between ranks.
+    # Same data order, global batch and dropout masks; the threads per process (their sums) may differ.
     assert two["eval/loss"] == pytest.approx(one["eval/loss"], rel=0.15)
     assert two["eval/accuracy"] == pytest.approx(one["eval/accuracy"], abs=0.03)
     first_losses = [row["train/loss"] for row in read_metrics(output_dir) if "train/loss" in row][:2]

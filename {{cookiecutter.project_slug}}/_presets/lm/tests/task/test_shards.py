@@ -3,7 +3,7 @@ guarantees of test_guarantees.py on the shard path, with 3 shards of a small cor
 
 - kill -9 and SIGTERM mid-epoch, each resume crossing an epoch boundary, then the same command: bitwise
   equal to a run never stopped;
-- 1 and 2 processes end at the same eval metrics (dropout 0), the 2-process run continued mid-epoch by
+- 1 and 2 processes end at the same eval metrics (dropout 0.1), the 2-process run continued mid-epoch by
   1 process (a hop 2 -> 1);
 - shards prepared again from another text (another vocabulary, or the same characters in another order)
   stop a resume with one line naming the vocabulary or the first shard that differs, before anything is
@@ -406,7 +406,7 @@ def test_one_and_two_processes_then_a_hop_to_one_end_at_the_same_eval_metrics(
         "--data_file",
         str(small),
         "--dropout",
-        "0",
+        "0.1",
         "--mixed_precision",
         "no",
         "--per_device_batch_size",

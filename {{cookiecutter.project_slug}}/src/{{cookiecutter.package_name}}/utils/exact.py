@@ -1,0 +1,124 @@
+"""Exact by construction, and shown at every resume.
+
+`follow_the_sample` seeds torch's generators before each micro-batch from the run's seed, the optimizer
+step and the micro-batch's place in the global batch. Accelerate hands process p the p-th share of each
+global batch (per-device batch x accumulation samples), which the loop cuts into micro-batches, so micro-batch
+j of process p holds the samples at place p x accumulation + j: the same samples, whatever the number of
+processes and accumulation steps, for the same per-device batch. Dropout and every other draw made inside
+the step (on the CPU or a GPU) then follow the samples, not the process: 1 process x 2 accumulation and 2
+processes x 1 draw the same masks, and a resumed step draws what the uninterrupted run drew.
+
+`StepDigest` records the first step after a checkpoint (or, when a session ends there, computes it without
+taking it): a hash of each sample as the model receives it, in global order, the loss and the gradient
+norm, as bits. The run's history keeps it; a session resumed from that checkpoint compares its own first
+step with it and says, in one line, whether the resume is bit for bit the uninterrupted run (`verdict`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+
+
+def follow_the_sample(seed: int, step: int, place: int, device: torch.device) -> None:
+    """Seed the default generators of the CPU and of `device` for the micro-batch at `place` in the global
+    batch of optimizer step `step`: host-side, no device sync. Not torch.manual_seed: it also queues a
+    seeding, with a stack trace, for every device kind not yet initialized (milliseconds, and a list that
+    grows at every call)."""
+    key = hashlib.blake2b(f"{seed}/{step}/{place}".encode(), digest_size=8).digest()
+    value = int.from_bytes(key, "little") >> 1
+    torch.default_generator.manual_seed(value)
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        torch.cuda.default_generators[index].manual_seed(value)
+    elif device.type != "cpu":  # mps, xpu, ...: in use, so initialized
+        getattr(torch, device.type).manual_seed(value)
+
+
+def sample_hashes(batch: Any) -> list[str]:
+    """One hash per sample of a micro-batch: its rows of every tensor in the batch (a tensor, or
+    mappings, lists and tuples of them), as bytes."""
+    leaves: list[torch.Tensor] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            leaves.append(value.detach().cpu())
+        elif isinstance(value, Mapping):
+            for key in sorted(value, key=str):
+                collect(value[key])
+        elif isinstance(value, list | tuple):
+            for item in value:
+                collect(item)
+
+    collect(batch)
+    rows = leaves[0].shape[0] if leaves and leaves[0].dim() else 1
+    hashes = [hashlib.blake2b(digest_size=16) for _ in range(rows)]
+    for leaf in leaves:
+        per_row = leaf.dim() > 0 and leaf.shape[0] == rows
+        data = leaf.contiguous().reshape(rows if per_row else 1, -1).view(torch.uint8).numpy()
+        for row, digest in enumerate(hashes):
+            digest.update(data[row if per_row else 0])
+    return [digest.hexdigest() for digest in hashes]
+
+
+class StepDigest:
+    """One optimizer step's batch, loss and gradient norm, as bits; inactive (free) on other steps."""
+
+    def __init__(self, accelerator: Any, active: bool) -> None:
+        self.accelerator, self.active = accelerator, active
+        self.first_place = accelerator.process_index * accelerator.gradient_accumulation_steps
+        self.micro: list[tuple[int, list[str], torch.Tensor]] = []
+        self.norm: torch.Tensor | float | None = None  # set by the loop: clip_grad_norm_'s return
+
+    def add(self, micro_batch: Any, loss: torch.Tensor) -> None:
+        if self.active:
+            place = self.first_place + len(self.micro)
+            self.micro.append((place, sample_hashes(micro_batch), loss.detach().float()))
+
+    def result(self) -> dict[str, Any]:
+        """The step as every process saw it (one gather: a collective): the batch's hash over its samples
+        in global order, their count, the mean loss over the micro-batches and the gradient norm."""
+        own = [(place, hashes, loss.item()) for place, hashes, loss in self.micro]
+        gathered = sorted(gather_object(own))
+        samples = [sample for _, hashes, _ in gathered for sample in hashes]
+        loss = math.fsum(value for *_, value in gathered) / len(gathered)
+        norm = float(self.norm) if self.norm is not None else math.nan
+        return {
+            "batch": hashlib.sha256("".join(samples).encode()).hexdigest(),
+            "samples": len(samples),
+            "loss": loss.hex(),
+            "grad_norm": norm.hex(),
+        }
+
+
+def verdict(
+    recorded: dict[str, Any] | None, measured: dict[str, Any], step: int, changes: list[str]
+) -> tuple[str, str]:
+    """The resume's verdict (verified, differs, not recorded) and its one line: step `step` (1-based)
+    against what the uninterrupted run recorded of it."""
+    if recorded is None:
+        why = (
+            "no session before this one reached it: killed right after the checkpoint, a stream stopped "
+            "there (its next batch is not read ahead), or a checkpoint older than these records"
+        )
+        return "not recorded", f"resume not verified: nothing was recorded of step {step} ({why})"
+    if all(recorded.get(key) == measured[key] for key in ("batch", "samples", "loss", "grad_norm")):
+        return "verified", f"resume verified: step {step} is bit for bit the uninterrupted run's"
+    loss, was = float.fromhex(measured["loss"]), float.fromhex(recorded["loss"])
+    norm, norm_was = float.fromhex(measured["grad_norm"]), float.fromhex(recorded["grad_norm"])
+    batch = "the batch is the same" if recorded.get("batch") == measured["batch"] else "the batch differs"
+    named = "; ".join(line.split(": ")[0] for line in changes) or "nothing the history names changed"
+    return "differs", (
+        f"resume differs at step {step}: loss {loss!r} against {was!r} ({batch}): {named}; measured: "
+        f"relative difference {relative(loss, was):.1e} in the loss, {relative(norm, norm_was):.1e} in the "
+        f"gradient norm ({norm!r} against {norm_was!r})"
+    )
+
+
+def relative(value: float, reference: float) -> float:
+    return abs(value - reference) / abs(reference) if reference else abs(value - reference)
