@@ -7,10 +7,11 @@
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
 
 Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop -> export. The
-loop's body is the algorithm (micro-batches, forward, backward, optimizer and schedule steps), then one
-call per decision of utils/loop.py (count, log, evaluate, checkpoint, end). Everything about the task
-(data, batches, model, loss, metrics) comes from `task.py` in the package under src/: change that, not
-this loop; to change the loop itself, see the README's "Change the loop".
+loop's body is the algorithm (forward and backward over the micro-batches in `step_gradients`, below;
+the optimizer and schedule steps), then one call per decision of utils/loop.py (count, log, evaluate,
+checkpoint, end). Everything about the task (data, batches, model, loss, metrics) comes from `task.py` in
+the package under src/: change that, not this loop; to change the loop itself, see the README's "Change
+the loop".
 
 Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
 the resumed run ends with the same weights and logs the same losses as one that was never stopped, and
@@ -31,6 +32,7 @@ import errno
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # First only what reading the config needs (no torch): see utils/cli.py.
@@ -223,32 +225,8 @@ def train(
     )
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
-    accumulation, micro_size = accelerator.gradient_accumulation_steps, config.per_device_batch_size
-    first_place = accelerator.process_index * accumulation  # this process's micro-batches in the global batch
-    norms, stats_here = running_stats(accelerator, model)  # BatchNorm's, and whether this process's count
-
-    def gradients(batch: object, digest: StepDigest, tracking: bool = True) -> torch.Tensor:
-        """Forward and backward over the step's micro-batches, the gradients clipped; the summed loss.
-        Each micro-batch draws its samples' random numbers (dropout...): utils/exact.py."""
-        step_loss = None
-        for micro in range(accumulation):
-            micro_batch = batch  # the whole batch is one micro-batch unless accumulating
-            if accumulation > 1:
-                micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
-            with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
-                # BatchNorm's running statistics follow the step's first micro-batch alone (the main
-                # process's): the same samples on any number of processes with the same per-device
-                # batch, so 1 and N processes end with the same statistics.
-                for layer in norms:
-                    layer.track_running_stats = tracking and stats_here and micro == 0
-                follow_the_sample(config.seed, book.state.step, first_place + micro, accelerator.device)
-                loss = task.loss(task_model, micro_batch)
-                digest.add(micro_batch, loss)  # on the first step after a checkpoint only
-                accelerator.backward(loss)  # divides by the accumulation steps
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        digest.norm = accelerator.clip_grad_norm_(trained, config.max_grad_norm)
-        return step_loss
-
+    # Forward and backward over a step's micro-batches, each drawing its samples' random numbers
+    gradients = step_gradients(accelerator, config, model, task_model, trained, book)
     while not book.end.now():
         model.train()
         for batch in book.epoch_batches(train_loader, train_set):  # after a resume: those not yet seen
@@ -268,6 +246,45 @@ def train(
         book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
     # --- final evaluation and export (or, after a stop, what a session that ends now should leave)
     return finish(book, model, forward, eval_loader, scheduler)
+
+
+def step_gradients(
+    accelerator: Accelerator,
+    config: TrainConfig,
+    model: torch.nn.Module,
+    task_model: TaskModel,
+    trained: list[torch.nn.Parameter],
+    book: Bookkeeping,
+) -> Callable[..., torch.Tensor]:
+    """The loop's step before the optimizer's: `gradients(batch, digest)` runs forward and backward over the
+    batch's micro-batches, clips the gradients and returns the summed loss. The probe at a session's last
+    checkpoint calls it too, with BatchNorm's statistics left alone (`tracking=False`)."""
+    accumulation, micro_size = accelerator.gradient_accumulation_steps, config.per_device_batch_size
+    first_place = accelerator.process_index * accumulation  # this process's micro-batches in the global batch
+    norms, stats_here = running_stats(accelerator, model)  # BatchNorm's, and whether this process's count
+
+    def gradients(batch: object, digest: StepDigest, tracking: bool = True) -> torch.Tensor:
+        # Each micro-batch draws its samples' random numbers (dropout...): utils/exact.py.
+        step_loss = None
+        for micro in range(accumulation):
+            micro_batch = batch  # the whole batch is one micro-batch unless accumulating
+            if accumulation > 1:
+                micro_batch = slice_tensors(batch, slice(micro * micro_size, (micro + 1) * micro_size))
+            with accelerator.accumulate(model):  # syncs gradients on the last micro-batch only
+                # BatchNorm's running statistics follow the step's first micro-batch alone (the main
+                # process's): the same samples on any number of processes with the same per-device
+                # batch, so 1 and N processes end with the same statistics.
+                for layer in norms:
+                    layer.track_running_stats = tracking and stats_here and micro == 0
+                follow_the_sample(config.seed, book.state.step, first_place + micro, accelerator.device)
+                loss = task.loss(task_model, micro_batch)
+                digest.add(micro_batch, loss)  # on the first step after a checkpoint only
+                accelerator.backward(loss)  # divides by the accumulation steps
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        digest.norm = accelerator.clip_grad_norm_(trained, config.max_grad_norm)
+        return step_loss
+
+    return gradients
 
 
 def print_start(

@@ -8,4 +8,3 @@ QUICK = ["--num_epochs", "4", "--checkpoint_every", "20", "--keep_checkpoints", 
 # 400 optimizer steps (18 epochs); dropout and the augmentation noise are on, and accumulation is 2
 # (per-device 32, global 64).
 SIGNAL_RUN = ["--max_steps", "400", "--log_every", "5", "--checkpoint_every", "20"]
-

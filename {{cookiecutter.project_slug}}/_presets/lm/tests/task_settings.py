@@ -8,4 +8,3 @@ QUICK = ["--max_steps", "20", "--checkpoint_every", "10", "--keep_checkpoints", 
 # mid-run; accumulation is 2 (per-device 32, global 64). A stop takes effect at the next logging step:
 # every 2 steps.
 SIGNAL_RUN = ["--max_steps", "40", "--log_every", "2", "--checkpoint_every", "10"]
-

@@ -96,6 +96,14 @@ def _check_training(
         raise TaskError(
             f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
         )
+    warnings += _check_loss(model, train_batch)
+    values = _check_eval_step(model, eval_batch, rows)
+    _check_metrics(config, values)
+    return warnings, model
+
+
+def _check_loss(model: torch.nn.Module, train_batch: Any) -> list[str]:
+    """loss on a training batch: a finite scalar with a gradient; warnings for buffers it changed."""
     model.train()
     buffers = {name: value.clone() for name, value in model.named_buffers()}
     # The model as the loop passes it (TaskModel): what loss may use of it is the same on 1 and N processes.
@@ -120,8 +128,11 @@ def _check_training(
     if not math.isfinite(loss.item()):
         raise TaskError(f"loss(model, batch) is {loss.item()} on {SAMPLES} samples with the initial weights")
     loss.backward()
-    warnings += _changed_buffers(model, buffers)
+    return _changed_buffers(model, buffers)
 
+
+def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapping:
+    """eval_step on an eval batch: a dict of named tensors with one value per sample."""
     model.eval()
     with torch.no_grad():
         values = _call(
@@ -146,6 +157,11 @@ def _check_training(
                 + (f"{way_out}values to one ({name}.mean(1))" if several else "")
             )
 
+    return values
+
+
+def _check_metrics(config: TrainConfig, values: Mapping) -> None:
+    """metrics on eval_step's values: Python numbers, every one METRIC_GOALS names among them."""
     results = _call("metrics(values, config)", task.metrics, dict(values), config)
     if not isinstance(results, Mapping):
         raise TaskError(
@@ -163,7 +179,6 @@ def _check_training(
             f"metrics(values, config) returned {sorted(results)}, without {missing}, which METRIC_GOALS "
             "names (best_metric is one of them): return every metric of METRIC_GOALS, or remove it there"
         )
-    return warnings, model
 
 
 def _check_predict(config: TrainConfig, model: torch.nn.Module, samples: int) -> None:
