@@ -32,8 +32,22 @@ Check = tuple[str, typing.Callable[[Any], bool], str]
 
 def setting(default: Any, meaning: str) -> Any:
     """A config field with its one-line meaning, which `train.py --help` shows next to the field's default
-    and allowed values (its Literal choices, its CHECKS): a field and its help are declared in one place."""
+    and allowed values (its Literal choices, its CHECKS): a field and its help are declared in one place.
+    It defines the optimization: a checkpoint continues only a run with the same value."""
     return dataclasses.field(default=default, metadata={"help": meaning})
+
+
+def session(default: Any, meaning: str) -> Any:
+    """A `setting` that may change between sessions and platforms (batch split, precision, logging,
+    output): a run continues with another value."""
+    return dataclasses.field(default=default, metadata={"help": meaning, "session": True})
+
+
+def session_fields(config_class: type) -> set[str]:
+    """The fields declared with `session` by the config's class or a class it derives from: a subclass's
+    plain `name: type = value` changes the default, not what the field is."""
+    declared = (vars(cls).get("__dataclass_fields__", {}) for cls in config_class.__mro__)
+    return {name for own in declared for name, field in own.items() if field.metadata.get("session")}
 
 
 @dataclass
@@ -44,11 +58,11 @@ class TrainConfig:
 
     # A relative output_dir is taken from the project folder, whatever the working directory: the same
     # command finds its run from anywhere.
-    output_dir: str = setting(
+    output_dir: str = session(
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
     seed: int = setting(42, "seeds the weights, dropout, the data split and the data order")
-    num_workers: int = setting(
+    num_workers: int = session(
         -1, "DataLoader worker processes (0: load in the training process; -1: 2 for a stream, else 0)"
     )
 
@@ -56,114 +70,84 @@ class TrainConfig:
     # so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs.
     num_epochs: int = setting(20, "length of training, which sizes the learning-rate schedule")
     # The schedule stays sized by num_epochs, so a later run with a higher cap continues exactly.
-    max_steps: int = setting(0, "stop after this many optimizer steps")
-    per_device_batch_size: int = setting(32, "samples per process per forward pass: fit it to the device")
+    max_steps: int = session(0, "stop after this many optimizer steps")
+    per_device_batch_size: int = session(32, "samples per process per forward pass: fit it to the device")
     global_batch_size: int = setting(64, "samples per optimizer step, over all processes and accumulation")
     learning_rate: float = setting(3e-3, "AdamW's peak learning rate, after warmup, then cosine decay to 0")
     weight_decay: float = setting(0.01, "AdamW's weight decay")
     warmup_steps: int = setting(20, "optimizer steps of linear learning-rate warmup")
     max_grad_norm: float = setting(1.0, "gradients are clipped to this norm")
-    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = setting(
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(
         "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
     )
 
-    # Memory and speed, both off by default.
-    auto_batch_size: bool = setting(
+    auto_batch_size: bool = session(
         False, "if per_device_batch_size does not fit, use the largest that does (more accumulation)"
     )
-    compile: bool = setting(False, "torch.compile the model (slow start, faster steps)")
+    compile: bool = session(False, "torch.compile the model (slow start, faster steps)")
     # An op that has no deterministic kernel stops the run with its name; false: reruns are equal up
     # to float rounding only.
-    deterministic: bool = setting(True, "deterministic kernels: bitwise-equal reruns and resumes on a GPU")
+    deterministic: bool = session(True, "deterministic kernels: bitwise-equal reruns and resumes on a GPU")
 
     # Bookkeeping, all counted in optimizer steps.
-    log_every: int = setting(10, "log the train loss every this many optimizer steps")
-    eval_every: int = setting(0, "evaluate every this many optimizer steps")
+    log_every: int = session(10, "log the train loss every this many optimizer steps")
+    eval_every: int = session(0, "evaluate every this many optimizer steps")
     # best_model/ is kept apart from the rotating checkpoints.
     best_metric: str = setting(
         "eval/loss", "the eval metric that picks best_model/ and early stopping watches"
     )
-    early_stopping_patience: int = setting(0, "stop after this many evaluations without a better best_metric")
-    checkpoint_every: int = setting(100, "save a checkpoint every this many optimizer steps")
+    early_stopping_patience: int = session(0, "stop after this many evaluations without a better best_metric")
+    checkpoint_every: int = session(100, "save a checkpoint every this many optimizer steps")
     # Caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.
-    checkpoint_every_minutes: float = setting(
+    checkpoint_every_minutes: float = session(
         0.0, "also checkpoint at the first logging step after this many minutes without one (0: off)"
     )
-    keep_checkpoints: int = setting(3, "how many of the newest checkpoints to keep")
+    keep_checkpoints: int = session(3, "how many of the newest checkpoints to keep")
     # background: the loop copies the state to CPU memory and trains on while a thread writes, checksums,
     # fsyncs and publishes it (utils/persist.py; docs/resume.md has the measurements).
-    checkpoint_mode: Literal["background", "sync"] = setting(
+    checkpoint_mode: Literal["background", "sync"] = session(
         "background", "background: write checkpoints while training goes on; sync: the loop waits for them"
     )
     # Before step 1: keep_checkpoints checkpoints (+1 being written) and the exports, estimated from the
     # model, against the free space of output_dir and a local mirror_dir (utils/disk_budget.py).
-    check_disk_space: bool = setting(True, "refuse to start when what the run keeps cannot fit on its disk")
+    check_disk_space: bool = session(True, "refuse to start when what the run keeps cannot fit on its disk")
     # As Hugging Face's torch_dtype: halves model/ and best_model/; checkpoints keep the training dtype.
-    export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = setting(
+    export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = session(
         "auto", "the dtype of the exported weights (auto: as trained)"
     )
     # Counted once train.py has loaded PyTorch. When the next logging interval, a checkpoint and the
     # export would not fit in what is left (estimated from this run's own slowest interval and checkpoint),
     # the run checkpoints, exports model/, draws its curves and exits with status 75.
-    time_budget: str = setting("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
-    resume: str = setting(
+    time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
+    resume: str = session(
         "auto", "auto: continue from the newest valid checkpoint in output_dir, if any; never: start fresh"
     )
     # e.g. Google Drive while output_dir is the session's fast local disk (Colab). A failing copy is
     # reported and retried; it never stops training.
-    mirror_dir: str = setting(
+    mirror_dir: str = session(
         "", "a second, persistent copy of the run, written in the background and verified ('': none)"
     )
     # Run folders (an earlier session's output, a mirror) and packed runs (utils/runs.py pack), a few
     # levels deep. Kaggle: its inputs; Colab: the project's folder on Drive.
-    import_from: str = setting("", "where to look for newer copies of this run to continue ('': nowhere)")
+    import_from: str = session("", "where to look for newer copies of this run to continue ('': nowhere)")
     # "Cannot continue": other settings, no readable checkpoint, or resume: never. Nothing is deleted
     # either way.
-    start_over: bool = setting(
+    start_over: bool = session(
         False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
     )
     # A resume on data other than the checkpoint's is refused, naming the first file that differs
     # (utils/fingerprint.py); this continues it on purpose, and the checkpoints record the change.
-    continue_on_new_data: bool = setting(
+    continue_on_new_data: bool = session(
         False, "continue a run whose data changed since its checkpoint (false: refuse, naming the file)"
     )
     # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
-    fp16_skip_patience: int = setting(
+    fp16_skip_patience: int = session(
         25, "stop as diverged after this many optimizer steps in a row skipped by fp16's loss scaler"
     )
-    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = setting("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
+    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = session("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
 
     # What the task's evaluation reports, and whether a higher or a lower value is better.
     METRIC_GOALS: ClassVar[dict[str, Literal["max", "min"]]] = {"eval/loss": "min"}
-    # Fields that may change between sessions and platforms (batch split, precision, logging, output).
-    # Every other field defines the optimization: a checkpoint continues only a run with the same values.
-    SESSION_FIELDS: ClassVar[tuple[str, ...]] = (
-        "output_dir",
-        "num_workers",
-        "max_steps",
-        "per_device_batch_size",
-        "mixed_precision",
-        "auto_batch_size",
-        "compile",
-        "deterministic",
-        "log_every",
-        "eval_every",
-        "early_stopping_patience",
-        "checkpoint_every",
-        "checkpoint_every_minutes",
-        "keep_checkpoints",
-        "checkpoint_mode",
-        "check_disk_space",
-        "export_dtype",
-        "time_budget",
-        "resume",
-        "mirror_dir",
-        "import_from",
-        "start_over",
-        "continue_on_new_data",
-        "fp16_skip_patience",
-        "tracker",
-    )
     CHECKS: ClassVar[list[Check]] = [
         ("output_dir", lambda v: v.strip() != "", "a non-empty path"),
         ("seed", lambda v: 0 <= v < 2**32, "between 0 and 2**32 - 1"),
@@ -199,7 +183,8 @@ def parse_duration(text: str) -> float | None:
 
 def run_defining_fields(config: TrainConfig) -> list[str]:
     """The fields a resumed run must share with its checkpoint."""
-    return [f.name for f in fields(config) if f.name not in config.SESSION_FIELDS]
+    session_only = session_fields(type(config))
+    return [f.name for f in fields(config) if f.name not in session_only]
 
 
 class ConfigError(ValueError):

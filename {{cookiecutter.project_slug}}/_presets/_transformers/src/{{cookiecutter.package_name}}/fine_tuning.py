@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .utils.config import Check, TrainConfig, setting
+from .utils.config import Check, TrainConfig, session, setting
 
 
 @dataclass
 class FineTuningConfig(TrainConfig):
     # It may name another folder in another session (a copy on Kaggle of what was on Drive): a resume
     # checks the frozen weights themselves, not their name.
-    pretrained_model: str = setting(
+    pretrained_model: str = session(
         "", "a Hugging Face Hub name or local folder to fine-tune (empty: the small model built here)"
     )
     # Under LoRA, checkpoints hold the adapter, the new head and their optimizer state, not the base.
@@ -23,19 +23,12 @@ class FineTuningConfig(TrainConfig):
     lora_target_modules: str = setting(
         "", "comma-separated names of the modules that get adapters ('': the default for the model family)"
     )
-    merge_lora: bool = setting(False, "LoRA: also export <model>/merged, the base with the adapter added in")
-    gradient_checkpointing: bool = setting(
+    # How activations are kept and what is exported change neither the optimization nor its numbers.
+    merge_lora: bool = session(False, "LoRA: also export <model>/merged, the base with the adapter added in")
+    gradient_checkpointing: bool = session(
         False, "recompute activations in the backward pass: less memory, about a third more compute"
     )
 
-    # Where the base model is found, how activations are kept and what is exported change neither the
-    # optimization nor its numbers: another session may set them otherwise.
-    SESSION_FIELDS: ClassVar[tuple[str, ...]] = (
-        *TrainConfig.SESSION_FIELDS,
-        "pretrained_model",
-        "merge_lora",
-        "gradient_checkpointing",
-    )
     CHECKS: ClassVar[list[Check]] = [
         *TrainConfig.CHECKS,
         ("lora_rank", lambda v: v >= 0, ">= 0 (0: no LoRA)"),

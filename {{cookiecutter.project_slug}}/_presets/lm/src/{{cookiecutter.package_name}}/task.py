@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .utils.config import Check, ConfigError, TrainConfig, setting
+from .utils.config import Check, ConfigError, TrainConfig, session, setting
 
 # torch, numpy and the data/ and models/ modules are imported inside the functions that use them, so that
 # `train.py --help` and config errors answer before torch loads (seconds).
@@ -75,10 +75,10 @@ class Config(TrainConfig):
     embed_dim: int = setting(128, "the GPT's embedding width")
     dropout: float = setting(0.0, "the GPT's dropout")
     tie_embeddings: bool = setting(False, "the output head shares the token embedding's weights (as GPT-2)")
-    # Sampling (predict.py); session fields, so they can change after training: --sample_chars 500.
-    sample_chars: int = setting(200, "predict.py: characters written after each prompt")
-    temperature: float = setting(0.8, "predict.py: sampling temperature; below 1, safer text")
-    top_k: int = setting(0, "predict.py: draw from the k most likely characters only")
+    # Sampling (predict.py): they may change after training, e.g. --sample_chars 500.
+    sample_chars: int = session(200, "predict.py: characters written after each prompt")
+    temperature: float = session(0.8, "predict.py: sampling temperature; below 1, safer text")
+    top_k: int = session(0, "predict.py: draw from the k most likely characters only")
     # TrainConfig's defaults that this task sets otherwise. One epoch is one pass over the training text
     # in windows of block_size + 1 characters: 15,684 windows, 245 optimizer steps of 64 windows.
     num_epochs: int = 2
@@ -87,12 +87,6 @@ class Config(TrainConfig):
     eval_every: int = 100
 
     METRIC_GOALS: ClassVar[dict[str, str]] = {"eval/loss": "min", "eval/perplexity": "min"}
-    SESSION_FIELDS: ClassVar[tuple[str, ...]] = (
-        *TrainConfig.SESSION_FIELDS,
-        "sample_chars",
-        "temperature",
-        "top_k",
-    )
     CHECKS: ClassVar[list[Check]] = [
         *TrainConfig.CHECKS,
         ("data_file", lambda v: v.strip() != "", "a path to a text file or a folder of token shards"),
