@@ -14,8 +14,9 @@ import os
 {%- endif %}
 {%- if cookiecutter.tracker == "wandb" %}
 import subprocess
-import sys
 {%- endif %}
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
     `finished`: the run is at its last step already, so this session logs only what it logged before.
     A full disk under a tracker, now or later, ends in the project's one line (`NamesAFullDisk`)."""
     where = Path(config.output_dir) / TRACKER_FILES.get(config.tracker, "")
+    quiet_full_disk_in_threads(where)
     try:
         _start_trackers(accelerator, config, state, finished)
     except Exception as error:
@@ -136,6 +138,21 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
 
 # Where the tracker writes in output_dir{% if cookiecutter.tracker == "mlflow" %} (its SQLite store unless MLFLOW_TRACKING_URI names another){% endif %}.
 TRACKER_FILES = {{ '{' }}{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}": "{{ {'tensorboard': 'logs', 'mlflow': 'mlflow.db', 'wandb': 'wandb'}[cookiecutter.tracker] }}"{% endif %}{{ '}' }}
+
+
+def quiet_full_disk_in_threads(where: Path) -> None:
+    """A tracker's own writer thread (TensorBoard's event writer) that meets a full disk says so in one
+    line instead of its traceback: the run's next write to that disk ends it with the one-line error."""
+    default = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is None or not disk_full(args.exc_value):
+            default(args)
+            return
+        thread = args.thread.name if args.thread else "a thread"
+        print(f"WARNING: {thread} could not write under {where}: the disk is full", file=sys.stderr)
+
+    threading.excepthook = hook
 
 
 def disk_full(error: BaseException) -> bool:
