@@ -58,6 +58,7 @@ ROOMS = {
             "run_dir",
             "runs",
             "persist",
+            "compile_cache",
             "disk_budget",
             "mirror",
             "mirror_stores",
