@@ -124,7 +124,7 @@ def worker(project: Path, data_file: str, steps: int, result: Path) -> None:
     train_set, _ = task.build_datasets(config)
     fetches: list[tuple[float, float]] = []
     edges = core.block_edges(steps)
-    with core.timed_fetches(fetches, type(train_set)), tempfile.TemporaryDirectory() as scratch:
+    with core.timed_fetches(fetches, package), tempfile.TemporaryDirectory() as scratch:
         stamps, handle = core.step_times(steps, gpu=False)
         # Evaluation and checkpoints fall after the last step: the timed window sees the steps and logging.
         argv = [
