@@ -141,8 +141,8 @@ TRACKER_FILES = {{ '{' }}{% if cookiecutter.tracker != "none" %}"{{ cookiecutter
 
 
 def quiet_full_disk_in_threads(where: Path) -> None:
-    """A tracker's own writer thread (one that writes events in the background) meeting a full disk says so
-    in one line instead of its traceback: the run's next write to that disk ends it with the one-line error."""
+    """A tracker's own writer thread (one that writes events in the background) meeting a full disk says
+    so in one line instead of its traceback: the run's next write to that disk ends the run in one line."""
     default = threading.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:
