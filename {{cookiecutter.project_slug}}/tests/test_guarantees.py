@@ -77,11 +77,28 @@ def written_by_the_rerun(output_dir: Path, resumed_from: Path) -> list[Path]:
     return [path for path in list_checkpoints(output_dir) if path != resumed_from]
 
 
-def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: Path) -> None:
-    reference = tmp_path / "reference"
-    run_training(reference, *SIGNAL_RUN)
+# Per-device batch 32 of a global 64, one thread per process: the same run on 1 process (2 accumulation
+# steps) and on 2 (1 each), so that one uninterrupted run is the reference of every stopped one here.
+SIGNAL_ARGS = [*SIGNAL_RUN, "--mixed_precision", "no", "--per_device_batch_size", "32"]
+
+
+@pytest.fixture(scope="module")
+def signal_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SIGNAL_ARGS run once, never stopped."""
+    reference = tmp_path_factory.mktemp("signal") / "reference"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # the same kernels on 1 and 2 processes
+        run_training(reference, *SIGNAL_ARGS)
+    return reference
+
+
+def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(
+    signal_reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    reference = signal_reference
     output_dir = tmp_path / "run"
-    command, env = training_command(output_dir, *SIGNAL_RUN)
+    command, env = training_command(output_dir, *SIGNAL_ARGS)
     started = time.time()
     process = subprocess.Popen(
         command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -97,7 +114,7 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
     assert f"curves: {output_dir / 'curves.svg'}" in output and (output_dir / "curves.svg").is_file()  # cheap
     assert_readable_log(output, list_checkpoints(output_dir))
     stopped_at = max(int(path.name[5:]) for path in list_checkpoints(output_dir))
-    resumed = run_training(output_dir, *SIGNAL_RUN)
+    resumed = run_training(output_dir, *SIGNAL_ARGS)
     assert f"step_{stopped_at:08d}" in resumed.stdout and "resuming from" in resumed.stdout
     assert_same_run(output_dir, reference)
     # The run's history: two sessions, why each ended, and nothing changed between them.
@@ -110,15 +127,13 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(tmp_path: 
 
 
 def test_one_then_two_then_one_process_with_sigterm_between_ends_bitwise_identical(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    signal_reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Per-device batch 32 of a global 64 throughout: 1 process x 2 accumulation, then 2 x 1, then 1 x 2,
     each session stopped by SIGTERM mid-run but the last. The random numbers follow the samples, so the
     run ends as one never stopped, and each resume says its first step was the uninterrupted run's."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same kernels on 1 and 2 processes
-    args = [*SIGNAL_RUN, "--mixed_precision", "no", "--per_device_batch_size", "32"]
-    reference = tmp_path / "reference"
-    run_training(reference, *args)
+    args, reference = SIGNAL_ARGS, signal_reference
     output_dir, stopped_at, outputs = tmp_path / "run", 0, []
     for processes in (1, 2):
         command, env = training_command(output_dir, *args, processes=processes)
