@@ -61,7 +61,6 @@ ROOMS = {
             "compile_cache",
             "disk_budget",
             "mirror",
-            "mirror_stores",
             "remote",
             "signals",
             "timing",
