@@ -65,7 +65,6 @@ ROOMS = {
             "compile_cache",
             "disk_budget",
             "mirror",
-            "mirror_stores",
             "remote",
             "signals",
             "timing",

@@ -80,10 +80,9 @@ from {{ cookiecutter.package_name }}.utils.mirror import (
     STOP_WAIT_S,
     Mirror,
     check_stores,
-    open_mirror,
 )
 from {{ cookiecutter.package_name }}.utils.persist import Persister
-from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, claim, write_error
+from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, on_main, write_error
 from {{ cookiecutter.package_name }}.utils.signals import (
     EXIT_STOPPED,
     StopRequest,
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     lock = OutputLock(config.output_dir)  # taken in train() on the main process
     # The persistent copy, written in the background by the main process; started in train().
-    mirror = open_mirror(
+    mirror = Mirror(
         config.output_dir, config.mirror_dir, config.keep_checkpoints, enabled=accelerator.is_main_process
     )
     # Checkpoints: staged by the loop, written by a thread, then handed to the mirror (utils/persist.py).
@@ -187,7 +186,7 @@ def train(
 
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
-    claim(accelerator, lock)
+    on_main(accelerator, lock.acquire)
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)

@@ -43,7 +43,7 @@ from .task_settings import SIGNAL_RUN
 # leaves as it is (huggingface_hub's terminal helpers, which Accelerate loads, import termios).
 WINDOWS_LACKS = """
 import os, signal, sys
-import accelerate, huggingface_hub.utils
+import accelerate, huggingface_hub.utils, psutil  # libraries with a Windows backend of their own
 for name in ("fcntl", "termios", "tty", "pty", "resource", "pwd", "grp", "syslog"):
     sys.modules[name] = None
 for module, names in (

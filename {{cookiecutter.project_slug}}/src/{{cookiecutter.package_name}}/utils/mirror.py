@@ -11,36 +11,55 @@ each checkpoint, and its recovery reported. `finish` completes the copy at the e
 stop signal. Resume (start.py) takes the newest checkpoint that verifies among output_dir and the mirror,
 so a checkpoint the mirror holds only in part (the runtime died mid-upload) is skipped, and named.
 
-A URL as mirror_dir (s3://, hf://, gs://, utils/remote.py) keeps the same promises (utils/mirror_stores.py).
+A URL as mirror_dir (s3://, hf://, gs://, utils/remote.py) keeps the same promises (`RemoteStore`).
 Object stores cannot rename: a checkpoint is uploaded to a staging prefix, downloaded back and verified
 against its checksums (its bytes cross the network twice: the price of knowing the copy is whole), then
 published by copying it (server-side on S3 and GCS) to `checkpoints/step_<N>/` with loop_state.json, the
 seal that lists every file's checksum, copied last. A folder without it is a publication cut off, which
 resume skips and names. Exports are staged the same way; while one is published (a few server-side
 copies), its folder holds part of it. The remote run folder's lock is a lease (run_dir.RemoteLease).
+Rotation removes only copies that read back whole; an export is replaced only by a whole one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from accelerate.utils import broadcast_object_list
+from fsspec.implementations.local import LocalFileSystem
 
-from .checkpoint import checkpoint_problem, checkpoint_step, list_checkpoints
+from .checkpoint import (
+    LOOP_STATE_FILE,
+    STAGING_PREFIX,
+    checkpoint_problem,
+    checkpoint_step,
+    list_checkpoints,
+    remove_folder,
+)
 from .config import TrainConfig
-from .mirror_stores import FolderStore, MirrorError, RemoteStore
+from .durable import write_atomically
 from .persist import Worker
-from .remote import access_problem, is_url, load_secrets
-from .run_dir import FolderInUse, RunError
-from .runs import EXPORTS, is_run_file
+from .remote import _first_line, access_problem, is_url, load_secrets, open_store
+from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RemoteLease, RunError, on_main, set_aside
+from .runs import EXPORTS, is_run_file, newest_readable, remote_sealed
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
 FINISH_TIMEOUT_S = 900.0
 # After SIGTERM (the platform wants the machine back), far less: the run is complete on its disk.
 STOP_WAIT_S = 20.0
+
+Snapshot = dict[Path, tuple[int, int]]  # file -> (size, mtime_ns)
+
+
+class MirrorError(Exception):
+    """A copy that arrived but does not verify, or a store's own error."""
 
 
 class Mirror:
@@ -50,10 +69,8 @@ class Mirror:
         self.source, self.target, self.keep = Path(output_dir), mirror_dir, keep
         self.enabled = enabled and bool(mirror_dir)
         self._worker = Worker("mirror", self._sync, lambda: RETRY_S if self._failing else None)
-        self.store: FolderStore | None = None
-        if self.enabled:
-            kind = RemoteStore if is_url(mirror_dir) else FolderStore
-            self.store = kind(self.source, mirror_dir, again=self._worker.wake)
+        kind = RemoteStore if is_url(mirror_dir) else Store
+        self.store = kind(self.source, mirror_dir, again=self._worker.wake) if self.enabled else None
         self._locked = False
         self._failing = ""  # the error reported, until a copy works again
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
@@ -73,26 +90,21 @@ class Mirror:
         if self.store is not None:
             self._worker.start()
 
-    def _claim(self, store: FolderStore, run_id: str, start_over: bool) -> None:
+    def _claim(self, store: Store, run_id: str, start_over: bool) -> None:
         try:
-            with store.errors():
+            with store_errors():
                 for note in store.lock.acquire():
                     _say(note)
-            self._locked = True
+                self._locked = True
+                held = store.held()
         except FolderInUse:
             raise
         except (OSError, RunError, MirrorError) as error:  # cannot write there now: the thread retries
             self._report(str(error))
             # What a folder holds may still be read: the end of the run then names that step, not "none".
             with contextlib.suppress(OSError):
-                if store.readable_without_lock and (held := store.held()) is not None and held[1] == run_id:
+                if not store.remote and (held := store.held()) is not None and held[1] == run_id:
                     self.newest_step = held[0]
-            return
-        try:
-            with store.errors():
-                held = store.held()
-        except (OSError, MirrorError) as error:
-            self._report(str(error))
             return
         if held is not None and held[1] != run_id:
             if not start_over:
@@ -100,7 +112,7 @@ class Mirror:
                     f"mirror_dir {self.target} holds another run (run {held[1] or '(unnamed)'}, step "
                     f"{held[0]}): choose another mirror_dir, or pass --start_over true to set it aside"
                 )
-            with store.errors():
+            with store_errors():
                 _say(f"start_over: moved the mirror's earlier run to {store.set_aside_earlier()}")
         self.newest_step = held[0] if held is not None and held[1] == run_id else -1
 
@@ -130,8 +142,9 @@ class Mirror:
         store = self.store
         assert store is not None
         try:
-            with store.errors():  # a store's own error types (a lease's calls included) as a MirrorError
-                store.check()
+            with store_errors():  # a store's own error types (a lease's calls included) as a MirrorError
+                if isinstance(store.lock, RemoteLease):  # a lease can expire; a file lock cannot
+                    store.lock.check()
                 # Chosen before the other files are copied, so that the mirror's metrics reach at least this
                 # step. Inside the try: rotation may remove a checkpoint while it is looked at.
                 readable = [p for p in list_checkpoints(self.source) if checkpoint_problem(p, False) is None]
@@ -167,17 +180,12 @@ class Mirror:
         self._failing = error
 
 
-def open_mirror(output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> Mirror:
-    """The mirror of `mirror_dir`: a folder, or a URL of a remote store."""
-    return Mirror(output_dir, mirror_dir, keep, enabled)
-
-
 def check_stores(accelerator: Any, config: TrainConfig) -> None:
     """Before anything is written: every URL in mirror_dir and import_from can be read with the
     credentials at hand (loaded from the platform's secrets where the environment lacks them), or every
     process raises one line that says what to set. The main process asks; the others do not need them."""
-    outcome: list[Any] = [[]]
-    if accelerator.is_main_process:
+
+    def check() -> list[str]:
         notes, problems = [], []
         for field in ("mirror_dir", "import_from"):
             url = getattr(config, field)
@@ -185,12 +193,195 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
                 notes += load_secrets(url)
                 if problem := access_problem(url, field):
                     problems.append(problem)
-        outcome = [RunError("; ".join(problems)) if problems else notes]
-    outcome = broadcast_object_list(outcome)
-    if isinstance(outcome[0], RunError):
-        raise outcome[0]
-    for note in outcome[0]:
-        accelerator.print(note)
+        if problems:
+            raise RunError("; ".join(problems))
+        return notes
+
+    on_main(accelerator, check)
+
+
+class Store:
+    """A mirror_dir that is a folder (a Drive mount, a second disk), locked by the kernel (run_dir.OutputLock)
+    and written through fsspec as a store is: a checkpoint or an export is staged, checked, then renamed."""
+
+    remote = False
+
+    def __init__(self, source: Path, target: str, again: Callable[[], None]) -> None:
+        self.source, self.target, self.again = source, target, again
+        self.fs, self.root = LocalFileSystem(auto_mkdir=True), Path(target).absolute().as_posix()
+        self.lock: OutputLock | RemoteLease = OutputLock(target, "mirror_dir")
+        self.copied: Snapshot = {}  # what was copied, as it was then
+
+    def held(self) -> tuple[int, str] | None:
+        """(step, run id) of the newest checkpoint the mirror holds whole, or None."""
+        return newest_readable(Path(self.root))
+
+    def set_aside_earlier(self) -> str:
+        names = [path.rsplit("/", 1)[-1] for path in self.fs.ls(self.root, detail=False)]
+        return self._set_aside([name for name in names if name not in (LOCK_FILE, SET_ASIDE)])
+
+    def copy_entry(self, entry: Path) -> None:
+        """A run file or folder of output_dir (metrics, an export, tracker logs), if it changed."""
+        if entry.is_dir() and entry.name in EXPORTS:
+            self._copy_export(entry)
+            return
+        for path in [entry] if entry.is_file() else sorted(entry.rglob("*")):
+            if not path.is_file():
+                continue
+            stat, name = path.stat(), f"{self.root}/{path.relative_to(self.source).as_posix()}"
+            seen = (stat.st_size, stat.st_mtime_ns)
+            if self.copied.get(path) == seen and (self.remote or self.fs.exists(name)):
+                continue
+            self._put_file(path, name)
+            self.copied[path] = seen
+
+    def _copy_export(self, folder: Path) -> None:
+        before = snapshot(folder)
+        final, staging = f"{self.root}/{folder.name}", f"{self.root}/{STAGING_PREFIX}{folder.name}"
+        if all(self.copied.get(path) == seen for path, seen in before.items()) and (
+            self.remote or self.fs.isdir(final)
+        ):
+            return
+        names = self._stage({path.relative_to(folder).as_posix(): path for path in before}, staging)
+        if snapshot(folder) != before:  # replaced by a newer export meanwhile: copy that one next time
+            self._remove(staging)
+            self.again()
+            return
+        self._remove(final)
+        self._publish(staging, final, names)
+        self.copied.update(before)
+
+    def copy_checkpoint(self, checkpoint: Path) -> None:
+        """Copy, verify and publish `checkpoint`; raise MirrorError if the copy does not verify."""
+        final = f"{self.root}/checkpoints/{checkpoint.name}"
+        if self._holds(checkpoint, final):  # already there, e.g. the one this session resumed from
+            return
+        staging = f"{self.root}/checkpoints/{STAGING_PREFIX}{checkpoint.name}"
+        names = self._stage({path.name: path for path in checkpoint.iterdir() if path.is_file()}, staging)
+        if problem := self._verify(staging, names):
+            self._remove(staging)
+            raise MirrorError(f"the copy of {checkpoint.name} in {self.target} does not verify: {problem}")
+        if self.fs.exists(final):  # a publication cut off in a session that died: kept for a person
+            self._set_aside([f"checkpoints/{checkpoint.name}"])
+        self._publish(staging, final, [*(name for name in names if name != LOOP_STATE_FILE), LOOP_STATE_FILE])
+
+    def rotate(self, newest_step: int, keep: int) -> None:
+        """Keep the newest `keep` checkpoints; remove older ones that read back whole, and this run's own
+        unfinished copies. The others stay for a person to look at."""
+        whole = [path for path in self._whole() if checkpoint_step(Path(path)) <= newest_step]
+        for path in whole[: max(0, len(whole) - keep)]:
+            self._remove(path)
+        for path in self.fs.glob(f"{self.root}/checkpoints/{STAGING_PREFIX}*"):
+            self._remove(path)
+
+    def _stage(self, files: dict[str, Path], staging: str) -> list[str]:
+        """Copy `files` (by their names in it) to the folder `staging`, emptied first; return the names."""
+        self._remove(staging)
+        for name in sorted(files):
+            self.fs.put_file(str(files[name]), f"{staging}/{name}")
+        return sorted(files)
+
+    def _holds(self, checkpoint: Path, copy: str) -> bool:
+        """Whether `copy` is whole and holds `checkpoint`: equal loop states list the same checksums."""
+        try:
+            seal = self.fs.cat_file(f"{copy}/{LOOP_STATE_FILE}")
+        except OSError:
+            return False
+        same = seal == (checkpoint / LOOP_STATE_FILE).read_bytes()
+        return same and (self.remote or checkpoint_problem(Path(copy), contents=False) is None)
+
+    def _put_file(self, path: Path, name: str) -> None:
+        """Through a rename: a kill leaves the old file or the new one."""
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(Path(name), path.read_bytes(), durable=False)
+
+    def _whole(self) -> list[str]:
+        """The checkpoints whose files have their recorded sizes, oldest first."""
+        found = list_checkpoints(self.root)
+        return [path.as_posix() for path in found if checkpoint_problem(path, False) is None]
+
+    def _verify(self, staging: str, names: list[str]) -> str | None:
+        return checkpoint_problem(Path(staging))
+
+    def _publish(self, staging: str, final: str, names: list[str]) -> None:
+        os.replace(staging, final)
+
+    def _set_aside(self, names: list[str]) -> str:
+        """Move `names` (paths inside the mirror) to `set_aside/<time>/`; return that folder."""
+        return str(set_aside([Path(self.root, name) for name in names], self.root))
+
+    def _remove(self, path: str) -> None:
+        if Path(path).exists():
+            remove_folder(Path(path))
+
+
+class RemoteStore(Store):
+    """A mirror_dir that is a URL (utils/remote.py), leased (run_dir.RemoteLease). A store cannot rename:
+    a staged copy is downloaded back to be verified, and published by server-side copies, the seal last."""
+
+    remote = True
+
+    def __init__(self, source: Path, target: str, again: Callable[[], None]) -> None:
+        self.source, self.target, self.again = source, target, again
+        self.fs, self.root = open_store(target)
+        self.lock = RemoteLease(self.fs, self.root, target)
+        self.copied = {}
+
+    def held(self) -> tuple[int, str] | None:
+        sealed = remote_sealed(self.fs, self.root)
+        return sealed[-1] if sealed else None
+
+    def _put_file(self, path: Path, name: str) -> None:
+        self.fs.put_file(str(path), name)  # one object, replaced whole
+
+    def _whole(self) -> list[str]:
+        """The checkpoints that hold their seal, oldest first."""
+        return [f"{self.root}/checkpoints/step_{step:08d}" for step, _ in remote_sealed(self.fs, self.root)]
+
+    def _verify(self, staging: str, names: list[str]) -> str | None:
+        with tempfile.TemporaryDirectory(prefix="mirror-verify-") as folder:
+            for name in names:
+                self.fs.get_file(f"{staging}/{name}", os.path.join(folder, name))
+            return checkpoint_problem(Path(folder))
+
+    def _publish(self, staging: str, final: str, names: list[str]) -> None:
+        for name in names:  # the seal last
+            self.fs.copy(f"{staging}/{name}", f"{final}/{name}")
+        self._remove(staging)
+
+    def _set_aside(self, names: list[str]) -> str:
+        folder = f"{self.root}/{SET_ASIDE}/{time.strftime('%Y%m%d-%H%M%S')}"
+        for name in names:
+            for path in self.fs.find(f"{self.root}/{name}"):
+                self.fs.copy(path, f"{folder}{path[len(self.root) :]}")
+            self.fs.rm(f"{self.root}/{name}", recursive=True)
+        return self.fs.unstrip_protocol(folder)
+
+    def _remove(self, path: str) -> None:
+        self.fs.invalidate_cache()
+        if self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
+
+
+@contextlib.contextmanager
+def store_errors() -> Iterator[None]:
+    """A store's own exception types (botocore's, aiohttp's, the Hub's) as a MirrorError, which the mirror
+    reports."""
+    try:
+        yield
+    except (OSError, RunError, MirrorError):
+        raise
+    except Exception as error:
+        raise MirrorError(f"{type(error).__name__}: {_first_line(error)}") from error
+
+
+def snapshot(folder: Path) -> Snapshot:
+    found = {}
+    for path in folder.rglob("*"):
+        if path.is_file():
+            stat = path.stat()
+            found[path] = (stat.st_size, stat.st_mtime_ns)
+    return found
 
 
 def _held(target: str, source: Path, step: int, local: int, behind: bool) -> str:

@@ -29,6 +29,8 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +73,9 @@ class Persister:
             config.checkpoint_mode == "background" and accelerator.distributed_type not in SYNC_ONLY
         )
         self.staging = Staging()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+        # One thread of the main process writes; a save's error is raised by the next `wait`.
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._job: Future | None = None
         self._saved: Callable[[], None] | None = None  # says that the save in flight is published
         self.last_seconds = 0.0  # the last save, from staging to publish
 
@@ -110,33 +113,30 @@ class Persister:
         if accelerator.is_main_process:
             snapshot = LoopState(**{k: copy.deepcopy(v) for k, v in vars(state).items()})
             job = (staged, snapshot, protect, dict(files), staging, final, _meta(accelerator))
-            self._thread = threading.Thread(target=self._persist, args=job, name="checkpoint", daemon=False)
-            self._thread.start()
+            self._job = self._writer.submit(self._persist, *job)
         self._saved = lambda: saved(final)
         return final
 
     def announce(self) -> None:
         """Called by the loop at every step: once the save in flight is published, `saved` says so. A failed
         one is left to `wait`, which every process calls at the same step."""
-        if (self._thread is None or not self._thread.is_alive()) and self._error is None:  # in this order
+        if self._job is None or (self._job.done() and self._job.exception() is None):
             self.wait()
 
     def wait(self) -> None:
         """Until the save in flight is published (every process calls it; only the main one waits); raise
         its error, if it failed, else say it is saved."""
-        self.join()
+        job, self._job = self._job, None
         saved, self._saved = self._saved, None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        if job is not None:
+            job.result()  # raises the save's error
         if saved is not None:
             saved()
 
     def join(self) -> None:
         """Until the save in flight is done, published or failed (at the end of the process, a crash too)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._job is not None:
+            wait_for([self._job])
 
     def _persist(
         self,
@@ -155,12 +155,8 @@ class Persister:
                 _write_file(staging, *entry)
             _publish(meta, self.config, state, staging, final, files)
             _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
-        except WRITE_ERRORS as error:
-            self._error = write_error(staging, error)
-            return
-        except BaseException as error:  # raised in the loop at the next wait, as a synchronous save would
-            self._error = error
-            return
+        except WRITE_ERRORS as error:  # raised in the loop at the next wait, as a synchronous save would
+            raise write_error(staging, error) from None
         self.last_seconds = time.monotonic() - started
         self.published()
 
@@ -220,19 +216,14 @@ class Staging:
     saved state, as a staging makes anyway) stay allocated between checkpoints."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}  # the last staging's, by file name and place in the file
         self._unused: dict[str, torch.Tensor] = {}
         self._copied: torch.cuda.Event | None = None
         self._from_gpu = False
 
-    @property
-    def buffers(self) -> dict[str, torch.Tensor]:
-        """The last staging's buffers, by file name and place in the file."""
-        return self._buffers
-
     def begin(self) -> None:
         """A new staging: it reuses the buffers it asks for again; `end` lets go of the others."""
-        self._unused, self._buffers = self._buffers, {}
+        self._unused, self.buffers = self.buffers, {}
         self._copied, self._from_gpu = None, False
 
     def copy(self, value: Any, key: str) -> Any:
@@ -264,7 +255,7 @@ class Staging:
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
         buffer.copy_(tensor, non_blocking=tensor.is_cuda)
-        self._buffers[key] = buffer
+        self.buffers[key] = buffer
         self._from_gpu = self._from_gpu or tensor.is_cuda
         return buffer
 

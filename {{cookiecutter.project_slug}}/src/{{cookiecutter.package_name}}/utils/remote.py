@@ -95,7 +95,11 @@ def load_secrets(url: str) -> list[str]:
         if os.environ.get(name):
             continue
         for where, read in (("Kaggle's secrets", _kaggle_secret), ("Colab's secrets", _colab_secret)):
-            if value := read(name):
+            try:
+                value = read(name)
+            except Exception:  # not this platform; or absent, not granted, read outside the notebook's kernel
+                continue
+            if value:
                 os.environ[name] = value
                 found.setdefault(where, []).append(name)
                 break
@@ -115,25 +119,15 @@ def export_secrets(*urls: str) -> None:
 
 
 def _kaggle_secret(name: str) -> str | None:
-    if importlib.util.find_spec("kaggle_secrets") is None:
-        return None
     from kaggle_secrets import UserSecretsClient
 
-    try:
-        return UserSecretsClient().get_secret(name)
-    except Exception:  # a secret that is not attached raises; its type is Kaggle's internal one
-        return None
+    return UserSecretsClient().get_secret(name)
 
 
 def _colab_secret(name: str) -> str | None:
-    try:
-        from google.colab import userdata
-    except ImportError:
-        return None
-    try:
-        return userdata.get(name)
-    except Exception:  # not granted to this notebook, absent, or read outside the notebook's kernel
-        return None
+    from google.colab import userdata
+
+    return userdata.get(name)
 
 
 def access_problem(url: str, field: str) -> str | None:

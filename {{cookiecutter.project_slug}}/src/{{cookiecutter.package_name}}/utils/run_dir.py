@@ -26,9 +26,11 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
@@ -79,18 +81,6 @@ def _holder() -> dict:
 def _describe(holder: dict) -> str:
     host, pid, started = (holder.get(key, "?") for key in ("host", "pid", "started"))
     return f"host {host}, pid {pid}, started {started}"
-
-
-def _pid_alive(pid: int) -> bool:
-    if os.name == "nt":  # os.kill(pid, 0) would send Ctrl+C there: the lock file's age decides instead
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
 
 
 class OutputLock:
@@ -167,7 +157,7 @@ class OutputLock:
         mine = _holder()
         if previous.get("host") == mine["host"]:
             # On one machine the kernel lock is exact: had the holder been alive, lockf would have failed.
-            alive = not locked and _pid_alive(int(previous.get("pid", 0) or 0))
+            alive = not locked and psutil.pid_exists(int(previous.get("pid", 0) or 0))
         elif mine["slurm_job"] and previous.get("slurm_job") == mine["slurm_job"]:
             alive = int(previous.get("slurm_restart", 0)) >= mine["slurm_restart"]  # else: requeued, gone
         else:  # another machine, whose lock may not reach this one: only its heartbeat tells
@@ -267,7 +257,7 @@ class RemoteLease:
 
     def _alive(self, held: dict) -> str | None:
         mine = _holder()
-        if held.get("host") == mine["host"] and not _pid_alive(int(held.get("pid", 0) or 0)):
+        if held.get("host") == mine["host"] and not psutil.pid_exists(int(held.get("pid", 0) or 0)):
             return None
         left = float(held.get("expires", 0)) - time.time()
         if left <= 0:
@@ -317,12 +307,13 @@ class RemoteLease:
                 self.fs.rm_file(self.path)
 
 
-def claim(accelerator: Accelerator, lock: OutputLock) -> None:
-    """Take `lock` on the main process and print its notes; every process raises the main one's refusal."""
+def on_main(accelerator: Accelerator, decide: Callable[[], list[str]]) -> None:
+    """Run `decide` on the main process (take a lock, check a store) and print the notes it returns; every
+    process raises the main one's RunError."""
     outcome: list[Any] = [[]]
     if accelerator.is_main_process:
         try:
-            outcome = [lock.acquire()]
+            outcome = [decide()]
         except RunError as error:
             outcome = [error]
     outcome = broadcast_object_list(outcome)

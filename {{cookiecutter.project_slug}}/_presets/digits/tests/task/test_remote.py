@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.mirror import STOP_WAIT_S, open_mirror
+from {{ cookiecutter.package_name }}.utils.mirror import STOP_WAIT_S, Mirror
 from {{ cookiecutter.package_name }}.utils.remote import export_secrets, open_store
 from {{ cookiecutter.package_name }}.utils.run_dir import FolderInUse, RemoteLease, RunError
 
@@ -333,7 +333,7 @@ def test_an_outage_is_reported_once_and_the_mirror_catches_up(
     newest, parked = list_checkpoints(local)[-1], tmp_path / "parked"
     newest.rename(parked)  # the session has reached step 80 only
     record = json.loads((list_checkpoints(local)[-1] / LOOP_STATE_FILE).read_text())
-    mirror = open_mirror(local, f"s3://{bucket}/run", keep=2, enabled=True)
+    mirror = Mirror(local, f"s3://{bucket}/run", keep=2, enabled=True)
     mirror.start(record["loop_state"]["run_id"], start_over=False)
     mirror.request()
     deadline = time.monotonic() + 120
@@ -365,11 +365,11 @@ def test_an_outage_is_reported_once_and_the_mirror_catches_up(
 
     # Another run is refused there, and its lease given back; with start_over, this run is set aside.
     (tmp_path / "other").mkdir()
-    other = open_mirror(tmp_path / "other", f"s3://{bucket}/run", keep=2, enabled=True)
+    other = Mirror(tmp_path / "other", f"s3://{bucket}/run", keep=2, enabled=True)
     with pytest.raises(RunError, match=rf"mirror_dir s3://{bucket}/run holds another run \(run "):
         other.start("another-run", start_over=False)
     other.finish()
-    other = open_mirror(tmp_path / "other", f"s3://{bucket}/run", keep=2, enabled=True)
+    other = Mirror(tmp_path / "other", f"s3://{bucket}/run", keep=2, enabled=True)
     other.start("another-run", start_over=True)
     other.finish()
     assert f"mirror: start_over: moved the mirror's earlier run to s3://{bucket}/run/set_aside/" in (
