@@ -283,7 +283,7 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}  # a SafeLoader
-    except DuplicateKey as error:
+    except ConfigError as error:  # a key given twice
         raise ConfigError(f"{path}: {error}: keep one of them") from None
     except UnicodeDecodeError as error:
         raise ConfigError(
@@ -305,23 +305,17 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     return values
 
 
-class DuplicateKey(yaml.YAMLError):
-    """A key given twice in one mapping."""
-
-
 class UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice is an error: PyYAML would keep the last silently
-    (a merge key's `<<:` values may still be overridden: that is what it is for)."""
+    """PyYAML's safe loader, except that a key given twice is a ConfigError: PyYAML would keep the last
+    silently. (A merge key, `<<:`, is refused as YAML without a constructor: no field takes a mapping.)"""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if isinstance(key, typing.Hashable) and key in lines:
-                raise DuplicateKey(f"key {key!r} is given twice, on line {lines[key]} and on line {line}")
+                raise ConfigError(f"key {key!r} is given twice, on line {lines[key]} and on line {line}")
             if isinstance(key, typing.Hashable):
                 lines[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -387,13 +381,12 @@ def load_config(
     )
     shared = parser.add_argument_group("fields of every task (TrainConfig, utils/config.py)")
     own = parser.add_argument_group("fields of this task (Config, task.py)")
-    defaults = {f.name: f.default for f in fields(config_class)}
-    for name, kind in types.items():
-        group = shared if name in TrainConfig.__dataclass_fields__ else own
+    for field in fields(config_class):
+        group = shared if field.name in TrainConfig.__dataclass_fields__ else own
         group.add_argument(
-            f"--{name}",
-            metavar=_metavar(config_class, name, kind),
-            help=_flag_help(config_class, name, defaults[name]),
+            f"--{field.name}",
+            metavar=_metavar(config_class, field.name, types[field.name]),
+            help=_flag_help(config_class, field.name, field.default),
         )
     args, unknown = parser.parse_known_args(argv)
     if unknown:
