@@ -20,6 +20,7 @@ from {{ cookiecutter.package_name }}.utils.config import (
     field_help,
     gradient_accumulation_steps,
     load_config,
+    run_defining_fields,
 )
 
 from .conftest import PROJECT
@@ -254,6 +255,20 @@ def test_the_short_runs_of_the_generic_tests_set_only_train_config_fields() -> N
     task.py of a user's own, whose fields are named otherwise, runs the generic suite with them."""
     flags = {arg.removeprefix("--") for arg in [*QUICK, *SIGNAL_RUN] if arg.startswith("--")}
     assert flags - {field.name for field in dataclasses.fields(TrainConfig)} == set()
+
+
+def test_a_new_default_keeps_whether_a_field_may_change_on_resume() -> None:
+    """A checkpoint is continued with other session fields, never with other settings; a subclass that only
+    changes a default keeps what TrainConfig's part declared the field to be."""
+
+    @dataclasses.dataclass
+    class Own(task.Config):
+        eval_every: int = 7
+        num_epochs: int = 3
+
+    defining = set(run_defining_fields(Own()))
+    assert {"num_epochs", "learning_rate", "global_batch_size", "seed", "best_metric"} <= defining
+    assert not {"eval_every", "output_dir", "per_device_batch_size", "mixed_precision", "resume"} & defining
 
 
 def test_a_best_metric_spelled_in_another_case_points_at_the_metric_goals_key(tmp_path: Path) -> None:

@@ -43,31 +43,67 @@ def session(default: Any, meaning: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": meaning, "session": True})
 
 
-def session_fields(config_class: type) -> set[str]:
-    """The fields declared with `session` by the config's class or a class it derives from: a subclass's
-    plain `name: type = value` changes the default, not what the field is."""
-    declared = (vars(cls).get("__dataclass_fields__", {}) for cls in config_class.__mro__)
-    return {name for own in declared for name, field in own.items() if field.metadata.get("session")}
+def _declared(config_class: type) -> dict[str, Any]:
+    """Each field's metadata (its meaning, whether it is a `session` field) from the class that declared it
+    with `setting` or `session`: a subclass's plain `name: type = value` changes the default, not what the
+    field is."""
+    declared = (vars(cls).get("__dataclass_fields__", {}) for cls in reversed(config_class.__mro__))
+    return {name: f.metadata for own in declared for name, f in own.items() if "help" in f.metadata}
 
 
 @dataclass
-class TrainConfig:
-    """The fields every task shares. A task adds its own (data, model) in task.py's `Config`, a subclass,
-    which may also change the defaults below (a plain `name: type = value` keeps the meaning given here).
-    """
+class RunConfig:
+    """The run: its folder, where it continues from, how long it may train, what it reports."""
 
-    # A relative output_dir is taken from the project folder, whatever the working directory: the same
-    # command finds its run from anywhere.
+    # A relative output_dir is taken from the project folder (utils/cli.py).
     output_dir: str = session(
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
     seed: int = setting(42, "seeds the weights, dropout, the data split and the data order")
+    resume: str = session(
+        "auto", "auto: continue from the newest valid checkpoint in output_dir, if any; never: start fresh"
+    )
+    # e.g. Google Drive while output_dir is the session's fast local disk (Colab). A failing copy is
+    # reported and retried; it never stops training.
+    mirror_dir: str = session(
+        "", "a second, persistent copy of the run, written in the background and verified ('': none)"
+    )
+    # Run folders (an earlier session's output, a mirror) and packed runs (utils/runs.py pack), a few
+    # levels deep. Kaggle: its inputs; Colab: the project's folder on Drive.
+    import_from: str = session("", "where to look for newer copies of this run to continue ('': nowhere)")
+    # "Cannot continue": other settings, no readable checkpoint, or resume: never. Nothing is deleted
+    # either way.
+    start_over: bool = session(
+        False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
+    )
+    # Counted once train.py has loaded PyTorch. When the next logging interval, a checkpoint and the
+    # export would not fit in what is left (estimated from this run's own slowest interval and checkpoint),
+    # the run checkpoints, exports model/, draws its curves and exits with status 75.
+    time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
+    # Counted in optimizer steps, as every interval is.
+    log_every: int = session(10, "log the train loss every this many optimizer steps")
+    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = session("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
+
+
+@dataclass
+class DataConfig:
+    """The data: how it is loaded, and whether a run may continue on other data."""
+
     num_workers: int = session(
         -1, "DataLoader worker processes (0: load in the training process; -1: 2 for a stream, else 0)"
     )
+    # A resume on data other than the checkpoint's is refused, naming the first file that differs
+    # (utils/fingerprint.py); this continues it on purpose, and the checkpoints record the change.
+    continue_on_new_data: bool = session(
+        False, "continue a run whose data changed since its checkpoint (false: refuse, naming the file)"
+    )
 
-    # Optimization. Accumulation is derived, never set: global = per_device x processes x accumulation,
-    # so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs.
+
+@dataclass
+class OptimizationConfig:
+    """The optimization. Accumulation is derived, never set: global = per_device x processes x accumulation,
+    so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs."""
+
     num_epochs: int = setting(20, "length of training, which sizes the learning-rate schedule")
     # The schedule stays sized by num_epochs, so a later run with a higher cap continues exactly.
     max_steps: int = session(0, "stop after this many optimizer steps")
@@ -80,7 +116,6 @@ class TrainConfig:
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(
         "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
     )
-
     auto_batch_size: bool = session(
         False, "if per_device_batch_size does not fit, use the largest that does (more accumulation)"
     )
@@ -88,11 +123,18 @@ class TrainConfig:
     # An op that has no deterministic kernel stops the run with its name; false: reruns are equal up
     # to float rounding only.
     deterministic: bool = session(True, "deterministic kernels: bitwise-equal reruns and resumes on a GPU")
+    # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
+    fp16_skip_patience: int = session(
+        25, "stop as diverged after this many optimizer steps in a row skipped by fp16's loss scaler"
+    )
 
-    # Bookkeeping, all counted in optimizer steps.
-    log_every: int = session(10, "log the train loss every this many optimizer steps")
+
+@dataclass
+class CheckpointConfig:
+    """What the run keeps: checkpoints, best_model/ (apart from the rotating checkpoints, picked by
+    evaluation) and the exported model, all counted in optimizer steps."""
+
     eval_every: int = session(0, "evaluate every this many optimizer steps")
-    # best_model/ is kept apart from the rotating checkpoints.
     best_metric: str = setting(
         "eval/loss", "the eval metric that picks best_model/ and early stopping watches"
     )
@@ -115,36 +157,13 @@ class TrainConfig:
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = session(
         "auto", "the dtype of the exported weights (auto: as trained)"
     )
-    # Counted once train.py has loaded PyTorch. When the next logging interval, a checkpoint and the
-    # export would not fit in what is left (estimated from this run's own slowest interval and checkpoint),
-    # the run checkpoints, exports model/, draws its curves and exits with status 75.
-    time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
-    resume: str = session(
-        "auto", "auto: continue from the newest valid checkpoint in output_dir, if any; never: start fresh"
-    )
-    # e.g. Google Drive while output_dir is the session's fast local disk (Colab). A failing copy is
-    # reported and retried; it never stops training.
-    mirror_dir: str = session(
-        "", "a second, persistent copy of the run, written in the background and verified ('': none)"
-    )
-    # Run folders (an earlier session's output, a mirror) and packed runs (utils/runs.py pack), a few
-    # levels deep. Kaggle: its inputs; Colab: the project's folder on Drive.
-    import_from: str = session("", "where to look for newer copies of this run to continue ('': nowhere)")
-    # "Cannot continue": other settings, no readable checkpoint, or resume: never. Nothing is deleted
-    # either way.
-    start_over: bool = session(
-        False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
-    )
-    # A resume on data other than the checkpoint's is refused, naming the first file that differs
-    # (utils/fingerprint.py); this continues it on purpose, and the checkpoints record the change.
-    continue_on_new_data: bool = session(
-        False, "continue a run whose data changed since its checkpoint (false: refuse, naming the file)"
-    )
-    # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
-    fp16_skip_patience: int = session(
-        25, "stop as diverged after this many optimizer steps in a row skipped by fp16's loss scaler"
-    )
-    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = session("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
+
+
+@dataclass
+class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
+    """The fields every task shares, declared above by concern and flat here: one YAML key and one --flag
+    each. A task adds its own (data, model) in task.py's `Config`, a subclass, which may also change the
+    defaults (a plain `name: type = value` keeps the meaning given above)."""
 
     # What the task's evaluation reports, and whether a higher or a lower value is better.
     METRIC_GOALS: ClassVar[dict[str, Literal["max", "min"]]] = {"eval/loss": "min"}
@@ -183,8 +202,8 @@ def parse_duration(text: str) -> float | None:
 
 def run_defining_fields(config: TrainConfig) -> list[str]:
     """The fields a resumed run must share with its checkpoint."""
-    session_only = session_fields(type(config))
-    return [f.name for f in fields(config) if f.name not in session_only]
+    declared = _declared(type(config))
+    return [f.name for f in fields(config) if not declared.get(f.name, {}).get("session")]
 
 
 class ConfigError(ValueError):
@@ -197,13 +216,8 @@ def _field_types(config_class: type[TrainConfig]) -> dict[str, Any]:
 
 
 def field_help(config_class: type[TrainConfig], name: str) -> str:
-    """The meaning of field `name`, from the class that declared it with `setting` (a subclass that only
-    changes the default declares the field again, without it)."""
-    for klass in config_class.__mro__:
-        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
-        if declared is not None and "help" in declared.metadata:
-            return declared.metadata["help"]
-    return ""
+    """The meaning of field `name`, as `setting` or `session` declared it."""
+    return _declared(config_class).get(name, {}).get("help", "")
 
 
 def _metavar(config_class: type[TrainConfig], name: str, kind: Any) -> str:
@@ -249,10 +263,8 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             return int(value)
     elif kind is float:
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        # YAML 1.1 reads "1e-3" as a string; accept any numeric text.
-        if isinstance(value, str):
+        # YAML 1.1 reads "1e-3" as a string; accept any whole number or numeric text.
+        if isinstance(value, int | str) and not isinstance(value, bool):
             with contextlib.suppress(ValueError):
                 value = float(value)
         if isinstance(value, float):  # inf and nan pass any range check, and train NaN
@@ -271,7 +283,7 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}  # a SafeLoader
-    except DuplicateKey as error:
+    except ConfigError as error:  # a key given twice
         raise ConfigError(f"{path}: {error}: keep one of them") from None
     except UnicodeDecodeError as error:
         raise ConfigError(
@@ -293,23 +305,17 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     return values
 
 
-class DuplicateKey(yaml.YAMLError):
-    """A key given twice in one mapping."""
-
-
 class UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice is an error: PyYAML would keep the last silently
-    (a merge key's `<<:` values may still be overridden: that is what it is for)."""
+    """PyYAML's safe loader, except that a key given twice is a ConfigError: PyYAML would keep the last
+    silently. (A merge key, `<<:`, is refused as YAML without a constructor: no field takes a mapping.)"""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if isinstance(key, typing.Hashable) and key in lines:
-                raise DuplicateKey(f"key {key!r} is given twice, on line {lines[key]} and on line {line}")
+                raise ConfigError(f"key {key!r} is given twice, on line {lines[key]} and on line {line}")
             if isinstance(key, typing.Hashable):
                 lines[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -375,13 +381,12 @@ def load_config(
     )
     shared = parser.add_argument_group("fields of every task (TrainConfig, utils/config.py)")
     own = parser.add_argument_group("fields of this task (Config, task.py)")
-    defaults = {f.name: f.default for f in fields(config_class)}
-    for name, kind in types.items():
-        group = shared if name in TrainConfig.__dataclass_fields__ else own
+    for field in fields(config_class):
+        group = shared if field.name in TrainConfig.__dataclass_fields__ else own
         group.add_argument(
-            f"--{name}",
-            metavar=_metavar(config_class, name, kind),
-            help=_flag_help(config_class, name, defaults[name]),
+            f"--{field.name}",
+            metavar=_metavar(config_class, field.name, types[field.name]),
+            help=_flag_help(config_class, field.name, field.default),
         )
     args, unknown = parser.parse_known_args(argv)
     if unknown:

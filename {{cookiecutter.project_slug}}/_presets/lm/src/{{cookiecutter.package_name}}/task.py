@@ -82,8 +82,6 @@ class Config(TrainConfig):
     # TrainConfig's defaults that this task sets otherwise. One epoch is one pass over the training text
     # in windows of block_size + 1 characters: 15,684 windows, 245 optimizer steps of 64 windows.
     num_epochs: int = 2
-    learning_rate: float = 3e-3
-    warmup_steps: int = 20
     eval_every: int = 100
 
     METRIC_GOALS: ClassVar[dict[str, str]] = {"eval/loss": "min", "eval/perplexity": "min"}
