@@ -19,7 +19,7 @@ import time
 from types import FrameType
 from typing import NoReturn
 
-from .devices import main_process_of_launch
+from .hardware import main_process_of_launch
 
 # Exit status of a run that stopped on a signal after saving a checkpoint: rerun the same command
 # to continue. 75 is EX_TEMPFAIL ("try again later").
