@@ -249,7 +249,7 @@ def test_environment_report(tmp_path: Path) -> None:
     report = result.stdout
     for expected in [
         "platform:          kaggle",
-        "gpu 1:             Tesla T4, compute capability 7.5, 15360 MiB",
+        "gpu 1:             Tesla T4 (compute 7.5, 15360 MiB)",
         "mixed precision:   fp16",
         "processes:         2",
         "distributed type:  MULTI_GPU (nccl)",

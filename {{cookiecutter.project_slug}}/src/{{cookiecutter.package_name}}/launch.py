@@ -49,11 +49,9 @@ from pathlib import Path
 
 from .utils.durable import write_atomically
 from .utils.hardware import (
-    MPS_PRECISION,
     DeviceError,
     Gpu,
-    apple_silicon,
-    cpu_forced,
+    mps_usable,
     precision_for,
     query_gpus,
     unsupported_gpu,
@@ -158,9 +156,7 @@ def last_flag_value(flag: str, args: list[str]) -> str | None:
 
 def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str, str]:
     """(accelerate's --mixed_precision, the hardware's choice for train.py, the decision line)."""
-    hardware, reason = precision_for(gpus)
-    if not gpus and apple_silicon() and not cpu_forced():
-        reason = MPS_PRECISION  # train.py runs on Apple's GPU
+    hardware, reason = precision_for(gpus, not gpus and mps_usable())  # mps: train.py runs on Apple's GPU
     chosen = last_flag_value("--mixed_precision", args)
     if chosen:
         return (

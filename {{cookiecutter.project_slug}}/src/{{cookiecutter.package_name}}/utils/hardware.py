@@ -145,10 +145,13 @@ def unsupported_gpu(gpus: list[Gpu]) -> str | None:
     return None
 
 
-def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
-    """The mixed precision these GPUs run best, and why: bf16 where every GPU computes it natively
-    (compute capability 8.0+: A100, L4, H100, RTX 30xx and newer), fp16 below (T4, V100: bf16 would be
-    emulated, slowly), no mixed precision without a GPU (fp16 on the CPU would silently run in fp32)."""
+def precision_for(gpus: list[Gpu], mps: bool = False) -> tuple[str, str]:
+    """The mixed precision these GPUs (or Apple's, `mps`) run best, and why: bf16 where every GPU computes
+    it natively (compute capability 8.0+: A100, L4, H100, RTX 30xx and newer), fp16 below (T4, V100: bf16
+    would be emulated, slowly), no mixed precision on MPS (MPS_PRECISION) or without a GPU (fp16 on the CPU
+    would silently run in fp32)."""
+    if mps:
+        return "no", MPS_PRECISION
     if not gpus:
         return "no", "no GPU; fp16 on the CPU would silently run in fp32"
     older = [gpu for gpu in gpus if gpu.compute_capability < (8, 0)]
@@ -162,11 +165,6 @@ def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
 # float32 rate, so autocast would save memory but little time; fp16 adds a loss scaler and needs torch >= 2.5
 # there, bf16 torch >= 2.6 and macOS 14. Pass --mixed_precision fp16 or bf16 to have it anyway.
 MPS_PRECISION = "Apple silicon (MPS): float32, as fast as float16 on its GPUs and free of a loss scaler"
-
-
-def apple_silicon() -> bool:
-    """A Mac with Apple's GPU, where torch trains on MPS (known without importing torch)."""
-    return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
 COLAB_DRIVE = Path("/content/drive/MyDrive")
@@ -241,10 +239,10 @@ def hide_gpus_from_cpu_run() -> None:
 
 
 def mps_usable() -> bool:
-    """Whether Accelerate puts this run on Apple's GPU (MPS): available, and no CPU run asked for."""
-    from accelerate.utils import is_mps_available
-
-    return is_mps_available() and not cpu_forced()
+    """Whether this run trains on Apple's GPU (MPS): a Mac with Apple silicon, and no CPU run asked for.
+    Known without importing torch (the launcher asks); a macOS before 12.3 has no MPS, and Accelerate then
+    trains on the CPU, in the same precision."""
+    return platform.system() == "Darwin" and platform.machine() == "arm64" and not cpu_forced()
 
 
 # FSDP version 2 (`fully_shard`, what configs/accelerate/fsdp.yaml asks for) became public in
@@ -336,15 +334,14 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
 
     fp16 asked for on a CPU would silently run in fp32, so it is turned off with a warning instead.
     """
-    if mps_usable():
-        return ("no", f"auto: {MPS_PRECISION}") if choice == "auto" else (choice, "as configured")
     import torch
 
+    mps = mps_usable()
     gpus = query_gpus()[0] if torch.cuda.is_available() and not cpu_forced() else []
     if choice == "auto":
-        precision, why = precision_for(gpus)
+        precision, why = precision_for(gpus, mps)
         return precision, f"auto: {why}"
-    if choice == "fp16" and not gpus:
+    if choice == "fp16" and not gpus and not mps:
         warnings.warn("mixed_precision=fp16 needs a GPU; running in fp32 on the CPU", stacklevel=2)
         return "no", "fp16 needs a GPU"
     return choice, "as configured"
@@ -428,11 +425,7 @@ def report() -> str:
         f"platform:          {detect_platform()}",
         f"cpu:               {platform.processor() or platform.machine()}, {os.cpu_count()} cores{memory}",
     ]
-    lines += [
-        f"gpu {index}:             {gpu.name}, compute capability {gpu.compute_capability[0]}."
-        f"{gpu.compute_capability[1]}, {gpu.memory_mib} MiB"
-        for index, gpu in enumerate(gpus)
-    ] or [
+    lines += [f"gpu {index}:             {gpu}" for index, gpu in enumerate(gpus)] or [
         "gpu:               Apple silicon (MPS), where training runs"
         if mps
         else "gpu:               none (nvidia-smi not found or lists no GPU)"
@@ -442,7 +435,7 @@ def report() -> str:
     else:
         distributed = "NO (one process)"
     lines += [
-        f"mixed precision:   {'no' if mps else precision_for(gpus)[0]} (what mixed_precision: auto picks)",
+        f"mixed precision:   {precision_for(gpus, mps)[0]} (what mixed_precision: auto picks)",
         f"processes:         {processes}",
         f"distributed type:  {distributed}",
         f"torch:             {torch.__version__} (CUDA build {torch.version.cuda or 'none'}, "
