@@ -73,7 +73,6 @@ ROOMS = {
     "platform and launch": [
         f"{PACKAGE}launch.py",
         f"{PACKAGE}notebook.py",
-        f"{PACKAGE}utils/devices.py",
         f"{PACKAGE}utils/hardware.py",
         f"{PACKAGE}utils/packages.py",
         "scripts/*",

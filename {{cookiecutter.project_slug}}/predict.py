@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.contract import check_contract
-from {{ cookiecutter.package_name }}.utils.devices import detect_platform, main_process_of_launch
 from {{ cookiecutter.package_name }}.utils.durable import write_atomically
 from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
     cpu_forced,
+    detect_platform,
     hide_gpus_from_cpu_run,
     launch_problems,
+    main_process_of_launch,
 )
 from {{ cookiecutter.package_name }}.utils.signals import exit_process
 

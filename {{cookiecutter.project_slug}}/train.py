@@ -44,9 +44,9 @@ from {{ cookiecutter.package_name }}.utils.config import (
     gradient_accumulation_steps,
     save_config,
 )
-from {{ cookiecutter.package_name }}.utils.devices import detect_platform
 from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
+    detect_platform,
     hide_gpus_from_cpu_run,
     launch_problems,
     mps_determinism_warnings,

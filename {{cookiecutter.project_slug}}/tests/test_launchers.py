@@ -53,14 +53,12 @@ RECORDED_ENV = (
 # The directories of the system tools the scripts use (bash, dirname); after the fakes.
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# A recording stand-in: appends tool, argv, cwd, env to $LAUNCH_RECORD (with the constraint file's text
-# for pip, which is deleted after). (No str.format here: this file is rendered by Jinja.)
+# A recording stand-in: appends tool, argv, cwd, env to $LAUNCH_RECORD. (No str.format here: this file is
+# rendered by Jinja.)
 RECORDER = """\
 import json, os, sys
 env = dict((name, os.environ[name]) for name in RECORDED_NAMES if name in os.environ)
 record = dict(tool=os.path.basename(sys.argv[0]), argv=sys.argv[1:], cwd=os.getcwd(), env=env)
-if "--constraint" in sys.argv:
-    record["constraints"] = open(sys.argv[sys.argv.index("--constraint") + 1]).read()
 with open(os.environ["LAUNCH_RECORD"], "a") as file:
     file.write(json.dumps(record) + "\\n")
 """
@@ -687,7 +685,7 @@ def test_slurm_submit_derives_requests_from_the_cluster(
 
 def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
     """Without SKIP_INSTALL: nothing is installed when pyproject.toml's dependencies for this system are
-    satisfied; otherwise `pip install -e . --constraint F` where F pins the installed torch, then the
+    satisfied; otherwise `pip install -e . torch==<the installed version>` (torch pinned), then the
     launch. A remote mirror_dir adds its store's extra (s3:// -> .[s3]), and only then."""
     project = tmp_path / "project"
     shutil.copytree(PROJECT / "scripts", project / "scripts")
@@ -716,9 +714,7 @@ def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
             assert "install: nothing to do" in run.result.stdout
             continue
         pip, started = run.records
-        assert pip["argv"][:5] == ["-m", "pip", "install", "-e", target]
-        assert pip["argv"][5] == "--constraint"
-        assert pip["constraints"] == f"torch=={metadata.version('torch')}\n"
+        assert pip["argv"] == ["-m", "pip", "install", "-e", target, f"torch=={metadata.version('torch')}"]
         assert started["argv"] == launched
         assert f"install: missing {missing}" in run.result.stdout, run.explain()
         # pip's own lines stay out of the output (a notebook cell): one line says it ran, one that it is done

@@ -15,8 +15,7 @@ from packaging.version import Version
 from {{ cookiecutter.package_name }}.utils import hardware
 from {{ cookiecutter.package_name }}.utils.cli import read_config
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
-from {{ cookiecutter.package_name }}.utils.devices import Gpu, auto_precision, detect_platform, gpu_facts
-from {{ cookiecutter.package_name }}.utils.hardware import check_output_dir
+from {{ cookiecutter.package_name }}.utils.hardware import Gpu, check_output_dir, detect_platform, precision_for, query_gpus
 
 from .conftest import PROJECT, free_port, run_training, start_line
 
@@ -74,21 +73,21 @@ def test_gpu_facts_and_precision_from_nvidia_smi(
     clean_env: pytest.MonkeyPatch, tmp_path: Path, lines: list[str], names: list[str], precision: str
 ) -> None:
     clean_env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', *lines)}{os.pathsep}{os.environ['PATH']}")
-    gpus = gpu_facts()
+    gpus = query_gpus()[0]
     assert [gpu.name for gpu in gpus] == names
-    assert auto_precision(gpus) == precision
+    assert precision_for(gpus)[0] == precision
 
 
 def test_gpu_facts_respect_cuda_visible_devices(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', T4, A100)}{os.pathsep}{os.environ['PATH']}")
     clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert gpu_facts() == [Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40960)]
+    assert query_gpus()[0] == [Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40960)]
 
 
 def test_no_nvidia_smi_means_cpu(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("PATH", str(tmp_path))  # nothing there
-    assert gpu_facts() == []
-    assert auto_precision([]) == "no"
+    assert query_gpus()[0] == []
+    assert precision_for([])[0] == "no"
 
 
 @pytest.mark.parametrize(("use_cpu", "hidden"), [("1", True), ("true", True), ("0", False), (None, False)])
@@ -250,7 +249,7 @@ def test_environment_report(tmp_path: Path) -> None:
     report = result.stdout
     for expected in [
         "platform:          kaggle",
-        "gpu 1:             Tesla T4, compute capability 7.5, 15360 MiB",
+        "gpu 1:             Tesla T4 (compute 7.5, 15360 MiB)",
         "mixed precision:   fp16",
         "processes:         2",
         "distributed type:  MULTI_GPU (nccl)",

@@ -9,7 +9,7 @@ Extra arguments go to train.py, after the platform's config and precision (train
 occurrence of a flag, so yours win). The steps, one printed line each:
   1. platform: the launcher must run on its platform (Colab's and Kaggle's write to their own paths);
      ANY_PLATFORM=1 runs it anywhere.
-  2. GPUs: from nvidia-smi, as train.py sees them (devices.py); a GPU below compute capability 7.0
+  2. GPUs: from nvidia-smi, as train.py sees them (utils/hardware.py); a GPU below compute capability 7.0
      (e.g. Kaggle's P100) is refused before anything is installed or started.
   3. processes: NUM_PROCESSES, else on SLURM the job's tasks per node (--ntasks-per-node, --ntasks),
      else one per GPU, else 1.
@@ -47,17 +47,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from .utils.devices import (
-    MPS_PRECISION,
+from .utils.durable import write_atomically
+from .utils.hardware import (
     DeviceError,
     Gpu,
-    apple_silicon,
+    mps_usable,
     precision_for,
     query_gpus,
     unsupported_gpu,
     wrong_platform,
 )
-from .utils.durable import write_atomically
+from .utils.signals import EXIT_STOPPED
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
 # Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning).
@@ -65,8 +65,6 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # The first torch whose launcher reads that list (PET_SIGNALS_TO_HANDLE). Older launchers forward only
 # SIGTERM, SIGINT, SIGHUP and SIGQUIT, and die of a SIGUSR1 while training runs on without a checkpoint.
 FORWARDS_SIGUSR1_SINCE = (2, 10)
-# train.py's exit status after a checkpoint, on a signal or for time (utils/signals.py's EXIT_STOPPED).
-EXIT_STOPPED = 75
 # Where train.py's main process reports how it ended, for the SLURM launcher's requeue decision.
 OUTCOME_FILE = "TRAIN_OUTCOME_FILE"
 GPU_HINTS = {
@@ -158,9 +156,7 @@ def last_flag_value(flag: str, args: list[str]) -> str | None:
 
 def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str, str]:
     """(accelerate's --mixed_precision, the hardware's choice for train.py, the decision line)."""
-    hardware, reason = precision_for(gpus)
-    if not gpus and apple_silicon() and os.environ.get("ACCELERATE_USE_CPU", "") in ("", "0"):
-        reason = MPS_PRECISION  # train.py runs on Apple's GPU
+    hardware, reason = precision_for(gpus, not gpus and mps_usable())  # mps: train.py runs on Apple's GPU
     chosen = last_flag_value("--mixed_precision", args)
     if chosen:
         return (
@@ -210,47 +206,38 @@ def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = 
     their requirement. Reads package metadata only: nothing is imported, no CUDA is initialised."""
     from importlib import metadata
 
-    text = pyproject.read_text(encoding="utf-8")
     try:
         import tomllib
-
-        project = tomllib.loads(text)["project"]
-        requirements = project["dependencies"]
-        for extra in extras:
-            requirements += project["optional-dependencies"][extra]
-    except ModuleNotFoundError:  # Python 3.10: each array is one plain list of strings
-        block = re.search(r"^dependencies = \[(.*?)^\]", text, re.MULTILINE | re.DOTALL)
-        requirements = re.findall(r'"([^"]+)"', block.group(1)) if block else []
-        for extra in extras:  # one line each
-            line = re.search(rf"^{extra} = \[(.*)\]", text, re.MULTILINE)
-            requirements += re.findall(r'"([^"]+)"', line.group(1)) if line else []
-    missing = []
-    try:
         from packaging.requirements import Requirement
-    except ImportError:  # without packaging, being installed is enough
-        Requirement = None
-    for requirement in requirements:
-        parsed = Requirement(requirement) if Requirement else None
-        if parsed and parsed.marker and not parsed.marker.evaluate():
+    except ImportError:  # Python 3.10, or a new environment without packaging: pip's own copies
+        from pip._vendor import tomli as tomllib
+        from pip._vendor.packaging.requirements import Requirement
+
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    requirements = project["dependencies"] + [
+        requirement for extra in extras for requirement in project["optional-dependencies"][extra]
+    ]
+    missing = []
+    for text in requirements:
+        requirement = Requirement(text)
+        if requirement.marker and not requirement.marker.evaluate():
             continue  # for another system (filelock's bound is Windows's)
-        name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
         try:
-            installed = metadata.version(name)
+            installed = metadata.version(requirement.name)
         except metadata.PackageNotFoundError:
-            missing.append(requirement)
+            missing.append(text)
             continue
-        if parsed and not parsed.specifier.contains(installed, prereleases=True):
-            missing.append(f"{requirement} (installed: {installed})")
+        if not requirement.specifier.contains(installed, prereleases=True):
+            missing.append(f"{text} (installed: {installed})")
     return missing
 
 
 def install_missing(platform: str, extras: list[str]) -> None:
-    """`pip install -e .[extras]` when a dependency is missing, with the installed torch pinned by a
-    constraint, so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
+    """`pip install -e .[extras]` when a dependency is missing, with the installed torch pinned as one more
+    requirement, so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
     if os.environ.get("SKIP_INSTALL") == "1":
         say(platform, "install: skipped (SKIP_INSTALL=1)")
         return
-    target = f".[{','.join(extras)}]" if extras else "."
     missing = missing_dependencies(Path("pyproject.toml"), extras)
     if not missing:
         say(platform, "install: nothing to do (every dependency of pyproject.toml is installed)")
@@ -258,38 +245,28 @@ def install_missing(platform: str, extras: list[str]) -> None:
     say(platform, f"install: missing {'; '.join(missing)}")
     from importlib import metadata
 
-    # A closed file in a folder of its own: Windows lets no other process (pip) open a file still open here.
-    with tempfile.TemporaryDirectory(prefix="constraints-") as folder:
-        constraints = Path(folder) / "constraints.txt"
-        constraints.write_text("", encoding="utf-8")
-        try:
-            torch_version = metadata.version("torch")
-            constraints.write_text(f"torch=={torch_version}\n", encoding="utf-8")
-            say(
-                platform,
-                f"install: pip install -e {target} --constraint <torch=={torch_version}>: the installed "
-                "torch stays",
-            )
-        except metadata.PackageNotFoundError:
-            say(
-                platform,
-                "install: torch is not installed, so pip installs its default build (install the torch "
-                "build you want first to choose it)",
-            )
-        command = [interpreter(), "-m", "pip", "install", "-e", target, "--constraint", str(constraints)]
-        # pip's own lines (some 60 for a store's extra) would bury the decisions in a notebook cell: they
-        # are shown only when it fails.
-        say(platform, "install: running pip (its output is shown if it fails)")
-        started = time.monotonic()
-        installed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if installed.returncode == 0:
-            say(platform, f"install: done in {time.monotonic() - started:.0f} s")
-        else:
-            print((installed.stdout + installed.stderr).strip()[-4000:], file=sys.stderr, flush=True)
-            raise LaunchError(
-                "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
-                "another way and rerun with SKIP_INSTALL=1."
-            )
+    command = [interpreter(), "-m", "pip", "install", "-e", f".[{','.join(extras)}]" if extras else "."]
+    try:
+        command.append(f"torch=={metadata.version('torch')}")
+        say(platform, f"install: {shlex.join(command[2:])}: the installed torch stays")
+    except metadata.PackageNotFoundError:
+        say(
+            platform,
+            "install: torch is not installed, so pip installs its default build (install the torch "
+            "build you want first to choose it)",
+        )
+    # pip's own lines (some 60 for a store's extra) would bury the decisions in a notebook cell: they
+    # are shown only when it fails.
+    say(platform, "install: running pip (its output is shown if it fails)")
+    started = time.monotonic()
+    installed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if installed.returncode != 0:
+        print((installed.stdout + installed.stderr).strip()[-4000:], file=sys.stderr, flush=True)
+        raise LaunchError(
+            "pip install failed. Without internet (Kaggle: Settings > Internet), install the packages "
+            "another way and rerun with SKIP_INSTALL=1."
+        )
+    say(platform, f"install: done in {time.monotonic() - started:.0f} s")
 
 
 def free_port() -> int:
@@ -308,15 +285,21 @@ def rendezvous_port() -> tuple[int, str]:
     return free_port(), "free now"
 
 
-def accelerate_command(processes: int, precision: str, port: int) -> list[str]:
+def accelerate_command(
+    processes: int, precision: str, port: int, nodes: int = 1, head: str = ""
+) -> list[str]:
+    """`accelerate launch` for several processes; on several nodes (a head node given), with each node's
+    rank ($SLURM_NODEID, expanded there) and the head node's address."""
+    machine = ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", head] if head else []
     return [
         "accelerate",
         "launch",
         "--multi_gpu",
+        *machine,
         "--num_processes",
         str(processes),
         "--num_machines",
-        "1",
+        str(nodes),
         "--main_process_port",
         str(port),
         "--mixed_precision",
@@ -513,9 +496,7 @@ def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]
     # After forwarding a signal the launcher SIGKILLs workers still running 30 s later (torch's default);
     # 120 s leaves a large model time to write its checkpoint.
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
-    launch = accelerate_command(nodes * processes, plan["precision"], port)
-    launch[launch.index("--num_machines") + 1] = str(nodes)
-    launch[3:3] = ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", head[0]]
+    launch = accelerate_command(nodes * processes, plan["precision"], port, nodes, head[0])
     # One task per node; $SLURM_NODEID expands there, in that task.
     per_node = " ".join(part if part.startswith("$") else shlex.quote(part) for part in launch)
     command = [*srun, "--kill-on-bad-exit=1", "bash", "-c", f'exec {per_node} "$@"', "bash", *plan["train"]]
@@ -540,48 +521,45 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
             "this batch script reaches training as SIGTERM, one sent to the step alone is lost",
         )
 
-    def requeue(reason: str) -> int:
+    if signals.received:  # during start-up (pip, say): nothing ran, so the requeued job loses nothing
+        status, outcome, why = 1, {}, f"{signals.received} arrived before training started"
+    else:
+        status, outcome = run_step(command, {**os.environ, **plan["env"], **env}, signals, plan)
+        if outcome.get("status") == "finished" or (status == 0 and not outcome):
+            say("slurm", "done: training finished")
+            return 0
+        if outcome.get("status") != "stopped" and (signals.received is None or status == 0):
+            say("slurm", f"training failed (exit {status}): not requeued")
+            return status or 1
+        where = (
+            f"steps {outcome['start_step']} -> {outcome['step']}" if outcome else "no report from train.py"
+        )
+        why = f"training stopped after a checkpoint ({where}, exit {status})"
+    if outcome.get("step", 0) > outcome.get("start_step", 0) or restarts == 0:
         say(
             "slurm",
-            f"requeue: {reason}; scontrol requeue {job} (the requeued job continues from the checkpoint)",
+            f"requeue: {why}; scontrol requeue {job} (the requeued job continues from the checkpoint)",
         )
         return subprocess.run(["scontrol", "requeue", job]).returncode
+    say(
+        "slurm",
+        f"{why}, without progress since the last requeue: not requeued again, so it cannot loop; resubmit, "
+        "with a longer --time if the signal came at once",
+    )
+    return status or 1
 
-    if signals.received:
-        if restarts == 0:
-            return requeue(f"{signals.received} arrived before training started")
-        say(
-            "slurm",
-            f"{signals.received} arrived before training started, again: not requeued (the time limit is "
-            "shorter than the --signal warning?); resubmit with a longer --time",
-        )
-        return 1
+
+def run_step(command: list[str], env: dict[str, str], signals: StepSignals, plan: dict) -> tuple[int, dict]:
+    """Run the srun step; its exit status and what train.py's main process reported ({} if nothing)."""
     with tempfile.TemporaryDirectory(prefix="launch-") as folder:
-        outcome_path = Path(folder) / "outcome.json"
-        env[OUTCOME_FILE] = str(outcome_path)
+        outcome = Path(folder) / "outcome.json"
+        env[OUTCOME_FILE] = str(outcome)
         say("slurm", f"launch: {shlex.join(command)}")
         if plan["nodes"] * plan["processes"] > 1:
             say("slurm", starting_note(plan["nodes"] * plan["processes"]))
-        signals.step = subprocess.Popen(command, env={**os.environ, **plan["env"], **env})
+        signals.step = subprocess.Popen(command, env=env)
         status = signals.step.wait()
-        outcome = json.loads(outcome_path.read_text()) if outcome_path.exists() else {}
-    if outcome.get("status") == "finished" or (status == 0 and not outcome):
-        say("slurm", "done: training finished")
-        return 0
-    stopped = outcome.get("status") == "stopped" or (signals.received is not None and status != 0)
-    if not stopped:
-        say("slurm", f"training failed (exit {status}): not requeued")
-        return status or 1
-    progress = outcome.get("step", 0) > outcome.get("start_step", 0)
-    where = f"steps {outcome['start_step']} -> {outcome['step']}" if outcome else "no report from train.py"
-    if progress or restarts == 0:
-        return requeue(f"training stopped after a checkpoint ({where}, exit {status})")
-    say(
-        "slurm",
-        f"training stopped without progress since the last requeue ({where}): not requeued again, "
-        "so it cannot loop; resubmit, with a longer --time if the signal came at once",
-    )
-    return status or 1
+        return status, json.loads(outcome.read_text()) if outcome.exists() else {}
 
 
 def run_accelerate(args: list[str]) -> int:

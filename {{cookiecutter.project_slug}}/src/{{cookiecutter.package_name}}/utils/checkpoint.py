@@ -40,9 +40,9 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
-from .devices import detect_platform
 from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
+from .hardware import detect_platform
 from .run_dir import set_aside, write_error
 
 # What a failed write of a checkpoint or an export raises: torch reports a full disk as a RuntimeError,

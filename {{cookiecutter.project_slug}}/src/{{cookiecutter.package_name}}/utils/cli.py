@@ -15,8 +15,7 @@ from pathlib import Path
 from .. import task
 from .config import ConfigError, TrainConfig, load_config
 from .contract import check_contract
-from .devices import detect_platform, foreign_paths_problem, main_process_of_launch
-from .hardware import check_output_dir
+from .hardware import check_output_dir, detect_platform, foreign_paths_problem, main_process_of_launch
 from .remote import check_urls, is_url
 
 

@@ -27,7 +27,6 @@ from .run_dir import RunError
 # rounding of each file to its blocks. Per run: metrics.jsonl, the curves, the tracker's logs.
 CHECKPOINT_SLACK = 64 * 1024
 RUN_SLACK = 512 * 1024
-EXPORT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def checkpoint_bytes(model: torch.nn.Module) -> int:
@@ -44,13 +43,11 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
 
 def export_bytes(model: torch.nn.Module, export_dtype: str) -> int:
     """Estimated bytes of one export (model/ or best_model/): every weight, in export_dtype if set."""
-    total = 0
+    cast = getattr(torch, export_dtype).itemsize if export_dtype != "auto" else 0  # auto: as trained
+    total = CHECKPOINT_SLACK
     for tensor in [*model.parameters(), *model.buffers()]:
-        size = tensor.element_size()
-        if export_dtype in EXPORT_BYTES and tensor.is_floating_point():
-            size = EXPORT_BYTES[export_dtype]
-        total += tensor.numel() * size
-    return total + CHECKPOINT_SLACK
+        total += tensor.numel() * (cast if cast and tensor.is_floating_point() else tensor.element_size())
+    return total
 
 
 def disk_problem(model: torch.nn.Module, config: TrainConfig) -> str | None:

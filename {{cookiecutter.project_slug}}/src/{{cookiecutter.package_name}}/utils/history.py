@@ -35,9 +35,9 @@ from typing import Any
 import accelerate
 import torch
 
-from .devices import detect_platform
 from .durable import write_atomically
 from .fingerprint import fingerprint_digest
+from .hardware import detect_platform
 
 HISTORY_FILE = "history.json"
 # The task's libraries whose version is recorded when the task imported them (import name, shown name).

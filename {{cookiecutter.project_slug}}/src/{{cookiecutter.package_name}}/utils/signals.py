@@ -19,7 +19,7 @@ import time
 from types import FrameType
 from typing import NoReturn
 
-from .devices import main_process_of_launch
+from .hardware import main_process_of_launch
 
 # Exit status of a run that stopped on a signal after saving a checkpoint: rerun the same command
 # to continue. 75 is EX_TEMPFAIL ("try again later").
@@ -53,8 +53,7 @@ class StopRequest:
     def ignore_from_now_on(self) -> None:
         """Training is over: a late signal can interrupt nothing worth saving, and letting it kill the
         process would replace the exit status (and Python restores the default handlers at exit)."""
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+        ignore_stop_signals(0)
 
     def __bool__(self) -> bool:
         return self.signal_name is not None
