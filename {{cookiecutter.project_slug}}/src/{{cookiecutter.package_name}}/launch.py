@@ -57,6 +57,7 @@ from .utils.hardware import (
     unsupported_gpu,
     wrong_platform,
 )
+from .utils.packages import STORE_EXTRAS
 from .utils.signals import EXIT_STOPPED
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
@@ -73,10 +74,6 @@ GPU_HINTS = {
     "kaggle": "In the notebook: Settings > Accelerator > GPU T4 x2.",
     "slurm": "Ask for another GPU type (e.g. sbatch --gpus-per-node=a100:1 or --constraint).",
 }
-
-
-# The extra of pyproject.toml that installs a remote store's package, by URL protocol (utils/remote.py).
-STORE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 
 
 class LaunchError(Exception):

@@ -355,7 +355,7 @@ def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[
     mount point and lose everything), for a mirror that is output_dir itself or inside it, and on Windows
     without long paths for an output_dir too long for the files a run writes below it.
     """
-    from .remote import is_url  # it imports the launcher, which imports this module
+    from .remote import is_url  # not at import: the launcher imports this module before yaml is installed
 
     path = Path(output_dir).absolute()
     if WINDOWS and len(str(path)) + DEEPEST_INSIDE >= WINDOWS_MAX_PATH and not windows_long_paths():

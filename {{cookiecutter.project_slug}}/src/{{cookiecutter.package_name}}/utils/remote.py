@@ -27,8 +27,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..launch import STORE_EXTRAS
 from .config import ConfigError, TrainConfig
+from .packages import STORE_EXTRAS
 
 # The secrets each protocol's package reads from the environment.
 SECRETS = {
