@@ -33,7 +33,6 @@ ROOMS = {
                 "cli",
                 "config",
                 "loop",
-                "finish",
                 "memory",
                 "accelerate_fixes",
                 "progress",
