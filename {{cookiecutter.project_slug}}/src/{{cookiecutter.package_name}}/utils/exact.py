@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,22 +42,21 @@ def follow_the_sample(seed: int, step: int, place: int, device: torch.device) ->
         getattr(torch, device.type).manual_seed(value)
 
 
+def batch_tensors(batch: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a batch (a tensor, or mappings, lists and tuples of them), mappings in key order."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for key in sorted(batch, key=str):
+            yield from batch_tensors(batch[key])
+    elif isinstance(batch, list | tuple):
+        for item in batch:
+            yield from batch_tensors(item)
+
+
 def sample_hashes(batch: Any) -> list[str]:
-    """One hash per sample of a micro-batch: its rows of every tensor in the batch (a tensor, or
-    mappings, lists and tuples of them), as bytes."""
-    leaves: list[torch.Tensor] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            leaves.append(value.detach().cpu())
-        elif isinstance(value, Mapping):
-            for key in sorted(value, key=str):
-                collect(value[key])
-        elif isinstance(value, list | tuple):
-            for item in value:
-                collect(item)
-
-    collect(batch)
+    """One hash per sample of a micro-batch: its rows of every tensor in the batch, as bytes."""
+    leaves = [leaf.detach().cpu() for leaf in batch_tensors(batch)]
     rows = leaves[0].shape[0] if leaves and leaves[0].dim() else 1
     hashes = [hashlib.blake2b(digest_size=16) for _ in range(rows)]
     for leaf in leaves:
