@@ -37,7 +37,6 @@ ROOMS = {
                 "cli",
                 "config",
                 "loop",
-                "finish",
                 "memory",
                 "accelerate_fixes",
                 "progress",

@@ -70,10 +70,9 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, sav
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.disk_budget import check_disk_space
 from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_sample
-from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
-from {{ cookiecutter.package_name }}.utils.finish import finish
+from {{ cookiecutter.package_name }}.utils.fingerprint import DataFingerprint, data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
-from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping
+from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import (
     FINISH_TIMEOUT_S,
@@ -106,24 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
     speed_up_accelerate()  # skips Accelerate's per-step work that cannot change a result
-    accelerator = Accelerator(
-        mixed_precision=precision,
-        log_with=trackers(config),
-        project_config=ProjectConfiguration(
-            project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")
-        ),
-        # Every process draws the same permutation from data_seed and takes its own share of it.
-        # non_blocking: batches from pinned memory (pin_memory below, on a GPU) are copied to the device
-        # while it still computes the previous step.
-        dataloader_config=DataLoaderConfiguration(
-            use_seedable_sampler=True, data_seed=config.seed, non_blocking=True
-        ),
-        # The loader yields whole accumulation windows (see the data section), so the optimizer steps
-        # after every `accumulation` micro-batches and never on a short window at the end of an epoch.
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False),
-        # Stepped by hand once per optimizer step: Accelerate would step it once per process.
-        step_scheduler_with_optimizer=False,
-    )
+    accelerator = make_accelerator(config, precision)
     lock = OutputLock(config.output_dir)  # taken in train() on the main process
     # The persistent copy, written in the background by the main process; started in train().
     mirror = Mirror(
@@ -171,18 +153,13 @@ def train(
     saver: Persister,
 ) -> bool:
     """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
-    (False). `lock` is taken once the config and data have passed their checks, before anything is
-    written; `mirror` once the run to continue is known."""
+    (False). `lock` is taken once the config and data have passed their checks, before anything is written."""
     clock = SessionClock(config, accelerator.is_main_process)  # time_budget counts from here
-    output_dir = Path(config.output_dir)
     seed(config)  # --- seeding (seed, below)
 
     # --- data (build_loaders, below)
-    train_set, train_loader, eval_loader, steps_per_epoch = build_loaders(accelerator, config)
-    # What it trains and evaluates on, which a resume must find unchanged (utils/fingerprint.py)
-    data = data_fingerprint(train_set, eval_loader.dataset) if accelerator.is_main_process else None
+    train_set, train_loader, eval_loader, steps_per_epoch, data = build_loaders(accelerator, config)
     schedule_steps = config.max_steps if not steps_per_epoch else steps_per_epoch * config.num_epochs
-    total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
 
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
@@ -190,46 +167,28 @@ def train(
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
-    check_disk_space(accelerator, config, model)  # what the run will keep fits on its disk, or one line
 
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, scheduler, train_loader, eval_loader
     )
     # --- memory and speed, opt-in: the largest per-device batch that fits, then torch.compile
-    if config.auto_batch_size:
-        auto_batch_size(accelerator, model, config, train_set)
+    auto_batch_size(accelerator, model, config, train_set)  # with auto_batch_size: true
     # The compiled module shares the prepared model's weights; checkpoints and exports use `model`.
     forward = torch.compile(model) if config.compile else model
-    # What task.loss gets: calls run `forward`, attributes come from the model build_model returned (DDP's
-    # wrapper has none of them), on any number of processes.
-    task_model = TaskModel(forward, accelerator.unwrap_model(model), training=True)
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
-    # Or refuse: a folder of another run, or of other data, or whose checkpoints cannot be read. The newest
-    # checkpoint of this run in mirror_dir or under import_from is brought in first, if newer than ours.
-    state, resumed_from = resume(accelerator, config, frozen, data)
-    mirror.start(state.run_id, config.start_over)
-    if accelerator.is_main_process:
-        save_config(config, output_dir / "config.yaml")  # what this run is: written once it may run
-        # Drop what was logged after the checkpoint (or repair a log cut shorter than it: one warning).
-        if warning := truncate_metrics(output_dir, state.metrics_bytes, state.step):
-            print(warning)
-    history = begin_history(accelerator, config, state, resumed_from)  # prints what changed since last time
-    # What the last session compiled, before the first compiled call (every process): utils/compile_cache.py
-    history.note("compile_cache", load_cache(config, accelerator.device, resumed_from))
-    start_trackers(accelerator, config, state, finished=state.step >= total_steps)
-    book = Bookkeeping(
-        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, saver, history
+    book = resume_session(
+        accelerator, config, frozen, data, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
     )
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
     # Forward and backward over a step's micro-batches, each drawing its samples' random numbers
-    gradients = step_gradients(accelerator, config, model, task_model, trained, book)
+    gradients = step_gradients(accelerator, config, model, forward, trained, book)
     while not book.end.now():
         model.train()
         for batch in book.epoch_batches(train_loader, train_set):  # after a resume: those not yet seen
-            step_loss = gradients(batch, book.step_digest())
+            step_loss = gradients(batch)
             optimizer.step()  # after the last micro-batch, whose gradients were synced
             optimizer.zero_grad()
             # fp16's loss scaler skips a step whose gradients overflowed: the schedule does not count it.
@@ -251,19 +210,25 @@ def step_gradients(
     accelerator: Accelerator,
     config: TrainConfig,
     model: torch.nn.Module,
-    task_model: TaskModel,
+    forward: torch.nn.Module,
     trained: list[torch.nn.Parameter],
     book: Bookkeeping,
 ) -> Callable[..., torch.Tensor]:
     """The loop's step before the optimizer's: `gradients(batch, digest)` runs forward and backward over the
-    batch's micro-batches, clips the gradients and returns the summed loss. The probe at a session's last
+    batch's micro-batches of `forward` (the prepared model, or its compiled module), clips the gradients and
+    returns the summed loss. The probe at a session's last
     checkpoint calls it too, with BatchNorm's statistics left alone (`tracking=False`)."""
     accumulation, micro_size = accelerator.gradient_accumulation_steps, config.per_device_batch_size
     first_place = accelerator.process_index * accumulation  # this process's micro-batches in the global batch
     norms, stats_here = running_stats(accelerator, model)  # BatchNorm's, and whether this process's count
+    # What task.loss gets: calls run `forward`, attributes come from the model build_model returned (DDP's
+    # wrapper has none of them), on any number of processes.
+    task_model = TaskModel(forward, accelerator.unwrap_model(model), training=True)
 
-    def gradients(batch: object, digest: StepDigest, tracking: bool = True) -> torch.Tensor:
-        # Each micro-batch draws its samples' random numbers (dropout...): utils/exact.py.
+    def gradients(batch: object, digest: StepDigest | None = None, tracking: bool = True) -> torch.Tensor:
+        # Each micro-batch draws its samples' random numbers (dropout...): utils/exact.py. What is recorded
+        # of the step: the first after a checkpoint only.
+        digest = digest or book.check.step_digest(book.state.step)
         step_loss = None
         for micro in range(accumulation):
             micro_batch = batch  # the whole batch is one micro-batch unless accumulating
@@ -286,6 +251,28 @@ def step_gradients(
     return gradients
 
 
+def make_accelerator(config: TrainConfig, precision: str) -> Accelerator:
+    """The Accelerator: trackers, the output folder, the loaders' order, one optimizer step per batch."""
+    return Accelerator(
+        mixed_precision=precision,
+        log_with=trackers(config),
+        project_config=ProjectConfiguration(
+            project_dir=config.output_dir, logging_dir=str(Path(config.output_dir) / "logs")
+        ),
+        # Every process draws the same permutation from data_seed and takes its own share of it.
+        # non_blocking: batches from pinned memory (pin_memory below, on a GPU) are copied to the device
+        # while it still computes the previous step.
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True, data_seed=config.seed, non_blocking=True
+        ),
+        # The loader yields whole accumulation windows (see the data section), so the optimizer steps
+        # after every `accumulation` micro-batches and never on a short window at the end of an epoch.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False),
+        # Stepped by hand once per optimizer step: Accelerate would step it once per process.
+        step_scheduler_with_optimizer=False,
+    )
+
+
 def print_start(
     accelerator: Accelerator, config: TrainConfig, config_path: Path, precision_why: str, threads: str
 ) -> None:
@@ -302,6 +289,40 @@ def print_start(
     accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
 
 
+def resume_session(
+    accelerator: Accelerator,
+    config: TrainConfig,
+    frozen: tuple[str, str],
+    data: DataFingerprint | None,
+    mirror: Mirror,
+    steps_per_epoch: int,
+    schedule_steps: int,
+    stop: StopRequest,
+    clock: SessionClock,
+    saver: Persister,
+) -> Bookkeeping:
+    """Where this session starts: the run's newest checkpoint (the newest of this run in mirror_dir or
+    under import_from is brought in first, if newer than ours), or a refusal: a folder of another run, or
+    of other data, or whose checkpoints cannot be read. Then what the session writes as it starts (the
+    config, metrics.jsonl cut back to the checkpoint, the history, the trackers), and its bookkeeping, for
+    `total_steps`: the schedule's, or max_steps if sooner. The mirror starts once the run is known."""
+    state, resumed_from = resume(accelerator, config, frozen, data)
+    mirror.start(state.run_id, config.start_over)
+    if accelerator.is_main_process:
+        save_config(config, Path(config.output_dir) / "config.yaml")  # what this run is, once it may run
+        # Drop what was logged after the checkpoint (or repair a log cut shorter than it: one warning).
+        if warning := truncate_metrics(config.output_dir, state.metrics_bytes, state.step):
+            print(warning)
+    history = begin_history(accelerator, config, state, resumed_from)  # prints what changed since last time
+    # What the last session compiled, before the first compiled call (every process): utils/compile_cache.py
+    history.note("compile_cache", load_cache(config, accelerator.device, resumed_from))
+    total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
+    start_trackers(accelerator, config, state, finished=state.step >= total_steps)
+    return Bookkeeping(
+        accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, saver, history
+    )
+
+
 def seed(config: TrainConfig) -> None:
     """The same seed on every process; each micro-batch reseeds for its samples (utils/exact.py)."""
     set_seed(config.seed)
@@ -315,9 +336,9 @@ def seed(config: TrainConfig) -> None:
 
 def build_loaders(
     accelerator: Accelerator, config: TrainConfig
-) -> tuple[Dataset, DataLoader | StreamLoader, DataLoader, int]:
-    """The task's train set, the train and eval loaders, and the number of optimizer steps in an epoch
-    (0 for a stream: its epoch ends when it runs out).
+) -> tuple[Dataset, DataLoader | StreamLoader, DataLoader, int, DataFingerprint | None]:
+    """The task's train set, the train and eval loaders, the number of optimizer steps in an epoch (0 for
+    a stream: its epoch ends when it runs out), and the data's fingerprint (on the main process).
 
     One train batch is one process's share of an optimizer step (per_device_batch_size x accumulation
     samples), cut into micro-batches in the loop. With drop_last, every optimizer step sees exactly
@@ -370,13 +391,17 @@ def build_loaders(
         )
     for warning in check_task(config, train_set, eval_set):  # task.py's contract, on two samples
         accelerator.print(f"WARNING: {warning}")
-    return train_set, train_loader, eval_loader, steps_per_epoch
+    # What it trains and evaluates on, which a resume must find unchanged (utils/fingerprint.py)
+    data = data_fingerprint(train_set, eval_set) if accelerator.is_main_process else None
+    return train_set, train_loader, eval_loader, steps_per_epoch, data
 
 
 def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: int) -> tuple:
-    """The task's model, its trained parameters, the frozen ones' hash, AdamW and the warmup-cosine schedule
-    (sized in optimizer steps, so independent of the world size)."""
+    """The task's model (checked to fit on the disk with what the run keeps), its trained parameters, the
+    frozen ones' hash, AdamW and the warmup-cosine schedule (sized in optimizer steps, so independent of the
+    world size)."""
     model = task.build_model(config)
+    check_disk_space(accelerator, config, model)  # what the run will keep fits on its disk, or one line
     # Frozen parameters (a pretrained base under LoRA) stay out of the optimizer and of the checkpoints,
     # which record their hash instead: a resume must find the same ones in the model it builds.
     trained = [param for param in model.parameters() if param.requires_grad]  # listed once: clipped each step

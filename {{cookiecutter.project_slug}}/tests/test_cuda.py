@@ -211,10 +211,10 @@ def strict_from_here(self, *args):
     count(self, *args)
     torch.cuda.set_sync_debug_mode("error")
 
-def at_the_end(self, model):
+def at_the_end(self, *args):
     if self.state.step == self.total_steps:
         torch.cuda.set_sync_debug_mode(0)
-    return checkpoint(self, model)
+    return checkpoint(self, *args)
 
 loop.Bookkeeping.count, loop.Bookkeeping.checkpoint = strict_from_here, at_the_end
 atexit.register(lambda: print(f"STRICT_STEPS {modes.count(2)}", flush=True))

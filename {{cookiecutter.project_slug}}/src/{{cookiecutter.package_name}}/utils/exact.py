@@ -12,13 +12,15 @@ processes x 1 draw the same masks, and a resumed step draws what the uninterrupt
 taking it): a hash of each sample as the model receives it, in global order, the loss and the gradient
 norm, as bits. The run's history keeps it; a session resumed from that checkpoint compares its own first
 step with it and says, in one line, whether the resume is bit for bit the uninterrupted run (`verdict`).
+`ResumeCheck` decides which steps the loop records, and keeps the records and verdicts in the history.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,22 +42,21 @@ def follow_the_sample(seed: int, step: int, place: int, device: torch.device) ->
         getattr(torch, device.type).manual_seed(value)
 
 
+def batch_tensors(batch: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a batch (a tensor, or mappings, lists and tuples of them), mappings in key order."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for key in sorted(batch, key=str):
+            yield from batch_tensors(batch[key])
+    elif isinstance(batch, list | tuple):
+        for item in batch:
+            yield from batch_tensors(item)
+
+
 def sample_hashes(batch: Any) -> list[str]:
-    """One hash per sample of a micro-batch: its rows of every tensor in the batch (a tensor, or
-    mappings, lists and tuples of them), as bytes."""
-    leaves: list[torch.Tensor] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            leaves.append(value.detach().cpu())
-        elif isinstance(value, Mapping):
-            for key in sorted(value, key=str):
-                collect(value[key])
-        elif isinstance(value, list | tuple):
-            for item in value:
-                collect(item)
-
-    collect(batch)
+    """One hash per sample of a micro-batch: its rows of every tensor in the batch, as bytes."""
+    leaves = [leaf.detach().cpu() for leaf in batch_tensors(batch)]
     rows = leaves[0].shape[0] if leaves and leaves[0].dim() else 1
     hashes = [hashlib.blake2b(digest_size=16) for _ in range(rows)]
     for leaf in leaves:
@@ -94,6 +95,62 @@ class StepDigest:
             "loss": loss.hex(),
             "grad_norm": norm.hex(),
         }
+
+
+class ResumeCheck:
+    """The first step after each checkpoint, recorded in the run's history; a resumed session's first step
+    is also compared with what the uninterrupted run recorded of it (`verdict`), in one line."""
+
+    def __init__(
+        self,
+        accelerator: Any,
+        history: Any,
+        output_dir: str,
+        write: Callable[[str], None],
+        resumed_at: int | None,
+    ) -> None:
+        self.accelerator, self.history, self.output_dir, self.write = accelerator, history, output_dir, write
+        self.record_at = self.verify_at = -1 if resumed_at is None else resumed_at
+        # The newest checkpoint published: the run folder's history never claims a later step.
+        self.published = resumed_at
+        self.digest = StepDigest(accelerator, False)
+
+    def step_digest(self, step: int) -> StepDigest:
+        """What the loop records of the step it starts: active on the first step after a checkpoint."""
+        self.digest = StepDigest(self.accelerator, step in (self.record_at, self.verify_at))
+        return self.digest
+
+    def saved(self, step: int, why: str, path: Path) -> None:
+        """The checkpoint of `step` is published: the run folder's history may name it now."""
+        self.published = step
+        self.history.save(self.output_dir, step, why)
+        self.write(f"checkpoint: step {step} saved to {path}")
+
+    def probe(self, step: int, batch: Any, gradients: Callable[..., Any], model: torch.nn.Module) -> None:
+        """Record the step after the checkpoint of `step` without taking it: its batch (the data order's
+        next), forward and backward as the loop does them, BatchNorm's statistics not updated, no optimizer
+        or schedule step, the gradients dropped. The checkpoint then carries the record (its history)."""
+        self.digest = StepDigest(self.accelerator, True)
+        gradients(batch, self.digest, tracking=False)
+        for param in model.parameters():
+            param.grad = None  # as optimizer.zero_grad() leaves them
+        self.digested(step)
+
+    def digested(self, step: int) -> None:
+        """After the step that `step` counts: recorded for later resumes, if it was the first after a
+        checkpoint; after this session's resume, compared too, in one line, which the history keeps."""
+        if not self.digest.active:
+            return
+        digest, history, main = self.digest.result(), self.history, self.accelerator.is_main_process
+        if step == self.verify_at and main:
+            kind, line = verdict(history.recorded(step), digest, step + 1, history.changes())
+            self.write(line)
+            history.current.update(resume=kind, resume_line=line)
+        self.verify_at = -1
+        if main:
+            history.record(step, digest)  # in the next checkpoint's history, and in the run folder's:
+            if self.published is not None:  # at once where its checkpoint is published, else once it is
+                history.save(self.output_dir, self.published)
 
 
 def verdict(

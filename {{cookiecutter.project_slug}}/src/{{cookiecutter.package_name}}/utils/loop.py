@@ -9,12 +9,17 @@ of it, on the first step after a checkpoint: utils/exact.py) and, after every op
 after each epoch's batches, `after_epoch` (a stream's epoch ends there).
 Beside it: `TrainLoss` (the train loss, summed on the device and read back once per logging interval)
 and `Ending` (why training stops: a signal, the clock, early stopping, the last step, or divergence: a
-non-finite loss, metric or weight). After the loop, utils/finish.py says why it ended and leaves the
-exports: of the last step, or of a stopped session.
+non-finite loss, metric or weight). After the loop, `finish` says why it ended and leaves what the ending
+calls for. Diverged: one line naming the last good checkpoint (raised). Stopped by a signal: the
+checkpoint and the curves, exit 75. Stopped by the time budget: model/ and the curves too, exit 75. Done
+(the last step, early stopping): the last evaluation, model/ and the curves. A checkpoint still being
+written in the background (utils/persist.py) is published first, whatever the ending.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -29,13 +34,16 @@ from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import task
+from ..launch import report_outcome
 from .checkpoint import LoopState, export_model
 from .compile_cache import cache_files
 from .config import TrainConfig
-from .exact import StepDigest, verdict
+from .exact import ResumeCheck
 from .history import HISTORY_FILE, History
 from .persist import Persister
+from .plots import best_step, plot_metrics
 from .progress import Progress
+from .run_dir import RunError
 from .signals import StopRequest
 from .task_check import TaskModel
 from .timing import SessionClock
@@ -60,19 +68,15 @@ class Bookkeeping:
     ) -> None:
         self.accelerator, self.config, self.state = accelerator, config, state
         self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
-        self.stop_request, self.clock, self.persister, self.history = stop, clock, persister, history
-        self.start_step = state.step
+        self.clock, self.persister, self.history = clock, persister, history
         self.progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
         self.loss = TrainLoss(accelerator, state, self.progress)
         self.end = Ending(stop, state, total_steps, steps_per_epoch * config.num_epochs, config.max_steps)
         self.timed_checkpoint = self.end_of_epoch = self.streamed = False
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
-        # The newest checkpoint published: the run folder's history never claims a later step.
-        self.published = state.step if resumed_from is not None else None
         self.metrics: dict[str, float] | None = None
-        # The first step after a checkpoint is recorded; a resumed session's first is verified too.
-        self.record_at = self.verify_at = state.step if resumed_from is not None else -1
-        self.digest = StepDigest(accelerator, False)
+        resumed_at = state.step if resumed_from is not None else None
+        self.check = ResumeCheck(accelerator, history, config.output_dir, self.progress.write, resumed_at)
         self.loader = self.train_set = None
 
     def epoch_batches(self, train_loader: Any, train_set: Any) -> Iterator:
@@ -81,17 +85,11 @@ class Bookkeeping:
         self.loader, self.train_set = train_loader, train_set  # the probe's next batch (checkpoint)
         return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
 
-    def step_digest(self) -> StepDigest:
-        """What the loop records of the step it starts: active on the first step after a checkpoint."""
-        self.digest = StepDigest(self.accelerator, self.state.step in (self.record_at, self.verify_at))
-        return self.digest
-
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
         """One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients): then
         the logged loss does not count it, and too many skipped in a row is divergence."""
         state, config = self.state, self.config
-        if self.digest.active:
-            self.digested(self.digest.result())
+        self.check.digested(state.step)
         if skipped:
             state.skipped_in_a_row += 1
             if state.skipped_in_a_row >= config.fp16_skip_patience:
@@ -110,20 +108,8 @@ class Bookkeeping:
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Every log_every steps: the mean train loss, and whether to stop or checkpoint for time."""
-        state = self.state
-        if state.step % self.config.log_every == 0:
-            # The one host-device sync of training, once per logging interval. The stop vote and the
-            # main process's clock ride along: all processes stop, or checkpoint for time, at the same
-            # step, whenever each got its signal (see utils/timing.py for why one clock decides).
-            vote = 1.0 if self.stop_request else 0.0
-            loss_total, votes, timed, late = self.loss.total(vote, *self.clock.at_log())
-            # A signal wins over the clock: the platform wants the machine back now, without exports.
-            self.end.stopping, self.end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
-            self.timed_checkpoint = timed > 0
-            if not math.isfinite(loss_total):  # the same sum on every process: all stop here
-                self.end.diverged = f"the train loss of steps up to {state.step} is {loss_total}"
-            else:
-                self.loss.log(loss_total, scheduler)
+        if self.state.step % self.config.log_every == 0:
+            self.timed_checkpoint = self.loss.at_log(self.end, self.clock, scheduler)
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
@@ -138,12 +124,10 @@ class Bookkeeping:
             self.end.diverged = f"the eval metrics at step {state.step} are {metrics}"
             return
         self.metrics = metrics
-        self.accelerator.log(metrics, step=state.step)
-        state.last_eval_step = state.step
-        track_best(self.accelerator, model, config, state, metrics)
+        track_best(self.accelerator, model, config, state, metrics)  # logged too
         state.stopped_early = patience_over(self.accelerator, config, state)
         # A signal that came during the evaluation (minutes, on a large eval set) is acted on now.
-        self.end.stopping = self.end.stopping or stop_voted(self.accelerator, self.stop_request)
+        self.end.stopping = self.end.stopping or self.loss.total(float(bool(self.end.stop_request)))[1] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """After an epoch's batches. A stream's epoch ends where it runs out, known only after its last step
@@ -151,9 +135,8 @@ class Bookkeeping:
         step, and a run resumed from that step evaluates there too, as the run never stopped did. (The
         loop leaves an epoch early only to stop: a stream not stopping ran out.)"""
         if self.streamed and not self.config.eval_every and not self.end.now():
-            self.end_of_epoch = True
+            self.end_of_epoch = True  # until the next step's count
             self.evaluate(model, forward, eval_loader)
-            self.end_of_epoch = False
 
     def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
         """Save when due (checkpoint_every, the last step), for time, or before stopping. A session that
@@ -170,9 +153,10 @@ class Bookkeeping:
             self.end.diverged = f"the weights at step {state.step} are not all finite"
             return
         more = state.step < self.steps_per_epoch * config.num_epochs and not state.stopped_early
-        if more and self.end.now() and not self.streamed:
-            self.probe(model, gradients)
-        self.record_at = state.step
+        if more and self.end.now() and not self.streamed:  # a stream's next batch is not read ahead
+            batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
+            self.check.probe(state.step, batch, gradients, model)
+        self.check.record_at = state.step
         self.loss.save()  # the logging interval in progress, which a resumed run logs whole
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
@@ -180,43 +164,12 @@ class Bookkeeping:
         step, why = state.step, self.end.why()
         files = {HISTORY_FILE: self.history.text(step, why)}
         files |= cache_files(accelerator, config)  # what was compiled (utils/compile_cache.py)
-
-        def saved(path: Path) -> None:  # once published: what a kill from then on resumes from
-            self.published = step
-            self.history.save(config.output_dir, step, why)
-            self.progress.write(f"checkpoint: step {step} saved to {path}")
-
         # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py. Published
         # before finish() names it.
-        self.last_saved = self.persister.save(state, self.resumed_from, files, saved)
+        published = functools.partial(self.check.saved, step, why)  # what a kill from then on resumes from
+        self.last_saved = self.persister.save(state, self.resumed_from, files, published)
         # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
         self.clock.saved(saving, self.persister.last_seconds)
-
-    def probe(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
-        """Record the step after this checkpoint without taking it: its batch (the data order's next),
-        forward and backward as the loop does them, BatchNorm's statistics not updated, no optimizer or
-        schedule step, the gradients dropped. The checkpoint then carries the record (its history). A
-        stream's next batch is not read ahead: its position is part of the checkpoint."""
-        batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
-        self.digest = StepDigest(self.accelerator, True)
-        gradients(batch, self.digest, tracking=False)
-        for param in model.parameters():
-            param.grad = None  # as optimizer.zero_grad() leaves them
-        self.digested(self.digest.result())
-
-    def digested(self, digest: dict[str, Any]) -> None:
-        """The first step after a checkpoint: recorded for later resumes; after this session's resume,
-        compared with what the uninterrupted run recorded, in one line, which the history keeps."""
-        state, history = self.state, self.history
-        if state.step == self.verify_at and self.accelerator.is_main_process:
-            kind, line = verdict(history.recorded(state.step), digest, state.step + 1, history.changes())
-            self.progress.write(line)
-            history.current.update(resume=kind, resume_line=line)
-        self.verify_at = -1
-        if self.accelerator.is_main_process:
-            history.record(state.step, digest)  # in the next checkpoint's history, and in the run folder's:
-            if self.published is not None:  # at once where its checkpoint is published, else once it is
-                history.save(self.config.output_dir, self.published)
 
 
 @dataclass
@@ -273,6 +226,21 @@ class TrainLoss:
         flags = torch.tensor(votes, device=self.accelerator.device).reshape(-1)
         return self.accelerator.reduce(torch.cat([self.sum.reshape(1), flags]), "sum").tolist()
 
+    def at_log(self, end: Ending, clock: SessionClock, scheduler: Any) -> bool:
+        """The one host-device sync of training, once per logging interval: the loss, with the stop vote and
+        the main process's clock riding along, so that all processes stop, or checkpoint for time, at the
+        same step, whenever each got its signal (utils/timing.py: why one clock decides). Sets `end`'s
+        reasons, logs the loss, and returns whether to checkpoint for time."""
+        vote = 1.0 if end.stop_request else 0.0
+        loss_total, votes, timed, late = self.total(vote, *clock.at_log())
+        # A signal wins over the clock: the platform wants the machine back now, without exports.
+        end.stopping, end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
+        if not math.isfinite(loss_total):  # the same sum on every process: all stop here
+            end.diverged = f"the train loss of steps up to {self.state.step} is {loss_total}"
+        else:
+            self.log(loss_total, scheduler)
+        return timed > 0
+
     def log(self, total: float, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Log the window's mean per micro-batch (`total`: its sum over processes), then start a new one."""
         if self.batches:
@@ -295,6 +263,101 @@ class TrainLoss:
         """Into the loop state, which the checkpoint saves: every process's sum, and the count."""
         self.state.loss_sums = self.accelerator.gather(self.sum.reshape(1)).tolist()
         self.state.loss_batches = self.batches
+
+
+def finish(
+    book: Bookkeeping,
+    model: torch.nn.Module,
+    forward: torch.nn.Module,
+    eval_loader: DataLoader,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> bool:
+    """Raise if training diverged; False if a signal or the clock stopped it (having left what a session
+    that ends now should leave); True when training is done: then the last evaluation, and the exports."""
+    state, config = book.state, book.config
+    book.progress.close()
+    book.persister.wait()  # the save in flight is published before anything else is written or said
+    book.history.save(config.output_dir, state.step, book.end.why())
+    if book.end.diverged:
+        raise RunError(diverged_message(book.end.diverged, config, book.last_saved))
+    if book.end.stopping or book.end.out_of_time:
+        return stopped(book, model)
+    done(book, model, forward, eval_loader, scheduler)
+    return True
+
+
+def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
+    """A signal (the checkpoint only) or the clock (model/ and the curves too) stopped the session."""
+    accelerator, config, state = book.accelerator, book.config, book.state
+    output_dir = Path(config.output_dir)
+    if not book.end.out_of_time:
+        if accelerator.is_main_process:  # a SLURM launcher requeues on progress
+            report_outcome("stopped", book.progress.start_step, state.step)
+            # The curves but no export: drawing takes under a second (20,000 logged steps: 0.5 s), an
+            # export is as large as the model (and mirrored again) while the platform wants it back.
+            with contextlib.suppress(OSError):  # a full disk: the curves can be drawn later
+                print(f"curves: {plot_metrics(output_dir)}")
+        accelerator.print(  # the last line, which the launchers show as the outcome
+            f"stopped by {book.end.stop_request.signal_name or 'another process'} at step {state.step}: "
+            "checkpoint saved, run the same command to continue"
+        )
+        return False
+    metrics = book.metrics  # leave what a session that ends now should leave, without an evaluation
+    info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
+    export_model(accelerator, model, config, output_dir / "model", info)
+    if accelerator.is_main_process:
+        curves = plot_metrics(output_dir)
+        print(f"exported {output_dir / 'model'} (step {state.step}) | curves: {curves}")
+        print(f"stopped for time; run again to continue: step {state.step}, {book.clock.stop_note()}")
+        report_outcome("stopped", book.progress.start_step, state.step)  # a SLURM launcher requeues
+    return False
+
+
+def done(
+    book: Bookkeeping,
+    model: torch.nn.Module,
+    forward: torch.nn.Module,
+    eval_loader: DataLoader,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> None:
+    """Training is done: the last train loss, the last evaluation (unless that step had one), the exports."""
+    accelerator, config, state = book.accelerator, book.config, book.state
+    output_dir = Path(config.output_dir)
+    if state.stopped_early:
+        accelerator.print(
+            f"early stopping at step {state.step}: {state.evals_since_best} evaluations without a better "
+            f"{config.best_metric} than {state.best_value:.4f} (step {state.best_step})"
+        )
+    if book.loss.batches:  # the last, partial logging interval
+        loss_total = book.loss.total()[0]
+        if not math.isfinite(loss_total):
+            why = f"the train loss of the last steps is {loss_total}"
+            raise RunError(diverged_message(why, config, book.last_saved))
+        book.loss.log(loss_total, scheduler)
+    metrics = book.metrics
+    if metrics is None or state.last_eval_step != state.step:
+        metrics = evaluate(accelerator, forward, eval_loader, config)
+        if not all(math.isfinite(value) for value in metrics.values()):
+            why = f"the final eval metrics are {metrics}"
+            raise RunError(diverged_message(why, config, book.last_saved))
+        if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
+            track_best(accelerator, model, config, state, metrics)
+    accelerator.print(
+        f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
+        + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    )
+    # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
+    export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
+    best = f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
+    exported = f"exported {output_dir / 'model'} (last step)"
+    # best_model/ may not have been brought in with the run (damaged in its copy: a warning at the start).
+    if best_step(output_dir) == state.best_step:
+        accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
+    else:
+        accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
+    if accelerator.is_main_process:
+        print(f"curves: {plot_metrics(output_dir)}")
+        report_outcome("finished", book.progress.start_step, state.step)
 
 
 def epoch_batches(
@@ -341,12 +404,6 @@ def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
         yield ahead
 
 
-def stop_voted(accelerator: Accelerator, stop_request: StopRequest) -> bool:
-    """Whether any process got a stop signal: a collective, so every process decides alike."""
-    vote = torch.tensor([1.0 if stop_request else 0.0], device=accelerator.device)
-    return accelerator.reduce(vote, "sum").item() > 0
-
-
 def patience_over(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> bool:
     """Whether early stopping ends training at this evaluation, on every process alike: rank 0 decides
     (the gathered metrics are the same everywhere anyway) and check_trigger, a collective, tells all."""
@@ -380,7 +437,10 @@ def evaluate(
 def track_best(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, state: LoopState, metrics: dict
 ) -> None:
-    """Export best_model/ when `metrics` beat the best so far, else count one more evaluation without."""
+    """Log the evaluation's `metrics`; export best_model/ when they beat the best so far, else count one
+    more evaluation without."""
+    accelerator.log(metrics, step=state.step)
+    state.last_eval_step = state.step
     value, best = metrics[config.best_metric], state.best_value
     if best is None or (value > best if config.METRIC_GOALS[config.best_metric] == "max" else value < best):
         state.best_value, state.best_step, state.evals_since_best = value, state.step, 0

@@ -71,7 +71,9 @@ def auto_batch_size(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, train_set: Any
 ) -> None:
     """`auto_batch_size: true`: set per_device_batch_size to the largest candidate that fits, and the
-    gradient accumulation that keeps global_batch_size (on `config` and `accelerator`)."""
+    gradient accumulation that keeps global_batch_size (on `config` and `accelerator`). Off: nothing."""
+    if not config.auto_batch_size:
+        return
     candidates = batch_size_candidates(
         config.per_device_batch_size, config.global_batch_size, accelerator.num_processes
     )

@@ -200,22 +200,11 @@ def plot_metrics(output_dir: str | Path, loss_axis: str = "log") -> Path:
         if name.startswith("eval/") and name != "eval/loss" and not repeats_the_loss(series[name], eval_loss)
     )
     # One panel per group: the losses together, then the task's other eval metrics, then the learning rate.
-    panels = [
-        ("loss", "loss", ["train/loss", "eval/loss"], loss_axis == "log"),
-        *(
-            [
-                (
-                    "eval metrics",
-                    " / ".join(n.removeprefix("eval/") for n in other_metrics),
-                    other_metrics,
-                    False,
-                )
-            ]
-            if other_metrics
-            else []
-        ),
-        ("learning rate", "learning rate", ["train/lr"], False),
-    ]
+    panels = [("loss", "loss", ["train/loss", "eval/loss"], loss_axis == "log")]
+    if other_metrics:
+        label = " / ".join(name.removeprefix("eval/") for name in other_metrics)
+        panels.append(("eval metrics", label, other_metrics, False))
+    panels.append(("learning rate", "learning rate", ["train/lr"], False))
     steps = [step for pairs in series.values() for step, _ in pairs] or [0]
     shared = min(steps), max(max(steps), min(steps) + 1)
     best = best_step(Path(output_dir))

@@ -24,11 +24,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from .. import task
 from .config import ConfigError, TrainConfig
+from .exact import batch_tensors
 
 SAMPLES = 2  # a batch of two: enough to tell a per-sample value from a per-batch one
 
@@ -243,7 +245,7 @@ def _first_batch(dataset: Dataset, split: str) -> Any:
     one, collated by task.collate."""
     loader = DataLoader(dataset, batch_size=SAMPLES, collate_fn=task.collate)
     batch = _call(f"collate(the first {SAMPLES} {split} samples)", lambda: next(iter(loader)))
-    tensors = list(_tensors(batch))
+    tensors = list(batch_tensors(batch))
     if not tensors:
         raise TaskError(
             f"collate(samples) returned {_describe(batch)}: the contract wants a tensor, a tuple/list or a "
@@ -254,25 +256,14 @@ def _first_batch(dataset: Dataset, split: str) -> Any:
 
 def _rows(batch: Any) -> int:
     """The number of samples in a collated batch; TaskError if its tensors disagree."""
-    sizes = {tuple(t.shape[:1]) for t in _tensors(batch)}
+    sizes = {tuple(t.shape[:1]) for t in batch_tensors(batch)}
     if len(sizes) != 1 or () in sizes:
-        shapes = [list(t.shape) for t in _tensors(batch)]
+        shapes = [list(t.shape) for t in batch_tensors(batch)]
         raise TaskError(
             f"collate(samples) returned tensors of shapes {shapes}: the contract wants one row per sample in "
             "each (train.py cuts micro-batches along the first dimension)"
         )
     return sizes.pop()[0]
-
-
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from _tensors(value)
-    elif isinstance(batch, list | tuple):
-        for value in batch:
-            yield from _tensors(value)
 
 
 def _hidden_set_epoch(dataset: Dataset) -> str:
@@ -356,19 +347,13 @@ def _describe(value: Any) -> str:
 
 @contextlib.contextmanager
 def _kept_random_state() -> Iterator[None]:
-    python_state = random.getstate()
-    numpy_random = None
-    with contextlib.suppress(ImportError):
-        import numpy
-
-        numpy_random = numpy.random.get_state()
+    python_state, numpy_state = random.getstate(), numpy.random.get_state()  # numpy: Accelerate's
     try:
         with torch.random.fork_rng(devices=[]):  # CPU only: the check builds its model there
             yield
     finally:
         random.setstate(python_state)
-        if numpy_random is not None:
-            numpy.random.set_state(numpy_random)
+        numpy.random.set_state(numpy_state)
 
 
 def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, list[str]]]) -> int | str:

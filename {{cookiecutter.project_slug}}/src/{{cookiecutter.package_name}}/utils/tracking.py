@@ -131,7 +131,7 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
         accelerator.trackers = [one for one in accelerator.trackers if isinstance(one, JsonlTracker)]
         raise write_error(where, error) from error
     accelerator.trackers = [
-        tracker if isinstance(tracker, JsonlTracker) else NamesAFullDisk(tracker, where)
+        tracker if isinstance(tracker, JsonlTracker | NamesAFullDisk) else NamesAFullDisk(tracker, where)
         for tracker in accelerator.trackers
     ]
 
@@ -167,13 +167,15 @@ def disk_full(error: BaseException) -> bool:
     return False
 
 
-class PassThrough(GeneralTracker):
-    """Hands everything to another tracker (`inner`), as itself: the two wrappers below change a part."""
+class NamesAFullDisk(GeneralTracker):
+    """Hands everything to another tracker (`inner`), as itself; a full disk under it (an OSError, or
+    SQLite's "database or disk is full") is raised as the project's one-line error, which names the free
+    space."""
 
     requires_logging_directory = False
 
-    def __init__(self, inner: GeneralTracker) -> None:
-        self.inner = inner
+    def __init__(self, inner: GeneralTracker, where: Path) -> None:
+        self.inner, self.where = inner, where
         super().__init__()
 
     @property
@@ -185,31 +187,13 @@ class PassThrough(GeneralTracker):
         return self.inner.tracker
 
     def store_init_configuration(self, values: dict) -> None:
-        self.inner.store_init_configuration(values)
+        self._named(self.inner.store_init_configuration, values)
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self.inner.log(values, step=step, **kwargs)
+        self._named(self.inner.log, values, step=step, **kwargs)
 
     def finish(self) -> None:
-        self.inner.finish()
-
-
-class NamesAFullDisk(PassThrough):
-    """A full disk under the tracker (an OSError, or SQLite's "database or disk is full") is raised as the
-    project's one-line error, which names the free space."""
-
-    def __init__(self, inner: GeneralTracker, where: Path) -> None:
-        super().__init__(inner)
-        self.where = where
-
-    def store_init_configuration(self, values: dict) -> None:
-        self._named(super().store_init_configuration, values)
-
-    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self._named(super().log, values, step=step, **kwargs)
-
-    def finish(self) -> None:
-        self._named(super().finish)
+        self._named(self.inner.finish)
 
     def _named(self, method: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -361,17 +345,19 @@ def mlflow_viewer_hint(uri: str) -> str:
 {%- endif %}
 
 
-class SkipsHeldSteps(PassThrough):
+class SkipsHeldSteps(NamesAFullDisk):
     """Passes on to a tracker the values of the steps that its run does not hold yet, and no others."""
 
-    def __init__(self, inner: GeneralTracker, held: dict[str, int], held_by_all: int = -1) -> None:
-        super().__init__(inner)
+    def __init__(
+        self, inner: GeneralTracker, where: Path, held: dict[str, int], held_by_all: int = -1
+    ) -> None:
+        super().__init__(inner, where)
         self.held = held  # metric name -> the last step of it that the tracker's run holds
         self.held_by_all = held_by_all  # a step up to which the run holds every metric
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         if step is None:  # not a value of a step: nothing to compare with
-            self.inner.log(values, **kwargs)
+            super().log(values, **kwargs)
             return
         new = {
             name: value
@@ -379,7 +365,7 @@ class SkipsHeldSteps(PassThrough):
             if step > max(self.held.get(name, -1), self.held_by_all)
         }
         if new:
-            self.inner.log(new, step=step, **kwargs)
+            super().log(new, step=step, **kwargs)
             self.held.update(dict.fromkeys(new, step))
 
 
@@ -396,14 +382,15 @@ def log_each_step_once(accelerator: Accelerator, config: TrainConfig, continued:
     (with `deterministic: false` on a GPU the tracker keeps the first session's values of those steps).
     """
     tracker = accelerator.get_tracker(config.tracker)
+    where = Path(config.output_dir) / TRACKER_FILES[config.tracker]
 {%- if cookiecutter.tracker == "mlflow" %}
-    once = SkipsHeldSteps(tracker, mlflow_held_steps(tracker.tracker.info.run_id) if continued else {})
+    once = SkipsHeldSteps(tracker, where, mlflow_held_steps(tracker.tracker.info.run_id) if continued else {})
 {%- elif cookiecutter.tracker == "wandb" %}
     run = tracker.tracker
     # Online, wandb resumes at the step after the last one its server holds and ignores lower steps;
     # offline, it knows nothing of the earlier sessions, whose files are read instead.
     held = wandb_offline_steps(Path(config.output_dir) / "wandb", run.id) if continued else {}
-    once = SkipsHeldSteps(tracker, held, held_by_all=run.step - 1)
+    once = SkipsHeldSteps(tracker, where, held, held_by_all=run.step - 1)
 {%- endif %}
     accelerator.trackers[accelerator.trackers.index(tracker)] = once
     for step, values in logged_rows(config.output_dir):
