@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
+from {{ cookiecutter.package_name }}.utils.exact import sample_hashes
 from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, differences, from_meta, run_history
 
 from .conftest import (
@@ -225,3 +227,14 @@ def test_a_checkpoint_from_before_histories_is_compared_on_its_meta_json(tmp_pat
         "platform kaggle -> local",
     ]
     assert "not recorded: the checkpoint predates the run's history" in lines[0]
+
+
+def test_a_sample_is_hashed_without_its_padding() -> None:
+    """The resume's record names a sample by its content: padded to a longer batch (1 process cuts its
+    micro-batches from 64 samples, 2 processes from 32 each), it is the same sample; a changed token is not."""
+    short = {"input_ids": torch.tensor([[5, 6], [7, 8]]), "attention_mask": torch.ones(2, 2, dtype=torch.long)}
+    padded = {key: torch.nn.functional.pad(value, (0, 3)) for key, value in short.items()}
+    changed = {**short, "input_ids": torch.tensor([[5, 6], [7, 9]])}
+    assert sample_hashes(padded) == sample_hashes(short)
+    assert sample_hashes(changed)[0] == sample_hashes(short)[0]
+    assert sample_hashes(changed)[1] != sample_hashes(short)[1]

@@ -55,7 +55,9 @@ def batch_tensors(batch: Any) -> Iterator[torch.Tensor]:
 
 
 def sample_hashes(batch: Any) -> list[str]:
-    """One hash per sample of a micro-batch: its rows of every tensor in the batch, as bytes."""
+    """One hash per sample of a micro-batch: its rows of every tensor in the batch, as bytes, trailing zero
+    bytes aside: a sample padded (with zeros) to the longest of 64 samples on 1 process or of 32 on each of
+    2 is the same sample."""
     leaves = [leaf.detach().cpu() for leaf in batch_tensors(batch)]
     rows = leaves[0].shape[0] if leaves and leaves[0].dim() else 1
     hashes = [hashlib.blake2b(digest_size=16) for _ in range(rows)]
@@ -63,7 +65,8 @@ def sample_hashes(batch: Any) -> list[str]:
         per_row = leaf.dim() > 0 and leaf.shape[0] == rows
         data = leaf.contiguous().reshape(rows if per_row else 1, -1).view(torch.uint8).numpy()
         for row, digest in enumerate(hashes):
-            digest.update(data[row if per_row else 0])
+            kept = data[row if per_row else 0].tobytes().rstrip(b"\0")
+            digest.update(len(kept).to_bytes(8, "little") + kept)
     return [digest.hexdigest() for digest in hashes]
 
 
