@@ -56,7 +56,6 @@ ROOMS = {
             "exact",
             "durable",
             "run_dir",
-            "runs",
             "persist",
             "compile_cache",
             "disk_budget",

@@ -28,13 +28,12 @@ from typing import Any
 
 from accelerate.utils import broadcast_object_list
 
-from .checkpoint import checkpoint_problem, checkpoint_step, list_checkpoints
+from .checkpoint import EXPORTS, checkpoint_problem, checkpoint_step, is_run_file, list_checkpoints
 from .config import TrainConfig
 from .mirror_stores import FolderStore, MirrorError, RemoteStore
 from .persist import Worker
 from .remote import access_problem, is_url, load_secrets
 from .run_dir import FolderInUse, RunError
-from .runs import EXPORTS, is_run_file
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).

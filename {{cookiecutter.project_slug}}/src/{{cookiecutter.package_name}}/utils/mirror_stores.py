@@ -16,17 +16,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .checkpoint import (
+    EXPORTS,
     LOOP_STATE_FILE,
     STAGING_PREFIX,
     checkpoint_problem,
     checkpoint_root,
     checkpoint_step,
     list_checkpoints,
+    newest_readable,
+    remote_sealed,
     remove_folder,
 )
 from .remote import open_store
 from .run_dir import LOCK_FILE, SET_ASIDE, OutputLock, RemoteLease, RunError, set_aside
-from .runs import EXPORTS, newest_readable, remote_sealed
 
 Snapshot = dict[Path, tuple[int, int]]  # file -> (size, mtime_ns)
 
