@@ -116,7 +116,7 @@ def report(results: dict[str, dict[str, Any]], quick: bool) -> str:
         "during that write loses the only copy), ms: "
         + ", ".join(f"{variant} {seconds * 1000:.0f}" for variant, seconds in in_place.items())
         + ".",
-        "Reading back and hashing the newest checkpoint (the project's _checksum, from the page cache), ms: "
+        "Reading back and hashing the newest checkpoint (the project's file_xxh3, from the page cache), ms: "
         + "; ".join(
             f"{variant}: "
             + ", ".join(f"{name} {seconds * 1000:.0f}" for name, seconds in result["hashing"].items())
@@ -285,7 +285,7 @@ def worker_main(
         assert torch.equal(value, saved[name]), f"{name} was not restored by resume"
     newest = checkpoint.list_checkpoints(config.output_dir)[-1]
     hashing = {}  # reading the newest checkpoint back (from the page cache) and hashing it, per checksum
-    for algorithm, checksum in ((checkpoint.CHECKSUM, checkpoint._checksum), ("sha256", sha256)):
+    for algorithm, checksum in ((checkpoint.CHECKSUM, checkpoint.file_xxh3), ("sha256", sha256)):
         start = time.perf_counter()
         for path in newest.iterdir():
             checksum(path)

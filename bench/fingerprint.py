@@ -130,7 +130,7 @@ def preset_seconds(project: Path) -> tuple[float, int]:
         f"from {package_of(project)}.utils.fingerprint import data_fingerprint\n"
         "train, evaluation = task.build_datasets(task.Config())\n"
         "started = time.perf_counter(); found = data_fingerprint(train, evaluation)\n"
-        "print(time.perf_counter() - started, len(found.entries))\n"
+        "print(time.perf_counter() - started, len(found))\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(

@@ -59,7 +59,6 @@ ROOMS = {
             "exact",
             "durable",
             "run_dir",
-            "runs",
             "persist",
             "compile_cache",
             "disk_budget",

@@ -418,7 +418,7 @@ def test_colab_run_packed_continues_in_a_new_kaggle_session(
     roots: dict[str, Path],
     tmp_path: Path,
 ) -> None:
-    """The interrupted Colab run, packed from its copy on Drive with `python -m <package>.utils.runs pack`
+    """The interrupted Colab run, packed from its copy on Drive with `python -m <package>.utils.start pack`
     and uploaded as a Kaggle dataset, is continued by a new Kaggle session (with configs/kaggle.yaml's
     settings). Stood in for: the upload (the .tar copied to /kaggle/input/<dataset>/); the
     rest as in the module's docstring."""
@@ -427,7 +427,15 @@ def test_colab_run_packed_continues_in_a_new_kaggle_session(
     on_drive = interrupted.kept / mirror.relative_to("/content/drive")
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
     packing = run(
-        [sys.executable, "-m", f"{project.package}.utils.runs", "pack", str(on_drive), "--to", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            f"{project.package}.utils.start",
+            "pack",
+            str(on_drive),
+            "--to",
+            str(tmp_path),
+        ],
         cwd=project.path,
         env=env | {"PYTHONPATH": str(project.path / "src")},
     )

@@ -70,7 +70,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, sav
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.disk_budget import check_disk_space
 from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_sample
-from {{ cookiecutter.package_name }}.utils.fingerprint import DataFingerprint, data_fingerprint
+from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish
 from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
@@ -293,7 +293,7 @@ def resume_session(
     accelerator: Accelerator,
     config: TrainConfig,
     frozen: tuple[str, str],
-    data: DataFingerprint | None,
+    data: dict[str, str] | None,
     mirror: Mirror,
     steps_per_epoch: int,
     schedule_steps: int,
@@ -336,7 +336,7 @@ def seed(config: TrainConfig) -> None:
 
 def build_loaders(
     accelerator: Accelerator, config: TrainConfig
-) -> tuple[Dataset, DataLoader | StreamLoader, DataLoader, int, DataFingerprint | None]:
+) -> tuple[Dataset, DataLoader | StreamLoader, DataLoader, int, dict[str, str] | None]:
     """The task's train set, the train and eval loaders, the number of optimizer steps in an epoch (0 for
     a stream: its epoch ends when it runs out), and the data's fingerprint (on the main process).
 

@@ -29,9 +29,9 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     CHECKSUM,
     LOOP_STATE_FILE,
     STAGING_PREFIX,
-    _checksum,
     checkpoint_problem,
     checkpoint_root,
+    file_xxh3,
     list_checkpoints,
     seal,
 )
@@ -236,7 +236,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     record = json.loads((older / LOOP_STATE_FILE).read_text())
     record["files"]["model.safetensors"] = {
         "bytes": weights.stat().st_size,
-        CHECKSUM: _checksum(weights),
+        CHECKSUM: file_xxh3(weights),
     }
     (older / LOOP_STATE_FILE).write_text(json.dumps({**record, "seal": seal(record)}))
     before = snapshot(copy_of)

@@ -20,8 +20,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.fingerprint import (
-    DataFingerprint,
     data_fingerprint,
+    fingerprint_digest,
     first_difference,
     plain_state,
 )
@@ -59,23 +59,23 @@ def test_the_tasks_datasets_have_one_fingerprint() -> None:
     config = task.Config()
     first = data_fingerprint(*task.build_datasets(config))
     again = data_fingerprint(*task.build_datasets(config))
-    assert first.entries and first == again and first.digest == again.digest
-    assert {name.split(" ")[0] for name in first.entries} == {"train", "eval"}
+    assert first and first == again and fingerprint_digest(first) == fingerprint_digest(again)
+    assert {name.split(" ")[0] for name in first} == {"train", "eval"}
 
 
 def test_in_memory_data_changed_is_the_first_difference() -> None:
     features, labels = torch.rand(50, 8, generator=torch.Generator().manual_seed(0)), torch.arange(50) % 3
-    saved = data_fingerprint(TensorDataset(features, labels), Texts(["a", "b"], [0, 1])).entries
+    saved = data_fingerprint(TensorDataset(features, labels), Texts(["a", "b"], [0, 1]))
     assert plain_state(TensorDataset(features, labels))  # hashed whole, not sample by sample
     assert not plain_state(Texts(["a", "b"], [0, 1]))  # lists without tensors: sample by sample
     edited = features.clone()
     edited[49, 7] += 1
-    now = data_fingerprint(TensorDataset(edited, labels), Texts(["a", "b"], [0, 1])).entries
+    now = data_fingerprint(TensorDataset(edited, labels), Texts(["a", "b"], [0, 1]))
     assert first_difference(saved, now).startswith("train samples differs (50 samples, xxh3 ")
-    now = data_fingerprint(TensorDataset(features, labels), Texts(["a", "c"], [0, 1])).entries
+    now = data_fingerprint(TensorDataset(features, labels), Texts(["a", "c"], [0, 1]))
     assert first_difference(saved, now).startswith("eval samples differs (2 samples, xxh3 ")
     now = data_fingerprint(TensorDataset(features.clone(), labels.clone()), Texts(["a", "b"], [0, 1]))
-    assert first_difference(saved, now.entries) is None
+    assert first_difference(saved, now) is None
 
 
 def test_files_are_named_when_changed_added_or_removed_and_not_by_their_folder(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_files_are_named_when_changed_added_or_removed_and_not_by_their_folder(t
 
     def fingerprint(root: Path) -> dict[str, str]:
         files = sorted(root.rglob("*.png"))
-        return data_fingerprint(Files([(path, 0) for path in files]), Files(files[:1])).entries
+        return data_fingerprint(Files([(path, 0) for path in files]), Files(files[:1]))
 
     saved = fingerprint(tmp_path / "a")
     names = ["train cat/1.png", "train cat/2.png", "train dog/1.png", "train dog/3.png", "eval 1.png"]
@@ -115,7 +115,7 @@ def test_samples_built_in_memory_that_changed_name_the_files_the_config_reads(tm
         series_csv: str = str(series)
 
     saved = {"train samples": "50 samples, xxh3 aa", "eval samples": "2 samples, xxh3 bb"}
-    now = DataFingerprint({**saved, "eval samples": "2 samples, xxh3 cc"})
+    now = {**saved, "eval samples": "2 samples, xxh3 cc"}
     with pytest.raises(RunError, match="trained on other data") as error:
         check_data(tmp_path / "step_2", Forecast(), now, saved)
     differs = "eval samples differs (2 samples, xxh3 bb before, 2 samples, xxh3 cc now)"

@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.exact import sample_hashes
-from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, differences, from_meta, run_history
+from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, run_history
 
 from .conftest import (
     PROJECT,
@@ -201,32 +201,6 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
         "differs",
     ]
     assert history_table(output_dir).splitlines()[2].split()[-1] == "verified"
-
-
-def test_a_checkpoint_from_before_histories_is_compared_on_its_meta_json(tmp_path: Path) -> None:
-    """A run continued from a checkpoint written before histories were kept: its meta.json stands in for
-    the session, and only what it records is compared (no per-device batch, no host, no task library)."""
-    checkpoint = tmp_path / "step_00000040"
-    checkpoint.mkdir()
-    meta = {"platform": "kaggle", "world_size": 2, "mixed_precision": "fp16", "device": "cuda:0"}
-    versions = {"python": "3.12.0", "torch": "2.3.1", "accelerate": "1.6.0"}
-    (checkpoint / "meta.json").write_text(json.dumps({**meta, "versions": versions}))
-    before = from_meta(checkpoint)
-    now = {
-        **{"platform": "local", "host": "laptop", "processes": 1, "per_device_batch": 32, "accumulation": 2},
-        **{"device": "cpu", "mixed_precision": "no", "deterministic": True, "compile": False},
-        "versions": {"python": "3.12.0", "torch": "2.13.0", "accelerate": "1.6.0", "numpy": "2.4.0"},
-        **{"task_sha256": "a" * 64, "code_sha256": "b" * 64},
-    }
-    lines = differences(before, now)
-    assert [line.split(":")[0] for line in lines] == [
-        "processes 2 -> 1",
-        "device cuda -> cpu",
-        "mixed precision fp16 -> no",
-        "torch 2.3.1 -> 2.13.0",
-        "platform kaggle -> local",
-    ]
-    assert "not recorded: the checkpoint predates the run's history" in lines[0]
 
 
 def test_a_sample_is_hashed_without_its_padding() -> None:

@@ -32,7 +32,6 @@ from typing import Any
 
 import accelerate
 import torch
-import xxhash
 import yaml
 from accelerate import Accelerator
 from accelerate.utils.other import clean_state_dict_for_safetensors
@@ -40,10 +39,12 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
+from .durable import TEMPORARY_PREFIX
 from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
+from .fingerprint import file_xxh3
 from .hardware import detect_platform
-from .run_dir import set_aside, write_error
+from .run_dir import LOCK_FILE, SET_ASIDE, set_aside, write_error
 
 # What a failed write of a checkpoint or an export raises: torch reports a full disk as a RuntimeError,
 # safetensors (the weights of a small model, the first file written) as its own SafetensorError.
@@ -64,10 +65,12 @@ STAGING_PREFIX = ".incomplete_"
 # 1.5 GB checkpoint is read back and hashed in 0.1 s instead of 0.9, at its save and again at its resume
 # (docs/benchmarks.md).
 CHECKSUM = "xxh3_128"
-# What a failed save raises: torch reports a full disk as a RuntimeError, safetensors as its own error.
-WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 # In each exported folder (model/, best_model/): its files' sizes and checksums, written last.
 EXPORT_MANIFEST = "checksums.json"
+# Never copied with a run: its lock, the runs set aside in it, its checkpoints (copied one at a time).
+NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
+# Exported models: folders replaced as a whole, never file by file, each verified by its checksums.json.
+EXPORTS = ("model", "best_model")
 
 
 @dataclass
@@ -172,25 +175,37 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
         return f"{LOOP_STATE_FILE} has no seal: written by an earlier version of this project"
     if record["seal"] != seal(record):
         return f"{LOOP_STATE_FILE} does not match its seal: it was edited after the save"
-    for name, expected in files.items():
-        file = path / name
+    return files_problem(path, files, contents, "the save")
+
+
+def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool, after: str) -> str | None:
+    """The first file of `files` (name -> recorded size and checksum) that `folder` does not hold as
+    recorded, in words; None if all are there. `contents`: compare checksums too (read every file)."""
+    for name, expected in sorted(files.items()):
+        file = folder / name
         if not file.is_file():
             return f"{name} is missing"
         if file.stat().st_size != expected["bytes"]:
             return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} were written"
         if CHECKSUM not in expected:
             return f"{name} has no {CHECKSUM} checksum: written by another version of this project"
-        if contents and _checksum(file) != expected[CHECKSUM]:
-            return f"{name} does not match its checksum: its contents changed after the save"
+        if contents and file_xxh3(file) != expected[CHECKSUM]:
+            return f"{name} does not match its checksum: its contents changed after {after}"
     return None
 
 
-def _checksum(path: Path) -> str:
-    digest = xxhash.xxh3_128()
-    with path.open("rb") as file:
-        while chunk := file.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
+def file_records(folder: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """Each of `paths` by its name under `folder`, its size and its checksum, once it is on disk. The
+    checksums are computed from the page cache by a second thread while this one waits for the disk in
+    fsync (both release the GIL), so that they hide behind the fsyncs."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        checksums = pool.map(file_xxh3, paths)
+        for path in paths:
+            _fsync(path)
+        return {
+            path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, CHECKSUM: checksum}
+            for path, checksum in zip(paths, checksums, strict=True)
+        }
 
 
 def seal(record: dict[str, Any]) -> str:
@@ -203,6 +218,30 @@ def seal(record: dict[str, Any]) -> str:
 
 def checkpoint_step(path: Path) -> int:
     return int(path.name[5:])
+
+
+def newest_readable(run_folder: Path) -> tuple[int, str] | None:
+    """(step, run id) of the newest checkpoint in `run_folder` whose files have their recorded sizes."""
+    for path in reversed(list_checkpoints(run_folder)):
+        if checkpoint_problem(path, contents=False) is None:
+            return checkpoint_step(path), read_loop_state(path).run_id
+    return None
+
+
+def remote_sealed(store: Any, run_folder: str) -> list[tuple[int, str]]:
+    """(step, run id) of the checkpoints in a remote run folder that hold their seal, oldest first."""
+    store.invalidate_cache()
+    sealed = []
+    for path in store.glob(f"{run_folder}/checkpoints/step_*/{LOOP_STATE_FILE}"):
+        step = path.split("/")[-2][5:]
+        if step.isdigit():
+            record = json.loads(store.cat_file(path))
+            sealed.append((int(step), record.get("loop_state", {}).get("run_id", "")))
+    return sorted(sealed)
+
+
+def is_run_file(name: str) -> bool:
+    return name not in NOT_COPIED and not name.startswith((STAGING_PREFIX, TEMPORARY_PREFIX))
 
 
 def read_loop_state(path: Path) -> LoopState:
@@ -267,17 +306,8 @@ def _publish(
         else:
             (staging / name).write_text(content, encoding="utf-8")
     _write_durably(staging / META_FILE, json.dumps(meta, indent=2))
-    paths = [path for path in sorted(staging.iterdir()) if path.is_file()]
-    # The checksums are computed from the page cache by a second thread while this one waits for the disk
-    # in fsync (both release the GIL), so that they hide behind the fsyncs.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        checksums = pool.map(_checksum, paths)
-        for path in paths:  # the loop state is the seal: the files it vouches for must be on disk first
-            _fsync(path)
-        files = {
-            path.name: {"bytes": path.stat().st_size, CHECKSUM: checksum}
-            for path, checksum in zip(paths, checksums, strict=True)
-        }
+    # The loop state is the seal: the files it vouches for are on disk before it.
+    files = file_records(staging, [path for path in sorted(staging.iterdir()) if path.is_file()])
     record = {"loop_state": dataclasses.asdict(state), "files": files}
     record["seal"] = seal(record)
     _write_durably(staging / LOOP_STATE_FILE, json.dumps(record, indent=2))
@@ -326,7 +356,7 @@ def export_model(
         try:
             save_config(config, staging / "config.yaml", durable=False)
             (staging / "export.json").write_text(json.dumps(info, indent=2))
-            write_manifest(staging)  # what a copy of it is verified against (runs.py)
+            write_manifest(staging)  # what a copy of it is verified against (start.py)
         except OSError as error:
             raise write_error(staging, error) from error
         if folder.exists():  # this run's own earlier export (resume set an earlier run's aside)
@@ -348,12 +378,7 @@ def in_export_dtype(state_dict: dict[str, torch.Tensor], export_dtype: str) -> d
 def write_manifest(folder: Path) -> None:
     """Write `folder`/checksums.json, the size and checksum of every file below it, once they are on disk."""
     paths = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != EXPORT_MANIFEST)
-    for path in paths:
-        _fsync(path)
-    files = {
-        path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, CHECKSUM: _checksum(path)}
-        for path in paths
-    }
+    files = file_records(folder, paths)
     _write_durably(folder / EXPORT_MANIFEST, json.dumps({"files": files}, indent=2, sort_keys=True))
 
 
@@ -368,15 +393,7 @@ def export_problem(folder: Path) -> str | None:
     present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
     if unknown := sorted(present - set(files) - {EXPORT_MANIFEST}):
         return f"{unknown[0]} is not in its {EXPORT_MANIFEST}"
-    for name, expected in sorted(files.items()):
-        file = folder / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != expected["bytes"]:
-            return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} were written"
-        if _checksum(file) != expected[CHECKSUM]:
-            return f"{name} does not match its checksum: its contents changed after the export"
-    return None
+    return files_problem(folder, files, True, "the export")
 
 
 def changed_settings(config_yaml: str, config: TrainConfig) -> str:

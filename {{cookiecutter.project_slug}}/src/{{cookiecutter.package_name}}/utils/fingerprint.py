@@ -22,10 +22,8 @@ Measured cost: the template's bench/fingerprint.py.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +31,8 @@ import numpy as np
 import torch
 import xxhash
 
-MAPPED_FROM = 1 << 20  # files of this size or more are hashed in the page cache, not copied out first
 PLAIN = (str, bytes, int, float, bool, Path)
 SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ where the dataset has it
-
-
-@dataclass(frozen=True)
-class DataFingerprint:
-    """One entry per file or sample set, "<train|eval> <name>" -> its description, in reading order."""
-
-    entries: dict[str, str]
-
-    @property
-    def digest(self) -> str:
-        return fingerprint_digest(self.entries)
 
 
 def fingerprint_digest(entries: dict[str, str]) -> str:
@@ -54,9 +40,10 @@ def fingerprint_digest(entries: dict[str, str]) -> str:
     return xxhash.xxh3_128_hexdigest(json.dumps(entries, sort_keys=True).encode())
 
 
-def data_fingerprint(train_set: Any, eval_set: Any) -> DataFingerprint:
-    """The fingerprint of what a run trains on and evaluates on."""
-    return DataFingerprint({**describe(train_set, "train"), **describe(eval_set, "eval")})
+def data_fingerprint(train_set: Any, eval_set: Any) -> dict[str, str]:
+    """The fingerprint of what a run trains on and evaluates on: one entry per file or sample set,
+    "<train|eval> <name>" -> its description, in reading order."""
+    return {**describe(train_set, "train"), **describe(eval_set, "eval")}
 
 
 def first_difference(saved: dict[str, str], now: dict[str, str]) -> str | None:
@@ -156,11 +143,12 @@ def file_entries(files: list[Path], role: str) -> dict[str, str]:
 
 
 def file_xxh3(path: Path) -> str:
+    """The XXH3-128 of a file: a data file's here, and every file's of a checkpoint or an export."""
+    digest = xxhash.xxh3_128()
     with path.open("rb") as file:
-        if os.fstat(file.fileno()).st_size < MAPPED_FROM:
-            return xxhash.xxh3_128_hexdigest(file.read())
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return xxhash.xxh3_128_hexdigest(mapped)
+        while chunk := file.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def samples_description(dataset: Any) -> str:

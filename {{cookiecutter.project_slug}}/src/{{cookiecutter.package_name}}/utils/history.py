@@ -106,7 +106,7 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
     enabled = accelerator.is_main_process
     sessions: list[Record] = []
     if enabled and resumed_from is not None:
-        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id) or [from_meta(resumed_from)]
+        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id)
         sessions = merge(sessions, read_sessions(Path(config.output_dir) / HISTORY_FILE, state.run_id))
     current = session_record(accelerator, config, state.step, len(sessions) + 1)
     # What it trains on (utils/fingerprint.py): other data got here only through continue_on_new_data.
@@ -184,28 +184,6 @@ def read_sessions(path: Path, run_id: str) -> list[Record]:
         return []
 
 
-def from_meta(checkpoint: Path) -> Record:
-    """A stand-in record for a checkpoint written before histories were kept: what its meta.json says."""
-    try:
-        meta = json.loads((checkpoint / "meta.json").read_text())
-    except (OSError, ValueError):
-        meta = {}
-    step = int(checkpoint.name[5:]) if checkpoint.name[5:].isdigit() else 0
-    return {
-        "session": "?",
-        "id": "",
-        "started": "",
-        "start_step": "?",
-        "end_step": step,
-        "ending": "unknown (a checkpoint written before histories were kept)",
-        "platform": meta.get("platform", "?"),
-        "processes": meta.get("world_size", "?"),
-        "device": str(meta.get("device", "?")).split(":")[0],
-        "mixed_precision": meta.get("mixed_precision", "?"),
-        "versions": meta.get("versions", {}),
-    }
-
-
 def merge(sessions: list[Record], folder_copy: list[Record]) -> list[Record]:
     """The checkpoint's sessions, completed by the run folder's copy: a session that went on after the
     checkpoint (its end, a divergence) and sessions that no checkpoint saw. Ordered by start."""
@@ -240,13 +218,7 @@ def describe(record: Record) -> str:
 
 
 def differences(before: Record, now: Record) -> list[str]:
-    """One line per difference between two sessions' records, with what it does to the numbers. A record
-    that stands in for a checkpoint written before histories were kept is compared on what it holds."""
-    if "host" not in before:
-        versions = {
-            name: value for name, value in now["versions"].items() if name in before.get("versions", {})
-        }
-        now = {**now, "device": now["device"].split(" (")[0], "versions": versions}
+    """One line per difference between two sessions' records, with what it does to the numbers."""
     lines = [*_batch_change(before, now)]
     if before.get("device") != now["device"]:
         why = f"other kernels round differently: {NOT_EXACT}"
@@ -305,11 +277,6 @@ def _batch_change(before: Record, now: Record) -> list[str]:
     ]
     if not changed:
         return []
-    if "per_device_batch" not in before:
-        return [
-            f"{', '.join(changed)}: bitwise only if the per-device batch is the one the checkpoint was "
-            "written with (not recorded: the checkpoint predates the run's history)"
-        ]
     if before.get("per_device_batch") == now["per_device_batch"]:
         return [
             f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same sums in the "

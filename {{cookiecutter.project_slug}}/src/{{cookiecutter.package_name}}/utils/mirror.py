@@ -35,11 +35,15 @@ from accelerate.utils import broadcast_object_list
 from fsspec.implementations.local import LocalFileSystem
 
 from .checkpoint import (
+    EXPORTS,
     LOOP_STATE_FILE,
     STAGING_PREFIX,
     checkpoint_problem,
     checkpoint_step,
+    is_run_file,
     list_checkpoints,
+    newest_readable,
+    remote_sealed,
     remove_folder,
 )
 from .config import TrainConfig
@@ -47,7 +51,6 @@ from .durable import write_atomically
 from .persist import Worker
 from .remote import _first_line, access_problem, is_url, load_secrets, open_store
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RemoteLease, RunError, on_main, set_aside
-from .runs import EXPORTS, is_run_file, newest_readable, remote_sealed
 
 RETRY_S = 30.0
 # The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).

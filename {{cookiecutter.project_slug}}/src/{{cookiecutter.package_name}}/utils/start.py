@@ -1,55 +1,85 @@
 """Where a run starts: fresh, or from which checkpoint (output_dir's own, or a newer copy found elsewhere).
 
 `resume` is train.py's one call: the main process decides (`decide_start`), every process loads the
-same checkpoint or all stop with the same error. Before deciding, the main process looks in `mirror_dir`
-and under `import_from` for copies of this run (`bring_in_newest_copy`, with runs.py's search): when one
-holds a newer checkpoint than output_dir, that checkpoint is copied in and verified against its
-checksums, with the run's other files (metrics, exported models, tracker logs); a copy that does not
-verify is skipped, and named. The run id in each checkpoint's loop state tells copies of one run from
-other runs: copies of one run are never merged (only the newest checkpoint that verifies is taken), and
-when two different runs could both be continued by this config, none is chosen: the error names them.
+same checkpoint or all stop with the same error. The decision refuses rather than guesses: a folder
+holding another run, or other settings, or other data, or checkpoints that cannot be read, stops the run
+with one line saying what to do; nothing that cannot be read is deleted (it is set aside,
+run_dir.set_aside).
 
-The decision refuses rather than guesses: a folder holding another run, or other settings, or
-checkpoints that cannot be read, stops the run with one line saying what to do; nothing that cannot be
-read is deleted (it is set aside, run_dir.set_aside). This module builds on checkpoint.py (one
-checkpoint), run_dir.py (the folder) and runs.py (copies elsewhere); none of them imports it.
+A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
+Kaggle input, the Drive mirror of a Colab run, a remote store: utils/remote.py) or as one packed file.
+Before deciding, the main process looks in `mirror_dir` and under `import_from` for copies of this run
+(`bring_in_newest_copy`): when one holds a newer checkpoint than output_dir, that checkpoint is copied in
+and verified against its checksums, with the run's other files (metrics, exported models, tracker logs);
+a copy that does not verify is skipped, and named. The run id in each checkpoint's loop state tells
+copies of one run from other runs: copies of one run are never merged (only the newest checkpoint that
+verifies is taken), and when two different runs could both be continued by this config, none is chosen:
+the error names them. A remote run folder is found in one listing; a checkpoint folder there without its
+loop_state.json is a publication that was cut off: it is named and skipped. Packed runs (.tar) are found
+in folders only.
+
+Pack a run to move it (its newest valid checkpoint, config, metrics, exported models, tracker logs, in
+one .tar file to upload as a Kaggle dataset or to Drive):
+
+    python -m {{ cookiecutter.package_name }}.utils.start pack <output_dir> [--to FOLDER]
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import json
+import os
+import shutil
+import sys
+import tarfile
 import uuid
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import fsspec
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.tar import TarFileSystem
 
 from .checkpoint import (
+    EXPORTS,
+    LOOP_STATE_FILE,
+    STAGING_PREFIX,
     LoopState,
     changed_settings,
     checkpoint_problem,
     checkpoint_root,
     checkpoint_step,
+    export_problem,
+    is_run_file,
     list_checkpoints,
     load_checkpoint,
+    newest_readable,
     read_loop_state,
 )
 from .config import ConfigError, TrainConfig
-from .fingerprint import DataFingerprint, first_difference
-from .remote import is_url
-from .run_dir import RunError, earlier_outputs, set_aside
-from .runs import Copy, find_copies, import_copy, newest_readable, remote_copies
+from .durable import fsync_path
+from .fingerprint import first_difference
+from .remote import is_url, open_store
+from .run_dir import SET_ASIDE, FolderInUse, OutputLock, RunError, earlier_outputs, set_aside
 
 NEW_DATA = "continue_on_new_data:"  # the note of a resume on other data, which check_data let through
+PACK_SUFFIX = ".tar"
+# Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
+# a run folder inside an uploaded project folder on Drive is 3 or 4.
+SEARCH_DEPTH = 5
 
 
 def resume(
     accelerator: Accelerator,
     config: TrainConfig,
     frozen: tuple[str, str] = ("", ""),
-    data: DataFingerprint | None = None,
+    data: dict[str, str] | None = None,
 ) -> tuple[LoopState, Path | None]:
     """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
 
@@ -120,28 +150,28 @@ def load_failure(path: Path, problem: str, new_data: bool) -> RunError:
     )
 
 
-def keep_fingerprint(state: LoopState, data: DataFingerprint | None) -> LoopState:
+def keep_fingerprint(state: LoopState, data: dict[str, str] | None) -> LoopState:
     """Record `data` in the state its checkpoints will save, and a change that continue_on_new_data let
     through (decide_start refused any other)."""
     if data is not None:
-        if state.data_fingerprint and (change := first_difference(state.data_fingerprint, data.entries)):
+        if state.data_fingerprint and (change := first_difference(state.data_fingerprint, data)):
             state.data_changes.append(f"step {state.step}: {change}")
-        state.data_fingerprint = dict(data.entries)
+        state.data_fingerprint = dict(data)
     return state
 
 
-def data_change(path: Path | Copy, data: DataFingerprint | None, saved: dict | None = None) -> str | None:
+def data_change(path: Path | Copy, data: dict[str, str] | None, saved: dict | None = None) -> str | None:
     """The first difference between the data a checkpoint was trained on (`saved`, else its loop state's)
     and `data`; None if none, or if either is unknown (a checkpoint from before fingerprints)."""
     if data is None:
         return None
     if saved is None:
         saved = read_loop_state(path).data_fingerprint
-    return first_difference(saved, data.entries) if saved else None
+    return first_difference(saved, data) if saved else None
 
 
 def check_data(
-    path: Path | Copy, config: TrainConfig, data: DataFingerprint | None, saved: dict[str, str] | None = None
+    path: Path | Copy, config: TrainConfig, data: dict[str, str] | None, saved: dict[str, str] | None = None
 ) -> list[str]:
     """Raise unless checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) was trained on
     `data`; with continue_on_new_data, the note to print. Checkpoints from before fingerprints have none."""
@@ -170,10 +200,10 @@ def base_model_hint(config: TrainConfig, *sources: str) -> str:
     """How to build the model on the frozen weights a checkpoint continues: the config's own field that
     names them where one does (the field that holds where either model came from), else task.py's."""
     names = {Path(source).name for source in sources if source}
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
+    for option in dataclasses.fields(config):
+        value = getattr(config, option.name)
         if isinstance(value, str) and value and (value in sources or Path(value).name in names):
-            return f"point {field.name} at the base model it was trained from"
+            return f"point {option.name} at the base model it was trained from"
     return "build the model on the base model it was trained from (in task.py's build_model)"
 
 
@@ -181,7 +211,7 @@ def describe_frozen(sha256: str, source: str) -> str:
     return f"{source} (sha256 {sha256[:12]})" if sha256 else "none (every weight trained)"
 
 
-def decide_start(config: TrainConfig, data: DataFingerprint | None = None) -> tuple[Path | None, list[str]]:
+def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
     """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe.
 
     Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
@@ -272,7 +302,7 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
     return [f"start_over: moved the earlier run ({', '.join(earlier)}) to {folder}"]
 
 
-def bring_in_newest_copy(config: TrainConfig, data: DataFingerprint | None = None) -> list[str]:
+def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
     output_dir, when it is newer than output_dir's own; return what to print. Main process only. A copy
     trained on other data than `data` is refused before it is brought in (check_data)."""
@@ -283,17 +313,13 @@ def bring_in_newest_copy(config: TrainConfig, data: DataFingerprint | None = Non
     own = newest_readable(output_dir)
     notes: list[str] = []
     candidates: list[Copy] = []
-    seen: set[Path | str] = {output_dir.resolve()}
+    seen = {str(output_dir.resolve())}
     for place in places:
-        if is_url(place):
-            copies = remote_copies(place, seen, notes)
-        elif not Path(place).exists():
+        if not is_url(place) and not Path(place).exists():
             if place == config.import_from:
                 notes.append(f"import_from {place} does not exist: no copies of this run looked for there")
             continue
-        else:
-            copies = find_copies(Path(place), seen)
-        for copy in copies:
+        for copy in find_copies(place, seen, notes):
             if copy.problem:  # named, and counted as a copy that does not verify
                 candidates += [copy] if own is None or copy.step > own[0] else []
             elif changed := changed_settings(copy.config_yaml, config):
@@ -319,7 +345,7 @@ def _import_newest(
     own: tuple[int, str] | None,
     output_dir: Path,
     notes: list[str],
-    expected: tuple[TrainConfig, DataFingerprint | None],
+    expected: tuple[TrainConfig, dict[str, str] | None],
 ) -> bool:
     """Import the newest of `candidates` that verifies (True), or none (False). Where output_dir holds no
     checkpoint and none verifies, raise naming them: a fresh start would not be what was asked for, and a
@@ -354,3 +380,254 @@ def _changed_fields(folder: Path, config: TrainConfig) -> str:
     except (OSError, UnicodeDecodeError) as error:
         return f"its config.yaml cannot be read: {error}"
     return changed_settings(text, config)
+
+
+@dataclass
+class Copy:
+    """One checkpoint of a run found outside output_dir: in a run folder, local or remote, or in a packed
+    run. Every one is read through an fsspec filesystem: the local disk's, a remote store's, a .tar's."""
+
+    source: Path | str  # the run folder, the .tar file, or the URL of a remote run folder
+    step: int
+    run_id: str
+    config_yaml: str
+    store: Any  # the fsspec filesystem that holds it
+    path: str  # the run folder's path in it
+    problem: str = ""  # why its loop state or config cannot be read ("" if they can)
+    data_fingerprint: dict[str, str] = field(default_factory=dict)  # its loop state's, checked before import
+
+    @property
+    def checkpoint(self) -> str:
+        return f"checkpoints/step_{self.step:08d}"
+
+    def __str__(self) -> str:
+        return f"{self.source} (step {self.step}, run {self.run_id or '(unnamed)'})"
+
+    def at(self, name: str) -> str:
+        """The path in the store of the run folder's file or folder `name`."""
+        return f"{self.path}/{name}" if self.path else name
+
+
+def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
+    """Checkpoints of the run folders at `place` (a folder, a .tar file or a URL) or below it (SEARCH_DEPTH),
+    from one listing, each place once (`seen`), and of the packed runs among its files (a local place's
+    only). Checkpoints cut off mid-upload are named in `notes`."""
+    try:
+        # A remote store lists everything below `root` in one request, but a walk (a request per folder)
+        # where a depth is given; the local disk is walked only as deep as a run folder can be.
+        if is_url(place):
+            (store, root), depth = open_store(place), None
+        else:
+            store, root, depth = fsspec.filesystem("file"), str(Path(place).resolve()), SEARCH_DEPTH + 3
+        store.invalidate_cache()
+        files = store.find(root, maxdepth=depth) if store.isdir(root) else [root]
+        copies = _listed_copies(store, root, files, seen, notes)
+        for packed in files if depth else []:
+            parts = packed[len(root) :].strip("/").split("/")
+            if packed.endswith(PACK_SUFFIX) and packed not in seen and not _hidden(parts[:-1]):
+                seen.add(packed)
+                with contextlib.suppress(tarfile.TarError, OSError):  # not a packed run, or a damaged one
+                    tar = TarFileSystem(packed, skip_instance_cache=True)
+                    copies += _listed_copies(tar, "", tar.find(""), seen, notes, Path(packed))
+        return copies
+    except (OSError, ValueError) as error:
+        raise RunError(f"cannot look for copies of this run in {place}: {error}") from error
+
+
+def _hidden(parts: list[str]) -> bool:
+    return any(part == SET_ASIDE or part.startswith(".") for part in parts)
+
+
+def _listed_copies(
+    store: Any, root: str, files: list[str], seen: set[str], notes: list[str], packed: Path | None = None
+) -> list[Copy]:
+    """The checkpoints of the run folders among `files` (a listing of `root` in `store`)."""
+    folders: dict[str, dict[str, set[str]]] = {}  # run folder -> checkpoint folder name -> files
+    for path in files:
+        parts = path[len(root) :].strip("/").split("/")
+        if len(parts) < 3 or parts[-3] != "checkpoints" or len(parts) - 3 > SEARCH_DEPTH:
+            continue
+        if not _hidden(parts[:-3]):
+            run = "/".join([root, *parts[:-3]] if root else parts[:-3])
+            folders.setdefault(run, {}).setdefault(parts[-2], set()).add(parts[-1])
+    copies = []
+    for run, checkpoints in sorted(folders.items()):
+        local = isinstance(store, LocalFileSystem)
+        where = packed or (Path(run) if local else store.unstrip_protocol(run))
+        if packed is None and str(where) in seen:
+            continue
+        seen.add(str(where))
+        for name, names in sorted(checkpoints.items()):
+            shown = f"{where}/checkpoints/{name}"
+            if name.startswith(STAGING_PREFIX):
+                notes.append(f"WARNING: skipping {shown}: an upload that did not finish")
+            elif not (name.startswith("step_") and name[5:].isdigit()):
+                continue
+            elif LOOP_STATE_FILE not in names:
+                notes.append(f"WARNING: skipping {shown}: no {LOOP_STATE_FILE}: its upload was cut off")
+            else:
+                copies.append(_read_copy(store, run, where, int(name[5:])))
+    return copies
+
+
+def _read_copy(store: Any, run: str, source: Path | str, step: int) -> Copy:
+    """The checkpoint at `step` of the run folder `run` in `store`; a damaged one is named, not skipped: it
+    counts as a copy that does not verify."""
+    copy = Copy(source, step, "", "", store, run)
+    try:
+        record = json.loads(store.cat_file(copy.at(f"{copy.checkpoint}/{LOOP_STATE_FILE}")))
+        copy.config_yaml = store.cat_file(copy.at(f"{copy.checkpoint}/config.yaml")).decode()
+    except (OSError, ValueError) as error:
+        copy.problem = (
+            f"its {LOOP_STATE_FILE} or config.yaml cannot be read ({type(error).__name__}: {error})"
+        )
+        return copy
+    state = record.get("loop_state", {}) if isinstance(record, dict) else {}
+    fingerprint = state.get("data_fingerprint", {})
+    copy.run_id = state.get("run_id", "")
+    copy.data_fingerprint = fingerprint if isinstance(fingerprint, dict) else {}
+    return copy
+
+
+def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
+    """Copy `copy`'s checkpoint into output_dir, verify it, then bring the run's other files; return why
+    it could not be used (nothing of it is kept then), or None. An export (model/, best_model/) that does
+    not match its checksums is not brought in: `notes` names it, and output_dir's own stays."""
+    final = checkpoint_root(output_dir) / f"step_{copy.step:08d}"
+    staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
+    made_root = not final.parent.exists()
+    exports: dict[str, Path] = {}
+    try:
+        if staging.exists():
+            shutil.rmtree(staging)  # an import of this run cut off earlier
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        _bring(copy, copy.checkpoint, staging)
+        if problem := checkpoint_problem(staging):
+            _discard([staging], final.parent if made_root else None)
+            return problem
+        names = _run_names(copy)
+        exports = _stage_exports(copy, [name for name in names if name in EXPORTS], output_dir, notes)
+        others = [name for name in names if name not in EXPORTS]
+        # The run's other files (metrics up to at least this checkpoint, exports, tracker logs) replace
+        # output_dir's older ones, which are set aside, not deleted.
+        if replaced := [output_dir / name for name in [*others, *exports] if (output_dir / name).exists()]:
+            set_aside(replaced, output_dir)
+        for name in others:
+            _bring(copy, name, output_dir / name)
+        for name, staged in exports.items():
+            os.replace(staged, output_dir / name)
+        if final.exists():
+            set_aside([final], output_dir)
+        os.replace(staging, final)
+    except Exception as error:  # a remote store raises its package's own types (botocore's, the Hub's)
+        _discard([staging, *exports.values()], final.parent if made_root else None)
+        return f"copying it failed ({type(error).__name__}: {error})"
+    return None
+
+
+def _run_names(copy: Copy) -> list[str]:
+    """The top-level names of the copy's run folder that come with its checkpoint."""
+    tops = copy.store.ls(copy.path, detail=False)
+    return sorted(name for name in (top.rstrip("/").rsplit("/", 1)[-1] for top in tops) if is_run_file(name))
+
+
+def _stage_exports(copy: Copy, names: list[str], output_dir: Path, notes: list[str]) -> dict[str, Path]:
+    """Copy the exports `names` next to output_dir's and verify each against its checksums.json; return
+    those that verify (name -> staged folder). One that does not is removed and named in `notes`."""
+    staged: dict[str, Path] = {}
+    for name in names:
+        folder = output_dir / f"{STAGING_PREFIX}{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        staged[name] = folder  # listed first: a failed copy is cleaned up by the caller
+        _bring(copy, name, folder)
+        if problem := export_problem(folder):
+            shutil.rmtree(folder)
+            del staged[name]
+            notes.append(f"WARNING: not bringing in {name}/ of {copy.source}: {name}/{problem}")
+    return staged
+
+
+def _discard(paths: list[Path], root: Path | None) -> None:
+    """Remove what a failed import staged, and the checkpoints folder it made (if still empty)."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+    if root is not None:
+        with contextlib.suppress(OSError):
+            root.rmdir()
+
+
+def _bring(copy: Copy, name: str, destination: Path) -> None:
+    """Copy the run's file or folder `name` (relative to the run folder) to `destination`. Only below
+    `destination`: a crafted archive cannot write elsewhere."""
+    source = copy.at(name)
+    if not copy.store.isdir(source):
+        copy.store.get_file(source, str(destination))
+        return
+    for path in copy.store.find(source):
+        relative = PurePosixPath(path[len(source) :].strip("/"))
+        if ".." in relative.parts:
+            raise OSError(f"{path} points outside the run folder")
+        target = destination.joinpath(*relative.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copy.store.get_file(path, str(target))
+
+
+def pack(output_dir: Path, to: Path) -> Path:
+    """Write `<to>/<run folder name>-step_<N>.tar`: the newest checkpoint that verifies, and the run's other
+    files. Refuses while a run writes to output_dir. Returns the file."""
+    output_dir = output_dir.resolve()
+    if not output_dir.is_dir():
+        raise RunError(f"{output_dir} is not a folder: pass a run's output_dir")
+    lock: OutputLock | None = OutputLock(output_dir)
+    try:
+        lock.acquire()  # the run's files must not change while they are packed
+    except FolderInUse:
+        raise
+    except RunError:
+        lock = None  # a read-only folder (a Kaggle input): nobody writes to it either
+    try:
+        for path in reversed(list_checkpoints(output_dir)):
+            if checkpoint_problem(path) is None:
+                break
+        else:
+            raise RunError(f"no checkpoint in {checkpoint_root(output_dir)} verifies: nothing to pack")
+        target = to / f"{output_dir.name}-{path.name}{PACK_SUFFIX}"
+        partial = target.with_name(f"{STAGING_PREFIX}{target.name}")
+        to.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(partial, "w") as tar:
+            for entry in sorted(output_dir.iterdir()):
+                if is_run_file(entry.name):
+                    tar.add(entry, arcname=f"{output_dir.name}/{entry.name}")
+            tar.add(path, arcname=f"{output_dir.name}/checkpoints/{path.name}")
+        fsync_path(partial)  # whole on the disk before it has its name
+        os.replace(partial, target)
+        fsync_path(to)
+        return target
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Move a run between platforms.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    packing = commands.add_parser(
+        "pack", help="pack a run's newest valid checkpoint, config, metrics and exports into one .tar file"
+    )
+    packing.add_argument("output_dir", type=Path, help="the run's output_dir")
+    packing.add_argument("--to", type=Path, help="the folder to write it to (default: the run's parent)")
+    args = parser.parse_args(argv)
+    try:
+        path = pack(args.output_dir, args.to or args.output_dir.resolve().parent)
+    except (RunError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"packed {path} ({path.stat().st_size / 2**20:.1f} MiB). Upload it as a Kaggle dataset or into the "
+        "project's folder on Drive: a run whose import_from holds it continues from it."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,7 +26,7 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
 from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
-from {{ cookiecutter.package_name }}.utils.runs import pack
+from {{ cookiecutter.package_name }}.utils.start import pack
 
 from ..conftest import PROJECT, assert_same_run, read_metrics, run_training
 from ..task_settings import QUICK
@@ -68,14 +68,14 @@ def test_a_new_session_continues_the_previous_versions_output_among_its_inputs(
 def test_a_packed_run_is_continued_from_its_tar_file(
     first_session: Path, single_run: tuple, tmp_path: Path
 ) -> None:
-    """`utils.runs pack` writes one file (newest valid checkpoint, config, metrics, exports); a session
+    """`utils.start pack` writes one file (newest valid checkpoint, config, metrics, exports); a session
     that finds it under import_from (a dataset upload, a Drive folder) continues it exactly."""
     run = first_session / "outputs" / "run"
     packed = subprocess.run(
         [
             sys.executable,
             "-m",
-            "{{ cookiecutter.package_name }}.utils.runs",
+            "{{ cookiecutter.package_name }}.utils.start",
             "pack",
             str(run),
             "--to",

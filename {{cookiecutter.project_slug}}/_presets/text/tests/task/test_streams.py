@@ -528,7 +528,7 @@ def test_continue_on_new_data_continues_on_purpose_and_the_checkpoints_record_it
     assert saved.step == 4
     assert [change.split(" (")[0] for change in saved.data_changes] == ["step 2: train part0.jsonl differs"]
     config = config_for(files, *CHANGING)
-    assert saved.data_fingerprint == data_fingerprint(*task.build_datasets(config)).entries
+    assert saved.data_fingerprint == data_fingerprint(*task.build_datasets(config))
     # The run now goes on with the new data: the same command, without the switch, continues it.
     assert run_training(output_dir, *args).returncode == 0
 
