@@ -205,8 +205,8 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
 
 def test_a_sample_is_hashed_without_its_padding() -> None:
     """The resume's record names a sample by its content: padded to a longer batch (1 process cuts its
-    micro-batches from 64 samples, 2 processes from 32 each), it is the same sample; a changed token is not."""
-    short = {"input_ids": torch.tensor([[5, 6], [7, 8]]), "attention_mask": torch.ones(2, 2, dtype=torch.long)}
+    micro-batches from 64 samples, 2 processes from 32 each), it is the same sample; a changed one is not."""
+    short = {"input_ids": torch.tensor([[5, 6], [7, 8]]), "attention_mask": torch.ones(2, 2, dtype=torch.int)}
     padded = {key: torch.nn.functional.pad(value, (0, 3)) for key, value in short.items()}
     changed = {**short, "input_ids": torch.tensor([[5, 6], [7, 9]])}
     assert sample_hashes(padded) == sample_hashes(short)
