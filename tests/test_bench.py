@@ -172,19 +172,30 @@ def test_quick_thread_benchmark_times_both_settings() -> None:
         assert number(row.split("|")[2]) > 0, row
 
 
+# Issue 45's line budgets (bench/sizes.py BUDGETS: 7,000 and 7,800) are not reached yet: until they are,
+# the renders may not grow past where that issue's first round left them.
+LINES_REACHED = {"digits: Python outside tests/, lines": 8499, "lm: Python outside tests/, lines": 9297}
+
+
 @pytest.mark.slow
-def test_size_budget_places_every_generated_file_in_a_room() -> None:
+def test_size_budget_places_every_generated_file_in_a_room_and_every_budget_holds() -> None:
     """bench/sizes.py (docs/sizes.md): every preset renders, every generated file is in a room (else the
-    script stops naming it), each room holds lines, and the code total is the rooms' sum."""
+    script stops naming it), each room holds lines, and the code total is the rooms' sum. Each budget holds
+    (the longest function and class, the README's and the docs' words), the lines as LINES_REACHED says."""
     result = run([sys.executable, "bench/sizes.py"], cwd=TEMPLATE, timeout=300)
     assert result.returncode == 0, explain(result)
     rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ")]
     assert [cell.strip() for cell in rows[0]][-2:] == ["code in all", "docs"], result.stdout
-    assert [row[0].strip() for row in rows[1:]] == ["digits", "images", "text", "lm"], result.stdout
-    for row in rows[1:]:
+    assert [row[0].strip() for row in rows[1:5]] == ["digits", "images", "text", "lm"], result.stdout
+    for row in rows[1:5]:
         counts = [int(cell) for cell in row[1:]]
         assert all(count > 0 for count in counts), row
         assert sum(counts[:-2]) == counts[-2], row
+    budgets = {row[0].strip(): row for row in rows[6:]}
+    assert len(budgets) == 6, result.stdout
+    for name, (_, most, figure, where) in budgets.items():
+        limit = LINES_REACHED.get(name, int(most))
+        assert int(figure.split()[0]) <= limit, f"{name}: {figure.strip()} over {limit} ({where.strip()})"
 
 
 @pytest.mark.slow

@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TASKS, TEMPLATE, Render
+from .conftest import TASKS, Render
 
 # Words of the generated README (whitespace-separated, code included): what it is, the quick start, the
 # platforms, the task, your own task, the loop, outputs, publishing, a sweep, the FAQ. The rest is in docs/.
 WORD_BUDGET = 1500
-# Words of all the generated docs/ pages together, and of this repository's README (issue 45): every
-# user reads and merges them; figures and their history go to the template's docs/benchmarks.md.
-DOCS_WORD_BUDGET = 9000
-TEMPLATE_README_WORD_BUDGET = 2500
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -40,19 +36,6 @@ def test_readme_main_path_fits_the_word_budget(render: Callable[..., Render], ta
     """Each preset's README, its included task section counted, is at most WORD_BUDGET words."""
     words = len((render(task=task).path / "README.md").read_text(encoding="utf-8").split())
     assert words <= WORD_BUDGET, f"task={task}: the README has {words} words; move details to docs/"
-
-
-@pytest.mark.parametrize("task", TASKS)
-def test_docs_fit_the_word_budget(render: Callable[..., Render], task: str) -> None:
-    """Each preset's docs/ pages, the task's own included, are at most DOCS_WORD_BUDGET words together."""
-    words = sum(len(page.read_text(encoding="utf-8").split()) for page in pages(render(task=task))[1:])
-    assert words <= DOCS_WORD_BUDGET, f"task={task}: docs/ has {words} words; say each thing once"
-
-
-def test_template_readme_fits_the_word_budget() -> None:
-    """This repository's README is at most TEMPLATE_README_WORD_BUDGET words: figures live in docs/."""
-    words = len((TEMPLATE / "README.md").read_text(encoding="utf-8").split())
-    assert words <= TEMPLATE_README_WORD_BUDGET, f"README.md has {words} words; move figures to docs/"
 
 
 @pytest.mark.parametrize("task", TASKS)
