@@ -347,7 +347,7 @@ def background_figures(
             savers[mode].save(state, None, {}, lambda path: None)
             figures[mode].append(time.perf_counter() - start)
             if mode == "background":  # steps while the thread writes, until it has published
-                while savers[mode]._thread is not None and savers[mode]._thread.is_alive():
+                while savers[mode]._job is not None and not savers[mode]._job.done():
                     figures["busy"].append(step())
             savers[mode].wait()  # published before the next mode saves into the same folder
             if mode == "background":
