@@ -203,11 +203,14 @@ def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = 
     their requirement. Reads package metadata only: nothing is imported, no CUDA is initialised."""
     from importlib import metadata
 
+    # Python 3.10, or a new environment without packaging: pip's own copies.
     try:
         import tomllib
-        from packaging.requirements import Requirement
-    except ImportError:  # Python 3.10, or a new environment without packaging: pip's own copies
+    except ImportError:
         from pip._vendor import tomli as tomllib
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
         from pip._vendor.packaging.requirements import Requirement
 
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
