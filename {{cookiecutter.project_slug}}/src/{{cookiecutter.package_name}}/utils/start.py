@@ -313,7 +313,8 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
     own = newest_readable(output_dir)
     notes: list[str] = []
     candidates: list[Copy] = []
-    seen = {str(output_dir.resolve())}
+    # Copies are named as the config names their places (absolute, links kept), output_dir both ways.
+    seen = {str(output_dir.resolve()), str(output_dir.absolute())}
     for place in places:
         if not is_url(place) and not Path(place).exists():
             if place == config.import_from:
@@ -418,7 +419,7 @@ def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
         if is_url(place):
             (store, root), depth = open_store(place), None
         else:
-            store, root, depth = fsspec.filesystem("file"), str(Path(place).resolve()), SEARCH_DEPTH + 3
+            store, root, depth = fsspec.filesystem("file"), str(Path(place).absolute()), SEARCH_DEPTH + 3
         store.invalidate_cache()
         files = store.find(root, maxdepth=depth) if store.isdir(root) else [root]
         copies = _listed_copies(store, root, files, seen, notes)
