@@ -453,7 +453,7 @@ def test_disk_full_names_the_disk_and_keeps_the_last_checkpoint(finished: Path, 
     used = sum(path.stat().st_size for path in finished.rglob("*") if path.is_file())
     flags = " ".join([*FAST, "--check_disk_space", "false"])  # a disk that fills up during the run
     train = f'"{sys.executable}" train.py --config configs/local.yaml --output_dir "$DISK/run" {flags}'
-    listing = f'"{sys.executable}" -m {{ cookiecutter.package_name }}.utils.checkpoint "$DISK/run"'
+    listing = f'"{sys.executable}" -m {{ cookiecutter.package_name }}.utils.history "$DISK/run"'
     script = (
         f'{train} > "$OUT/first.out" 2> "$OUT/first.err"; echo $? > "$OUT/first.rc"; '
         f'{listing} > "$OUT/listing.txt"; '

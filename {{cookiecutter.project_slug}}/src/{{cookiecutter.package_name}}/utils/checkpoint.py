@@ -10,13 +10,11 @@ catch files damaged or edited afterwards (a resume checks them all).
 Nothing that cannot be read is deleted: rotation removes only readable checkpoints older than the one
 this run has just written, and unreadable ones met on resume are set aside (start.py, run_dir.set_aside).
 Which checkpoint a run continues is decided in start.py; this module writes, verifies and reads one.
-
-List the checkpoints of a run:  python -m {{ cookiecutter.package_name }}.utils.checkpoint <output_dir>
+utils/history.py prints a run's checkpoints (checkpoint_table) under its sessions.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -494,29 +492,20 @@ def remove_folder(path: Path) -> None:
     shutil.rmtree(doomed)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="List the checkpoints of a run, newest last.")
-    parser.add_argument("output_dir", type=Path, help="the run's output_dir")
-    args = parser.parse_args(argv)
-    paths = list_checkpoints(args.output_dir)
-    if not paths:
-        print(f"no checkpoints under {checkpoint_root(args.output_dir)}")
-        return
+def checkpoint_table(output_dir: Path) -> list[str]:
+    """A run's checkpoints, newest last: whether each is valid (what is wrong if not), where it stands, and
+    the world size, precision and platform that saved it."""
     header = ("checkpoint", "status", "epoch", "samples", "world", "precision", "platform", "saved")
-    print("{:<16} {:<8} {:>5} {:>9} {:>5} {:<9} {:<9} {}".format(*header))
-    for path in paths:
+    lines = ["{:<16} {:<8} {:>5} {:>9} {:>5} {:<9} {:<9} {}".format(*header)]
+    for path in list_checkpoints(output_dir):
         problem = checkpoint_problem(path)
         state = read_loop_state(path) if problem is None else None
         meta = read_meta(path)
-        print(
+        lines.append(
             f"{path.name:<16} {'valid' if problem is None else 'INVALID':<8} "
             f"{state.epoch if state else '-':>5} {state.samples_seen if state else '-':>9} "
             f"{meta.get('world_size', '-'):>5} {meta.get('mixed_precision', '-'):<9} "
             f"{meta.get('platform', '-'):<9} {meta.get('saved_at', '-')}"
         )
-        if problem:
-            print(f"{'':<16} {problem}")
-
-
-if __name__ == "__main__":
-    main()
+        lines += [f"{'':<16} {problem}"] if problem else []
+    return lines if len(lines) > 1 else [f"no checkpoints under {checkpoint_root(output_dir)}"]

@@ -14,7 +14,7 @@ session, at each checkpoint and at its end. That copy also knows the sessions wh
 At a resume every difference from the previous session is printed, one line each, with what it does to
 the numbers; then the first step says whether it is bit for bit the one the uninterrupted run took (each
 session records the step after each of its checkpoints: utils/exact.py), and the verdict is recorded.
-Print a run's history as a table:
+Print a run's sessions and its checkpoints as tables:
 
     python -m {{ cookiecutter.package_name }}.utils.history outputs/{{ cookiecutter.task }}
 """
@@ -359,16 +359,19 @@ def run_history(output_dir: Path) -> list[Record]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print a run's sessions: where, on what, which steps, why.")
+    from .checkpoint import checkpoint_table
+
+    parser = argparse.ArgumentParser(description="Print a run's sessions and checkpoints: where, what, why.")
     parser.add_argument("output_dir", type=Path, help="the run's output_dir")
     args = parser.parse_args(argv)
     sessions = run_history(args.output_dir)
-    if not sessions:
+    if sessions:
+        print("\n".join(table(sessions)) + "\n")
+    else:
         where = f"{args.output_dir} (no {HISTORY_FILE} there or in its checkpoints)"
         print(f"error: no history in {where}", file=sys.stderr)
-        return 1
-    print("\n".join(table(sessions)))
-    return 0
+    print("\n".join(checkpoint_table(args.output_dir)))
+    return 0 if sessions else 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import pytest
 
 from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, checkpoint_step, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.checkpoint import main as list_main
+from {{ cookiecutter.package_name }}.utils.history import main as history_main
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from ..conftest import (
@@ -177,7 +177,7 @@ def test_damaged_newest_checkpoints_fall_back_to_an_older_one(
     staging.mkdir()
     (staging / "model.safetensors").write_bytes(b"partial")
 
-    list_main([str(output_dir)])
+    assert history_main([str(output_dir)]) == 0
     listing = capsys.readouterr().out
     status = {line.split()[0]: line.split()[1] for line in listing.splitlines() if line.startswith("step_")}
     assert (status[newest.name], status[second.name], status[third.name]) == ("INVALID", "INVALID", "valid")
@@ -232,8 +232,9 @@ def test_listing_shows_step_validity_and_metadata(
     reference: tuple[int, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     processes, reference_dir = reference
-    list_main([str(reference_dir)])
-    listing = capsys.readouterr().out.splitlines()
+    assert history_main([str(reference_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    listing = out[out.index("") + 1 :]  # the checkpoints, under the sessions
     assert listing[0].split()[:3] == ["checkpoint", "status", "epoch"]
     newest = listing[-1].split()
     assert newest[:2] == [f"step_{TOTAL_STEPS:08d}", "valid"]
