@@ -92,6 +92,20 @@ def signal_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return reference
 
 
+# QUICK in the same split (per-device batch 32 of a global 64, one thread per process): the reference of
+# the 2-process run and of the run stopped for time.
+PAIR_ARGS = [*QUICK, "--mixed_precision", "no", "--per_device_batch_size", "32"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """PAIR_ARGS run once on 1 process, never stopped."""
+    output_dir = tmp_path_factory.mktemp("one") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
+        return output_dir, run_training(output_dir, *PAIR_ARGS)
+
+
 def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(
     signal_reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,46 +173,48 @@ def test_one_then_two_then_one_process_with_sigterm_between_ends_bitwise_identic
         assert f"resume verified: step {step} is bit for bit the uninterrupted run's" in output, output
 
 
-def test_a_run_stopped_for_time_then_rerun_ends_bitwise_identical(single_run: tuple, tmp_path: Path) -> None:
+def test_a_run_stopped_for_time_then_rerun_ends_bitwise_identical(
+    one_process: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stopped by its time_budget at the first logging step; the rerun, with no budget and a checkpoint at
     every logging step by checkpoint_every_minutes, ends as the run that was never stopped."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as its reference ran
     output_dir = tmp_path / "run"
-    resumed_from = stopped_for_time(output_dir, *QUICK)
+    resumed_from = stopped_for_time(output_dir, *PAIR_ARGS)
     rerun = ["--time_budget", "", "--checkpoint_every_minutes", EVERY_LOGGING_STEP]
-    resumed = run_training(output_dir, *QUICK, *rerun)
-    config, _ = load_config(QUICK, PROJECT / "configs" / "local.yaml", task.Config)
+    resumed = run_training(output_dir, *PAIR_ARGS, *rerun)
+    config, _ = load_config(PAIR_ARGS, PROJECT / "configs" / "local.yaml", task.Config)
     lines = resumed.stdout.splitlines()
     saved = [int(line.split()[2]) for line in lines if line.startswith("checkpoint: step")]
     assert all(step % config.log_every == 0 for step in saved[:-1]), saved  # the last: the final step
     assert any(step % config.checkpoint_every for step in saved[:-1]), saved  # taken for time
     assert_readable_log(resumed.stdout + resumed.stderr, written_by_the_rerun(output_dir, resumed_from))
-    assert_same_run(output_dir, single_run[0])
+    assert_same_run(output_dir, one_process[0])
 
 
 def test_one_and_two_processes_end_at_the_same_eval_metrics(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    one_process: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Per-device batch 32 of a global 64: 1 process accumulates 2 micro-batches, 2 processes 1 each. The
     2 processes also agree on the main process's clock: stopped for time at the first logging step, then
     continued with a checkpoint at every logging step, they end where the uninterrupted process does."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
-    args = [*QUICK, "--mixed_precision", "no", "--per_device_batch_size", "32"]
-    one = run_training(tmp_path / "one", *args)
+    (one_dir, one), args = one_process, PAIR_ARGS
     resumed_from = stopped_for_time(tmp_path / "two", *args, processes=2)
     two = run_training(tmp_path / "two", *args, "--checkpoint_every_minutes", EVERY_LOGGING_STEP, processes=2)
     assert "x 1 processes x 2 accumulation = global batch 64" in one.stdout
     assert "x 2 processes x 1 accumulation = global batch 64" in two.stdout
     assert "train: step" in one.stdout + two.stdout  # the last step's line, at least
-    assert_readable_log(one.stdout + one.stderr, list_checkpoints(tmp_path / "one"))
+    assert_readable_log(one.stdout + one.stderr, list_checkpoints(one_dir))
     # Two processes, one line per event.
     assert_readable_log(two.stdout + two.stderr, written_by_the_rerun(tmp_path / "two", resumed_from))
     assert framework_warnings(one) == [] and framework_warnings(two) == []
     # The optimization itself does not depend on the number of processes, bit for bit.
-    ones, twos = (load_file(tmp_path / name / "model" / "model.safetensors") for name in ("one", "two"))
+    ones, twos = (load_file(folder / "model" / "model.safetensors") for folder in (one_dir, tmp_path / "two"))
     assert ones.keys() == twos.keys()
     assert [name for name in ones if not torch.equal(ones[name], twos[name])] == []
     metric = next(iter(task.Config.METRIC_GOALS))
-    evals = [[row for row in read_metrics(tmp_path / name) if metric in row] for name in ("one", "two")]
+    evals = [[row for row in read_metrics(folder) if metric in row] for folder in (one_dir, tmp_path / "two")]
     assert evals[0], "no evaluation was logged"
     assert [row["step"] for row in evals[0]] == [row["step"] for row in evals[1]]
     # Float for float: eval_step computes every sample in a batch of the same shape on 1 and 2 processes.
@@ -206,13 +222,13 @@ def test_one_and_two_processes_end_at_the_same_eval_metrics(
 
 
 def test_predict_writes_the_same_bytes_on_one_and_two_processes(
-    single_run: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    one_process: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches of 5 over the eval split: several batches, and an uneven share for the two processes. Both
     print the task's metrics over the split: those that train.py logged for the model."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same kernels in both: a thread count changes sums
-    model_dir = single_run[0] / "model"
-    logged = {name: value for name, value in last_eval(single_run[0]).items() if name != "step"}
+    model_dir = one_process[0] / "model"
+    logged = {name: value for name, value in last_eval(one_process[0]).items() if name != "step"}
     files = {n: tmp_path / f"{n}.csv" for n in (1, 2)}
     for processes, output in files.items():
         args = ["--model_dir", str(model_dir), "--output", str(output), "--batch_size", "5"]
