@@ -2,8 +2,10 @@
 tiny one with random weights saved with save_pretrained (tests/task_settings.py), so that transformers'
 real loading path runs offline:
 
-- stopped by SIGTERM or killed with kill -9 mid-run, then rerun: bitwise the same weights and metrics;
-- 1 and 2 processes (dropout on) end at the same eval metrics; predict.py writes the same bytes on both;
+- with LoRA, stopped by SIGTERM or killed with kill -9 mid-run, then rerun: bitwise the same weights and
+  metrics; 1 and 2 processes (dropout on) end at the same eval metrics; predict.py writes the same bytes
+  on both (full fine-tuning trains as the task's default model does, whose every guarantee is
+  tests/test_guarantees.py's: only its start differs, from_pretrained);
 - a LoRA checkpoint holds the adapter and the head only, and a resume against other base weights is
   refused in one line, with nothing written;
 - the exports load with transformers and peft's own functions: model/ (an adapter, or the whole model)
@@ -75,16 +77,15 @@ def references(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     return runs
 
 
-@pytest.mark.parametrize("mode", FINE_TUNING_MODES)
 def test_stopped_then_killed_mid_run_then_rerun_ends_bitwise_identical(
-    pretrained: Path, references: dict[str, Path], tmp_path: Path, mode: str
+    pretrained: Path, references: dict[str, Path], tmp_path: Path
 ) -> None:
     """SIGTERM at an arbitrary moment (a checkpoint, exit 75), the same command again, kill -9 at an
     arbitrary moment after its next checkpoint, the same command again, this time with gradient
     checkpointing (activations recomputed in the backward pass, dropout's random draws replayed): the
     uninterrupted run's weights and metrics, bit for bit."""
     output_dir = tmp_path / "run"
-    args = fine_tuning(pretrained, mode)
+    args = fine_tuning(pretrained, "lora")
     command, env = training_command(output_dir, *args)
     for stop in (signal.SIGTERM, signal.SIGKILL):
         done = max((int(path.name[5:]) for path in list_checkpoints(output_dir)), default=0)
@@ -104,15 +105,14 @@ def test_stopped_then_killed_mid_run_then_rerun_ends_bitwise_identical(
         assert list_checkpoints(output_dir) and not (output_dir / "model").exists(), output[-2000:]
     resumed = run_training(output_dir, *args, "--gradient_checkpointing", "true")
     assert "resuming from" in resumed.stdout
-    assert_same_run(output_dir, references[mode])
+    assert_same_run(output_dir, references["lora"])
 
 
-@pytest.mark.parametrize("mode", FINE_TUNING_MODES)
 def test_one_and_two_processes_end_at_the_same_eval_metrics(
-    pretrained: Path, tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+    pretrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
-    args = [*fine_tuning(pretrained, mode), "--per_device_batch_size", "32"]
+    args = [*fine_tuning(pretrained, "lora"), "--per_device_batch_size", "32"]
     args += ["--eval_every", "10"]
     runs = {n: run_training(tmp_path / str(n), *args, processes=n) for n in (1, 2)}
     assert "x 2 processes x 1 accumulation = global batch 64" in runs[2].stdout
