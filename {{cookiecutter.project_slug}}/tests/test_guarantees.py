@@ -93,7 +93,7 @@ def signal_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # QUICK in the same split (per-device batch 32 of a global 64, one thread per process): the reference of
-# the 2-process run and of the run stopped for time.
+# the 2-process run and of the run stopped for time, and the model predict.py runs on 1 and 2 processes.
 PAIR_ARGS = [*QUICK, "--mixed_precision", "no", "--per_device_batch_size", "32"]
 
 
