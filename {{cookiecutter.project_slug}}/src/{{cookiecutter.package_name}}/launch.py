@@ -269,20 +269,16 @@ def install_missing(platform: str, extras: list[str]) -> None:
     say(platform, f"install: done in {time.monotonic() - started:.0f} s")
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now: two runs on one machine must not share a rendezvous port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
 def rendezvous_port() -> tuple[int, str]:
+    """MAIN_PROCESS_PORT, else a TCP port nobody listens on now: two runs on a machine must not share one."""
     chosen = os.environ.get("MAIN_PROCESS_PORT", "")
     if chosen:
         if not chosen.isdigit() or not 0 < int(chosen) < 65536:
             raise LaunchError(f"MAIN_PROCESS_PORT must be a TCP port number, not '{chosen}'")
         return int(chosen), "MAIN_PROCESS_PORT"
-    return free_port(), "free now"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1], "free now"
 
 
 def accelerate_command(
