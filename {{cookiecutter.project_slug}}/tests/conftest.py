@@ -1,4 +1,5 @@
-"""Shared helpers: real runs of train.py and predict.py in a subprocess, as a user would start them."""
+"""Shared helpers: real runs of train.py and predict.py, as a user would start them (a plain 1-process CPU
+run forked from a process that has imported torch already: tests/forked_runs.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
 
+from .forked_runs import ForkServer
 from .task_settings import QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -65,12 +67,24 @@ def training_command(
     return command, env
 
 
+FORK_SERVER = ForkServer()
+
+
+def run_script(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run `python train.py|predict.py ...` to its end in the project, output captured: forked from the fork
+    server where that is the same run (tests/forked_runs.py), else in a fresh interpreter."""
+    plain = command[1] in ("train.py", "predict.py") and not torch.cuda.is_available()
+    if plain and FORK_SERVER.can_run(env):
+        return FORK_SERVER.run(command[1:], env, PROJECT, timeout)
+    return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def run_training(
     output_dir: Path, *args: str, processes: int = 1, gpu: bool = False, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
     """Run train.py to its end with the local config."""
     command, env = training_command(output_dir, *args, processes=processes, gpu=gpu)
-    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    result = run_script(command, env, timeout=600)
     if check and result.returncode != 0:
         pytest.fail(
             f"train.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -90,7 +104,7 @@ def run_predict(
         command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
         command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
     command += ["predict.py", *args]
-    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    result = run_script(command, env, timeout=300)
     if check and result.returncode != 0:
         pytest.fail(
             f"predict.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
