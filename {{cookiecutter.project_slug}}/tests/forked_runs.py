@@ -26,14 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-# What Python, torch and Hugging Face's libraries read from the environment only when they start.
-START_VARIABLES = ("PYTHON", "TORCH", "CUDA", "LD_", "HF_", "TRANSFORMERS_")
-# The slow part of a run's start, where installed: torch._dynamo (torch.optim loads it), torch._inductor
-# (use_deterministic_algorithms), and the libraries of the presets and trackers.
-PRELOAD = (
-    "torch._dynamo", "torch._inductor", "accelerate", "safetensors.torch", "torchdata.stateful_dataloader",
-    "transformers", "peft", "datasets", "torch.utils.tensorboard", "mlflow", "wandb",
-)  # fmt: skip
+# What Python and torch read from the environment only when they start.
+START_VARIABLES = ("PYTHON", "TORCH", "CUDA", "LD_")
+# The slow part of every run's start. Nothing a run may not import: utils/history.py records the versions
+# of the task's libraries that are loaded (transformers, peft, ...), so those a preset uses stay its own.
+PRELOAD = ("torch._dynamo", "torch._inductor", "accelerate", "safetensors.torch")  # optimizer, determinism
 
 
 def start_variables(env: dict[str, str]) -> dict[str, str]:
