@@ -9,7 +9,9 @@
   2-process run stopped by its time_budget on the way;
 - a run stopped by SIGTERM on 1 process, continued on 2 and stopped by SIGTERM again, then finished on 1,
   ends bitwise identical to a run never stopped, dropout on; each resume verifies its first step;
-- predict.py writes the same bytes on 1 and 2 processes.
+- predict.py writes the same bytes on 1 and 2 processes;
+- the suite's shortcut, a plain run forked from a process that has imported torch (tests/forked_runs.py),
+  is the run that `python train.py` started anew makes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
+    FORK_SERVER,
     PROJECT,
     QUICK,
     assert_readable_log,
@@ -241,3 +244,20 @@ def test_predict_writes_the_same_bytes_on_one_and_two_processes(
     with files[1].open(newline="") as file:
         indices = [row["index"] for row in csv.DictReader(file)]
     assert indices == [str(i) for i in range(len(task.predict_inputs(config, None)))]  # each input once
+
+
+def test_a_forked_run_is_the_run_a_fresh_interpreter_makes(
+    one_process: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same weights, metrics and warnings, and the same session record: the task's libraries loaded
+    and their versions, the code's hashes, the split of the batch."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as its reference ran
+    assert FORK_SERVER.process or torch.cuda.is_available(), "the reference was not forked"
+    command, env = training_command(tmp_path / "fresh", *PAIR_ARGS)
+    fresh = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert_same_run(tmp_path / "fresh", one_process[0])
+    assert framework_warnings(fresh) == framework_warnings(one_process[1])
+    same = ("versions", "task_sha256", "code_sha256", "processes", "accumulation", "device", "deterministic")
+    fresh_record, forked_record = (run_history(folder)[0] for folder in (tmp_path / "fresh", one_process[0]))
+    assert {key: fresh_record[key] for key in same} == {key: forked_record[key] for key in same}
