@@ -19,12 +19,15 @@ import importlib
 import io
 import json
 import os
+import random
+import runpy
 import select
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 # What Python and torch read from the environment only when they start.
 START_VARIABLES = ("PYTHON", "TORCH", "CUDA", "LD_")
@@ -117,9 +120,7 @@ def serve() -> None:
             os.write(replies, f"{os.waitstatus_to_exitcode(status)}\n".encode())
 
 
-def run_in_child(request: dict, preamble: bytes, torch: object) -> None:
-    import random
-
+def run_in_child(request: dict, preamble: bytes, torch: ModuleType) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -137,8 +138,6 @@ def run_in_child(request: dict, preamble: bytes, torch: object) -> None:
     torch.seed()
     sys.argv = list(request["argv"])
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-    import runpy
-
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit:
