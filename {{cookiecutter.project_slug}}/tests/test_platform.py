@@ -239,32 +239,6 @@ def test_colab_without_drive_stops_before_training(monkeypatch: pytest.MonkeyPat
     assert "which is not mounted" in result.stderr
 
 
-def test_environment_report(tmp_path: Path) -> None:
-    fake_bin = fake_nvidia_smi(tmp_path / "bin", T4, T4)
-    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
-    env["KAGGLE_KERNEL_RUN_TYPE"] = "Batch"
-    result = subprocess.run(
-        [sys.executable, "-m", "{{ cookiecutter.package_name }}.utils.hardware"],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    report = result.stdout
-    for expected in [
-        "platform:          kaggle",
-        "gpu 1:             Tesla T4 (compute 7.5, 15360 MiB)",
-        "mixed precision:   fp16",
-        "processes:         2",
-        "distributed type:  MULTI_GPU (nccl)",
-        "torch:",
-        "accelerate:",
-    ]:
-        assert expected in report, report
-
-
 SHORT = ["--max_steps", "4", "--log_every", "2", "--checkpoint_every", "4"]
 
 

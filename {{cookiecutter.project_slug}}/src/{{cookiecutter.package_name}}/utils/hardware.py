@@ -1,9 +1,5 @@
 """Where the run landed: platform, devices, and the decisions that follow from them.
 
-Print an environment report, the first thing to paste into a bug report:
-
-    python -m {{ cookiecutter.package_name }}.utils.hardware
-
 Standard library at import: the launcher (`python -m {{ cookiecutter.package_name }}.launch`, behind
 scripts/run_*.sh) uses it before anything is installed, and train.py checks its output_dir
 (`check_output_dir`) with the config, before torch loads; torch and Accelerate are imported inside the
@@ -408,43 +404,3 @@ def windows_long_paths() -> bool:
             return winreg.QueryValueEx(key, "LongPathsEnabled")[0] == 1
     except OSError:
         return False
-
-
-def report() -> str:
-    """Platform, devices, memory, precision, processes, distributed type and library versions."""
-    import accelerate
-    import torch
-
-    gpus = query_gpus()[0]
-    mps = not gpus and mps_usable()
-    processes = int(os.environ.get("WORLD_SIZE", os.environ.get("NUM_PROCESSES", max(1, len(gpus)))))
-    memory = ""
-    if hasattr(os, "sysconf"):  # not on Windows
-        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB RAM"
-    lines = [
-        f"platform:          {detect_platform()}",
-        f"cpu:               {platform.processor() or platform.machine()}, {os.cpu_count()} cores{memory}",
-    ]
-    lines += [f"gpu {index}:             {gpu}" for index, gpu in enumerate(gpus)] or [
-        "gpu:               Apple silicon (MPS), where training runs"
-        if mps
-        else "gpu:               none (nvidia-smi not found or lists no GPU)"
-    ]
-    if processes > 1:
-        distributed = "MULTI_GPU (nccl)" if gpus else "MULTI_CPU (gloo, needs ACCELERATE_USE_CPU=1)"
-    else:
-        distributed = "NO (one process)"
-    lines += [
-        f"mixed precision:   {precision_for(gpus, mps)[0]} (what mixed_precision: auto picks)",
-        f"processes:         {processes}",
-        f"distributed type:  {distributed}",
-        f"torch:             {torch.__version__} (CUDA build {torch.version.cuda or 'none'}, "
-        f"CUDA available: {torch.cuda.is_available()})",
-        f"accelerate:        {accelerate.__version__}",
-        f"python:            {platform.python_version()} on {platform.platform()}",
-    ]
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(report())
