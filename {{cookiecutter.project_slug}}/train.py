@@ -245,7 +245,8 @@ def step_gradients(
                 loss = task.loss(task_model, micro_batch)
                 digest.add(micro_batch, loss)  # on the first step after a checkpoint only
                 accelerator.backward(loss)  # divides by the accumulation steps
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+            exact = loss.detach().to(book.loss.sum.dtype)  # added up exactly (utils/loop.py: TrainLoss)
+            step_loss = exact if step_loss is None else step_loss + exact
         digest.norm = accelerator.clip_grad_norm_(trained, config.max_grad_norm)
         return step_loss
 

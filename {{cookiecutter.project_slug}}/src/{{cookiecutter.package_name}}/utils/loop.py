@@ -215,7 +215,9 @@ class TrainLoss:
     def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress) -> None:
         self.accelerator, self.state, self.progress = accelerator, state, progress
         own_sum, self.batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
-        self.sum = torch.tensor(own_sum, device=accelerator.device)
+        # float64 (MPS has none): float32 losses add up without rounding, however processes split them
+        dtype = torch.float32 if accelerator.device.type == "mps" else torch.float64
+        self.sum = torch.tensor(own_sum, device=accelerator.device, dtype=dtype)
 
     def add(self, step_loss: torch.Tensor) -> None:
         self.sum += step_loss
@@ -223,7 +225,7 @@ class TrainLoss:
 
     def total(self, *votes: float) -> list[float]:
         """The loss summed over processes, then each of `votes` summed likewise: one sync for them all."""
-        flags = torch.tensor(votes, device=self.accelerator.device).reshape(-1)
+        flags = torch.tensor(votes, device=self.accelerator.device, dtype=self.sum.dtype).reshape(-1)
         return self.accelerator.reduce(torch.cat([self.sum.reshape(1), flags]), "sum").tolist()
 
     def at_log(self, end: Ending, clock: SessionClock, scheduler: Any) -> bool:
