@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }}.data.chars import TrainWindows, load_corpus
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
 from ..conftest import QUICK, assert_same_run, last_eval, read_metrics, run_predict, run_training
+from ..task_settings import MODEL
 
 
 @pytest.mark.slow
@@ -255,7 +256,7 @@ def test_tied_embeddings_resume_and_export_exactly(tmp_path: Path) -> None:
     """The head sharing the token embedding's tensor: the checkpoints and model.safetensors hold it under
     one name (safetensors refuses two names of one tensor); a run continued from a checkpoint ends bitwise
     as the uninterrupted one, and predict.py loads the export with the two weights still one tensor."""
-    args = ["--tie_embeddings", "true", "--checkpoint_every", "5", "--log_every", "2"]
+    args = ["--tie_embeddings", "true", "--checkpoint_every", "5", "--log_every", "2", *MODEL]
     run_training(tmp_path / "reference", *args, "--max_steps", "12")
     output_dir = tmp_path / "run"
     run_training(output_dir, *args, "--max_steps", "7")
