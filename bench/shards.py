@@ -1,7 +1,7 @@
 """Benchmark the lm preset on a corpus larger than memory is meant for, and print a markdown table.
 
     python bench/shards.py            # full mode: a 512 MB corpus, 300 optimizer steps; about 10 minutes
-    python bench/shards.py --quick    # a 16 MB corpus, 75 steps (CI runs it so the script cannot rot)
+    python bench/shards.py --quick    # a 16 MB corpus, 75 steps of a 1-layer model (CI runs it: no rot)
 
 What is measured, on one CPU process, in a freshly rendered lm project:
 1. `python -m <package>.prepare` on a generated corpus of 8 text files (lines of Tiny Shakespeare in a
@@ -43,6 +43,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     megabytes, steps = (16, 75) if args.quick else (512, 300)
+    # Quick: a one-layer model, so that the check of every row costs seconds, not the default's minute.
+    model = ["--num_layers", "1", "--embed_dim", "32"] if args.quick else []
     with tempfile.TemporaryDirectory(prefix="bench-shards-") as scratch:
         root = Path(scratch)
         core.run(
@@ -63,7 +65,7 @@ def main() -> None:
         corpus = write_corpus(project / "data" / "tinyshakespeare.txt", root / "corpus", megabytes)
         prepared = measure_prepare(project, package, corpus, root / "tokens")
         trained = {
-            name: train_worker(project, data, steps)
+            name: train_worker(project, data, steps, model)
             for name, data in (("shards", str(root / "tokens")), ("file", "data/tinyshakespeare.txt"))
         }
     print(report(prepared, trained, megabytes, steps, args.quick))
@@ -108,15 +110,16 @@ def peak_kb(output: str) -> int:
     return int(next(line.split()[1] for line in output.splitlines() if line.startswith("VmHWM")))
 
 
-def train_worker(project: Path, data_file: str, steps: int) -> dict:
-    """train.py in a process of its own (its peak memory is its own), timed as bench.py times it."""
+def train_worker(project: Path, data_file: str, steps: int, model: list[str]) -> dict:
+    """train.py in a process of its own (its peak memory is its own), timed as bench.py times it; `model`:
+    flags that size the model."""
     result = project.parent / f"train-{abs(hash(data_file))}.json"
-    command = [sys.executable, __file__, "--worker", str(project), data_file, str(steps), str(result)]
+    command = [sys.executable, __file__, "--worker", str(project), data_file, str(steps), str(result), *model]
     output = core.run(command, cwd=project, src=project / "src", extra_env={"CUDA_VISIBLE_DEVICES": ""})
     return {**json.loads(result.read_text()), "peak_kb": peak_kb(output)}
 
 
-def worker(project: Path, data_file: str, steps: int, result: Path) -> None:
+def worker(project: Path, data_file: str, steps: int, result: Path, model: list[str]) -> None:
     sys.path.insert(0, str(project))  # the generated train.py
     package = next(path.name for path in (project / "src").iterdir() if (path / "__init__.py").exists())
     task = importlib.import_module(f"{package}.task")
@@ -136,6 +139,7 @@ def worker(project: Path, data_file: str, steps: int, result: Path) -> None:
             ),
             *("--data_file", data_file, "--max_steps", str(steps), "--log_every", str(core.LOG_EVERY)),
             *("--eval_every", str(10**9), "--checkpoint_every", str(10**9)),
+            *model,
         ]
         core.run_template(argv)
         handle.remove()
@@ -173,9 +177,10 @@ def report(prepared: dict, trained: dict, megabytes: int, steps: int, quick: boo
         f"| train from Tiny Shakespeare: ms per optimizer step | {file['ms_per_step']:.1f} | |",
         f"| train from Tiny Shakespeare: data wait, % of step time | {100 * file['share']:.1f}% | |",
     ]
+    model = "a one-layer model" if quick else "the lm preset's default model"
     note = (
         f"{'Quick mode: too small to mean anything. ' if quick else ''}{megabytes} MB corpus, {steps} "
-        f"optimizer steps of {shards['batch']} windows per run, the lm preset's default model; "
+        f"optimizer steps of {shards['batch']} windows per run, {model}; "
         f"{os.cpu_count()} CPUs."
     )
     return "\n".join([*rows, "", note])
@@ -183,7 +188,7 @@ def report(prepared: dict, trained: dict, megabytes: int, steps: int, quick: boo
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _, _, project_dir, data, step_count, result_file = sys.argv
-        worker(Path(project_dir), data, int(step_count), Path(result_file))
+        _, _, project_dir, data, step_count, result_file, *model_flags = sys.argv
+        worker(Path(project_dir), data, int(step_count), Path(result_file), model_flags)
     else:
         main()
