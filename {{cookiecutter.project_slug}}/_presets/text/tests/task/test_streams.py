@@ -56,15 +56,17 @@ from ..conftest import (
     wait_for_checkpoint,
     wait_for_training,
 )
+from ..task_settings import MODEL
 
 datasets = pytest.importorskip("datasets", reason="data_files streams with datasets: pip install datasets")
 parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")
 
 # 600 passages in 3 files: about 480 train the model, 7 optimizer steps of 64 per epoch, so 20 steps cross
 # two epoch boundaries. Shuffled in windows of 100 rows: a checkpoint (every 4 x 64 rows) falls inside one.
+# The guarantees' smaller BERT (task_settings.py).
 ROWS, FILES = 600, 3
 STEPS = ["--max_steps", "20", "--log_every", "2", "--checkpoint_every", "4", "--eval_every", "5"]
-STEPS += ["--shuffle_window", "100"]
+STEPS += ["--shuffle_window", "100", *MODEL]
 
 
 def passages() -> list[dict[str, str]]:
