@@ -1,5 +1,5 @@
-"""Shared helpers: real runs of train.py and predict.py, as a user would start them (a plain 1-process CPU
-run forked from a process that has imported torch already: tests/forked_runs.py)."""
+"""Shared helpers: real runs of train.py and predict.py, as a user would start them (a plain CPU run forked
+from a process that has imported torch already: tests/forked_runs.py)."""
 
 from __future__ import annotations
 
@@ -70,12 +70,15 @@ def training_command(
 FORK_SERVER = ForkServer()
 
 
-def run_script(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run `python train.py|predict.py ...` to its end in the project, output captured: forked from the fork
-    server where that is the same run (tests/forked_runs.py), else in a fresh interpreter."""
-    plain = command[1] in ("train.py", "predict.py") and not torch.cuda.is_available()
-    if plain and FORK_SERVER.can_run(env):
-        return FORK_SERVER.run(command[1:], env, PROJECT, timeout)
+def run_script(
+    command: list[str], env: dict[str, str], timeout: float, processes: int, check: bool
+) -> subprocess.CompletedProcess[str]:
+    """Run `python [-m accelerate.commands.launch ...] train.py|predict.py ...` to its end in the project,
+    output captured: forked from the fork server where that is the same run (tests/forked_runs.py: on the
+    CPU, one process, or several that must succeed), else as the command says, in fresh interpreters."""
+    script = next(index for index, part in enumerate(command) if part in ("train.py", "predict.py"))
+    if not torch.cuda.is_available() and (processes == 1 or check) and FORK_SERVER.can_run(env):
+        return FORK_SERVER.run(command[script:], env, PROJECT, timeout, processes)
     return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -84,7 +87,7 @@ def run_training(
 ) -> subprocess.CompletedProcess[str]:
     """Run train.py to its end with the local config."""
     command, env = training_command(output_dir, *args, processes=processes, gpu=gpu)
-    result = run_script(command, env, timeout=600)
+    result = run_script(command, env, timeout=600, processes=processes, check=check)
     if check and result.returncode != 0:
         pytest.fail(
             f"train.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -104,7 +107,7 @@ def run_predict(
         command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
         command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
     command += ["predict.py", *args]
-    result = run_script(command, env, timeout=300)
+    result = run_script(command, env, timeout=300, processes=processes, check=check)
     if check and result.returncode != 0:
         pytest.fail(
             f"predict.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"

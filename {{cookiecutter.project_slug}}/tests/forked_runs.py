@@ -1,5 +1,5 @@
-"""The suite's plain 1-process CPU runs of train.py and predict.py, forked from one process that has
-imported torch and Accelerate already (conftest.py's `run_script` decides which runs).
+"""The suite's plain CPU runs of train.py and predict.py, forked from one process that has imported torch
+and Accelerate already (conftest.py's `run_script` decides which runs).
 
 A fresh interpreter spends about 6 of a short run's 8 seconds importing torch (torch._dynamo among it,
 which torch.optim loads), and the suite makes hundreds of such runs. A forked run is still a process of
@@ -7,7 +7,10 @@ its own, started as `python <script> <args>` is: its own pid, environment, worki
 exit status, the script run from its file as `__main__`, the random generators reseeded and the thread
 count read from OMP_NUM_THREADS as at a start. What stays shared is what Python and torch fix when they
 start, so a run whose environment differs there (PYTHON*, TORCH*, CUDA*, OMP_NUM_THREADS unset) starts a
-fresh interpreter, as do runs with several processes, a GPU, or a signal (those build their own command).
+fresh interpreter, as do runs on a GPU, runs that are signalled (those build their own command), and runs
+of several processes that may fail (`accelerate launch` reports a failure in its own way). The processes
+of a run that must succeed are forked side by side, each with the environment `accelerate launch` gives
+it (`launched_env`), and form one gloo group as launched ones do.
 
     python tests/forked_runs.py   # the server: reads one JSON request per line, answers pid then status
 """
@@ -23,6 +26,7 @@ import random
 import runpy
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,8 +58,10 @@ class ForkServer:
         return env.get("OMP_NUM_THREADS", "").isdigit() and start_variables(env) == start_variables(started)
 
     def run(
-        self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float
+        self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float, processes: int = 1
     ) -> subprocess.CompletedProcess[str]:
+        """`python <argv>`, or with `processes` > 1 `accelerate launch --multi_gpu --num_processes
+        <processes> <argv>`, to its end; exit status 1 if any process failed, as the launcher's."""
         if self.process is None or self.process.poll() is not None:
             # One thread while idle: an OpenMP pool started before fork() would hang the children's.
             self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -63,14 +69,19 @@ class ForkServer:
             self.process = subprocess.Popen([sys.executable, __file__], stdin=pipe, stdout=pipe, env=self.env)
         with tempfile.TemporaryDirectory(prefix="forked_run_") as folder:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            request = {"argv": argv, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+            ranks = [env]
+            if processes > 1:
+                port = rendezvous_port()
+                ranks = [launched_env(env, rank, processes, port) for rank in range(processes)]
+            request = {"argv": argv, "ranks": ranks, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+            out.touch(), err.touch()  # the processes append to them, each its lines, as to a shared pipe
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             self.process.stdin.flush()
             pid = int(self.reply(timeout=600))  # the first request waits for the imports
             try:
                 returncode = int(self.reply(timeout))
             except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)  # the server then kills the others
                 self.reply(timeout=60)
                 raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
             # As subprocess.run(text=True) reads them: universal newlines.
@@ -88,6 +99,30 @@ class ForkServer:
                 raise RuntimeError(f"the fork server ended ({self.process.wait()}): see the suite's stderr")
             line += byte
         return line.decode()
+
+
+def rendezvous_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launched_env(env: dict[str, str], rank: int, processes: int, port: int) -> dict[str, str]:
+    """What `accelerate launch --multi_gpu --num_processes <processes> --mixed_precision no --dynamo_backend
+    no` on one machine adds to the environment of process `rank` (Accelerate 1.x through torch's elastic
+    agent, as a launched process prints it), less what serves the agent alone: its store, which rank 0
+    holds here, and its error files."""
+    each = {"RANK": rank, "LOCAL_RANK": rank, "ROLE_RANK": rank, "GROUP_RANK": 0, "GROUP_WORLD_SIZE": 1}
+    each |= {"WORLD_SIZE": processes, "LOCAL_WORLD_SIZE": processes, "ROLE_WORLD_SIZE": processes}
+    each |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "ROLE_NAME": "default"}
+    each |= {"TORCHELASTIC_RESTART_COUNT": 0, "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_RUN_ID": "none"}
+    each |= {"TORCH_NCCL_ASYNC_ERROR_HANDLING": 1, "ACCELERATE_MIXED_PRECISION": "no"}
+    signals = env.get("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")  # torchrun's default
+    each |= {"TORCHELASTIC_SIGNALS_TO_HANDLE": signals}
+    each |= {"ACCELERATE_DYNAMO_BACKEND": "NO", "ACCELERATE_DYNAMO_MODE": "default"}
+    for name in ("DYNAMIC", "FULLGRAPH", "REGIONAL_COMPILATION"):
+        each[f"ACCELERATE_DYNAMO_USE_{name}"] = "False"
+    return {**env, **{name: str(value) for name, value in each.items()}}
 
 
 def serve() -> None:
@@ -111,13 +146,30 @@ def serve() -> None:
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            pid = os.fork()
-            if pid == 0:
-                os.close(requests), os.close(replies)
-                run_in_child(json.loads(line), preamble, torch)  # ends the child
-            os.write(replies, f"{pid}\n".encode())
-            _, status = os.waitpid(pid, 0)
-            os.write(replies, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            request = json.loads(line)
+            pids = []
+            for env in request["ranks"]:
+                pid = os.fork()
+                if pid == 0:
+                    os.close(requests), os.close(replies)
+                    run_in_child({**request, "env": env}, preamble, torch)  # ends the child
+                pids.append(pid)
+            os.write(replies, f"{pids[0]}\n".encode())
+            os.write(replies, f"{wait_for_all(pids)}\n".encode())
+
+
+def wait_for_all(pids: list[int]) -> int:
+    """The exit status of one process, or of a launch of several: the first failure ends the others (as
+    torch's elastic agent does) and makes it 1."""
+    running, codes = set(pids), []
+    while running:
+        pid, status = os.waitpid(-1, 0)
+        running.discard(pid)
+        codes.append(os.waitstatus_to_exitcode(status))
+        if codes[-1] != 0:
+            for other in running:
+                os.kill(other, signal.SIGKILL)
+    return codes[0] if len(pids) == 1 else int(any(codes))
 
 
 def run_in_child(request: dict, preamble: bytes, torch: ModuleType) -> None:
@@ -125,7 +177,7 @@ def run_in_child(request: dict, preamble: bytes, torch: ModuleType) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        target = os.open(path, os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)
         os.close(target)
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)

@@ -4,9 +4,9 @@ Each launcher runs for real (bash, the real scripts, the real `python -m {{ cook
 with stand-ins first on PATH: `nvidia-smi` prints the CSV lines of the faked GPUs, and `accelerate`,
 `srun`, `scontrol` and `sinfo` record their arguments and the relevant environment instead of training.
 $PYTHON is a stand-in too: it runs the launcher with the real interpreter and records what the launcher
-starts with it (train.py, pip). The tests assert the exact command and environment. One real run at the
-end starts 2 CPU processes through run_local.sh without any fake; tests/test_slurm.py of the template
-runs the SLURM launcher on a real SLURM.
+starts with it (train.py, pip). The tests assert the exact command and environment. Real runs at the
+end start 2 CPU processes through run_local.sh and `accelerate launch` without any fake; tests/test_slurm.py
+of the template runs the SLURM launcher on a real SLURM.
 """
 
 from __future__ import annotations
@@ -25,10 +25,22 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 
 from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1, step_signal
+from {{ cookiecutter.package_name }}.utils.history import run_history
 
-from .conftest import PROJECT, framework_warnings, free_port, wait_for_training
+from .conftest import (
+    FORK_SERVER,
+    PROJECT,
+    assert_same_run,
+    framework_warnings,
+    free_port,
+    run_training,
+    start_line,
+    training_command,
+    wait_for_training,
+)
 
 # Windows: tests/test_portability.py starts the launcher as `python -m <package>.launch` instead.
 pytestmark = pytest.mark.skipif(
@@ -778,6 +790,29 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
     assert "world size 2" in output, output[-5000:]
     assert (output_dir / "model" / "model.safetensors").is_file()
     assert framework_warnings(result) == []
+
+
+@pytest.mark.slow
+def test_a_forked_two_process_run_is_the_run_accelerate_launch_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's shortcut for a run of 2 processes that must succeed (tests/forked_runs.py: both forked,
+    with the environment the launcher gives each) against `accelerate launch` itself: the same start line,
+    weights, metrics and warnings, and the same session record."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = ["--max_steps", "6", "--log_every", "2", "--checkpoint_every", "3"]
+    forked = run_training(tmp_path / "forked", *args, processes=2)
+    assert FORK_SERVER.process or torch.cuda.is_available(), "the 2 processes were not forked"
+    command, env = training_command(tmp_path / "launched", *args, processes=2)
+    launched = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    starts = [start_line(result.stdout) | {"output": ""} for result in (forked, launched)]
+    assert starts[0] == starts[1] and starts[0]["world size"] == "2", starts
+    assert_same_run(tmp_path / "forked", tmp_path / "launched")
+    assert framework_warnings(forked) == framework_warnings(launched) == []
+    same = ("versions", "task_sha256", "code_sha256", "processes", "accumulation", "device", "deterministic")
+    records = [run_history(tmp_path / name)[0] for name in ("forked", "launched")]
+    assert {key: records[0][key] for key in same} == {key: records[1][key] for key in same}
 
 
 @pytest.mark.slow
