@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
 
-from .forked_runs import ForkServer
+from .forked_runs import ForkServer, free_port
 from .task_settings import QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -39,12 +38,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def gpu_env() -> dict[str, str]:
     """The environment of a run that uses the GPU as a user's run would."""
     return {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"} | {"PYTHONUNBUFFERED": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def training_command(

@@ -71,7 +71,7 @@ class ForkServer:
             out, err = Path(folder, "stdout"), Path(folder, "stderr")
             ranks = [env]
             if processes > 1:
-                port = rendezvous_port()
+                port = free_port()
                 ranks = [launched_env(env, rank, processes, port) for rank in range(processes)]
             request = {"argv": argv, "ranks": ranks, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
             out.touch(), err.touch()  # the processes append to them, each its lines, as to a shared pipe
@@ -101,7 +101,8 @@ class ForkServer:
         return line.decode()
 
 
-def rendezvous_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a rendezvous's: the suite's launches take theirs here too)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
