@@ -6,3 +6,7 @@ QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", 
 # Several seconds of training, so that a signal sent once training has begun lands mid-run; the input
 # jitter is on.
 SIGNAL_RUN = ["--num_epochs", "20", "--log_every", "5", "--checkpoint_every", "100"]
+
+# What every run of this task imports besides torch and Accelerate, for the fork server (tests/forked_runs.py)
+# to import once: nothing more.
+IMPORTS: tuple[str, ...] = ()

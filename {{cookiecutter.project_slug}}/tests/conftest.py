@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
 
-from .forked_runs import ForkServer, free_port
-from .task_settings import QUICK
+from .forked_runs import ForkedRun, ForkServer, free_port
+from .task_settings import IMPORTS, QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
 # The suite runs on the CPU, on a GPU machine too: the numbers are those of CI, and a 1-process run is
@@ -60,19 +60,38 @@ def training_command(
     return command, env
 
 
-FORK_SERVER = ForkServer()
+# The fork server imports the task's libraries (task_settings.IMPORTS) and the tracker's, which every run
+# that logs loads (MLflow's import alone takes 4 s).
+TRACKER_IMPORTS = {{ {"none": "()", "tensorboard": '("torch.utils.tensorboard",)', "mlflow": '("mlflow",)', "wandb": '("wandb",)'}[cookiecutter.tracker] }}
+FORK_SERVER = ForkServer((*IMPORTS, *TRACKER_IMPORTS))
+
+
+def forked(env: dict[str, str]) -> bool:
+    """Whether a CPU run with this environment is forked from the fork server: the same run, sooner."""
+    return not torch.cuda.is_available() and FORK_SERVER.can_run(env)
 
 
 def run_script(
-    command: list[str], env: dict[str, str], timeout: float, processes: int, check: bool
+    command: list[str], env: dict[str, str], timeout: float, processes: int
 ) -> subprocess.CompletedProcess[str]:
     """Run `python [-m accelerate.commands.launch ...] train.py|predict.py ...` to its end in the project,
     output captured: forked from the fork server where that is the same run (tests/forked_runs.py: on the
-    CPU, one process, or several that must succeed), else as the command says, in fresh interpreters."""
+    CPU), else as the command says, in fresh interpreters."""
     script = next(index for index, part in enumerate(command) if part in ("train.py", "predict.py"))
-    if not torch.cuda.is_available() and (processes == 1 or check) and FORK_SERVER.can_run(env):
+    if forked(env):
         return FORK_SERVER.run(command[script:], env, PROJECT, timeout, processes)
     return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def start_training(output_dir: Path, *args: str, processes: int = 1) -> subprocess.Popen[str] | ForkedRun:
+    """Start train.py with the local config on the CPU, to be signalled (each of its processes, as the
+    launcher passes a signal on) and read as `Popen(stdout=PIPE, stderr=STDOUT, text=True)`."""
+    command, env = training_command(output_dir, *args, processes=processes)
+    if forked(env):
+        return FORK_SERVER.start(command[command.index("train.py") :], env, PROJECT, processes)
+    return subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def run_training(
@@ -80,7 +99,7 @@ def run_training(
 ) -> subprocess.CompletedProcess[str]:
     """Run train.py to its end with the local config."""
     command, env = training_command(output_dir, *args, processes=processes, gpu=gpu)
-    result = run_script(command, env, timeout=600, processes=processes, check=check)
+    result = run_script(command, env, timeout=600, processes=processes)
     if check and result.returncode != 0:
         pytest.fail(
             f"train.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -100,7 +119,7 @@ def run_predict(
         command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
         command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
     command += ["predict.py", *args]
-    result = run_script(command, env, timeout=300, processes=processes, check=check)
+    result = run_script(command, env, timeout=300, processes=processes)
     if check and result.returncode != 0:
         pytest.fail(
             f"predict.py failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -174,7 +193,7 @@ def assert_readable_log(output: str, checkpoints: list[Path]) -> None:
 
 
 def wait_for_training(
-    output_dir: Path, process: subprocess.Popen, since: float, step: int = 0, timeout: float = 120
+    output_dir: Path, process: subprocess.Popen | ForkedRun, since: float, step: int = 0, timeout: float = 120
 ) -> None:
     """Block until this run has written metrics.jsonl (it cuts it on resume, then logs): it is training;
     with `step`, until it has logged that optimizer step or a later one. Polling the log, not sleeping,
@@ -188,7 +207,9 @@ def wait_for_training(
         time.sleep(0.01)
 
 
-def wait_for_checkpoint(output_dir: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for_checkpoint(
+    output_dir: Path, process: subprocess.Popen | ForkedRun, timeout: float = 120
+) -> None:
     """Block until a checkpoint is published and a step is logged after it: a kill now leaves training
     to redo after the newest checkpoint. Checkpoints are written in the background, so one saved at a
     step may be published several steps later on a busy machine."""

@@ -7,12 +7,14 @@ its own, started as `python <script> <args>` is: its own pid, environment, worki
 exit status, the script run from its file as `__main__`, the random generators reseeded and the thread
 count read from OMP_NUM_THREADS as at a start. What stays shared is what Python and torch fix when they
 start, so a run whose environment differs there (PYTHON*, TORCH*, CUDA*, OMP_NUM_THREADS unset) starts a
-fresh interpreter, as do runs on a GPU, runs that are signalled (those build their own command), and runs
-of several processes that may fail (`accelerate launch` reports a failure in its own way). The processes
-of a run that must succeed are forked side by side, each with the environment `accelerate launch` gives
-it (`launched_env`), and form one gloo group as launched ones do.
+fresh interpreter, as do runs on a GPU and runs a test signals as a group or through the launcher, or
+whose launcher's own report it reads (those build their own command). The processes of a multi-process
+run are forked side by side, each with the environment `accelerate launch` gives it (`launched_env`), and
+form one gloo group as launched ones do; the first to fail ends the others as the launcher's agent does,
+and a signal to a running one (conftest.py's `start_training`) goes to each, as the launcher passes it on.
 
-    python tests/forked_runs.py   # the server: reads one JSON request per line, answers pid then status
+    python tests/forked_runs.py [module ...]   # the server: imports PRELOAD and the modules named, then
+                                               # reads one JSON request per line, answers pids then status
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import ModuleType
 
 # What Python and torch read from the environment only when they start.
 START_VARIABLES = ("PYTHON", "TORCH", "CUDA", "LD_")
 # The slow part of every run's start. Nothing a run may not import: utils/history.py records the versions
-# of the task's libraries that are loaded (transformers, peft, ...), so those a preset uses stay its own.
+# of the task's libraries that are loaded, so those a task imports in every run are task_settings.IMPORTS.
 PRELOAD = ("torch._dynamo", "torch._inductor", "accelerate", "safetensors.torch")  # optimizer, determinism
 
 
@@ -46,59 +49,118 @@ def start_variables(env: dict[str, str]) -> dict[str, str]:
 
 class ForkServer:
     """One server per test process, started at its first run (it ends with the test process: its stdin
-    closes); runs one script at a time."""
+    closes); runs one script at a time. `imports`: what every run of this project's task imports besides
+    PRELOAD (task_settings.IMPORTS)."""
 
-    def __init__(self) -> None:
+    def __init__(self, imports: tuple[str, ...] = ()) -> None:
+        self.imports = imports
         self.process: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
+        self.pending = b""
+        self.running: ForkedRun | None = None
 
     def can_run(self, env: dict[str, str]) -> bool:
         started = self.env if self.process else os.environ
         # OMP_NUM_THREADS set: the child sets the thread count a start would have read from it.
         return env.get("OMP_NUM_THREADS", "").isdigit() and start_variables(env) == start_variables(started)
 
-    def run(
-        self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float, processes: int = 1
-    ) -> subprocess.CompletedProcess[str]:
+    def start(
+        self, argv: list[str], env: dict[str, str], cwd: Path, processes: int = 1, merged: bool = True
+    ) -> ForkedRun:
         """`python <argv>`, or with `processes` > 1 `accelerate launch --multi_gpu --num_processes
-        <processes> <argv>`, to its end; exit status 1 if any process failed, as the launcher's."""
+        <processes> <argv>`, started; its output (stdout, and stderr apart unless `merged`) is read at its
+        end."""
+        if self.running is not None:
+            if self.running.poll() is None:  # left running by a test that failed
+                self.running.kill()
+                self.running.wait(timeout=60)
+            for path in self.running.outputs:  # those of a run whose output no test read
+                path.unlink(missing_ok=True)
         if self.process is None or self.process.poll() is not None:
             # One thread while idle: an OpenMP pool started before fork() would hang the children's.
             self.env = {**os.environ, "OMP_NUM_THREADS": "1"}
             pipe = subprocess.PIPE
-            self.process = subprocess.Popen([sys.executable, __file__], stdin=pipe, stdout=pipe, env=self.env)
-        with tempfile.TemporaryDirectory(prefix="forked_run_") as folder:
-            out, err = Path(folder, "stdout"), Path(folder, "stderr")
-            ranks = [env]
-            if processes > 1:
-                port = free_port()
-                ranks = [launched_env(env, rank, processes, port) for rank in range(processes)]
-            request = {"argv": argv, "ranks": ranks, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
-            out.touch(), err.touch()  # the processes append to them, each its lines, as to a shared pipe
-            self.process.stdin.write(json.dumps(request).encode() + b"\n")
-            self.process.stdin.flush()
-            pid = int(self.reply(timeout=600))  # the first request waits for the imports
-            try:
-                returncode = int(self.reply(timeout))
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)  # the server then kills the others
-                self.reply(timeout=60)
-                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
-            # As subprocess.run(text=True) reads them: universal newlines.
-            texts = [path.read_text().replace("\r\n", "\n").replace("\r", "\n") for path in (out, err)]
-        return subprocess.CompletedProcess([sys.executable, *argv], returncode, *texts)
+            command = [sys.executable, __file__, *self.imports]
+            self.process = subprocess.Popen(command, stdin=pipe, stdout=pipe, env=self.env)
+            self.pending = b""
+        ranks = [env]
+        if processes > 1:
+            port = free_port()
+            ranks = [launched_env(env, rank, processes, port) for rank in range(processes)]
+        # Each process appends its lines to them, as to a shared pipe.
+        outputs = [Path(tempfile.mkstemp(prefix="forked_run_")[1]) for _ in range(1 if merged else 2)]
+        request = {"argv": argv, "ranks": ranks, "cwd": str(cwd), "outputs": [str(path) for path in outputs]}
+        self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        self.process.stdin.flush()
+        # The first request waits for the imports.
+        pids = [int(pid) for pid in self.reply(timeout=600).split()]
+        self.running = ForkedRun(self, [sys.executable, *argv], pids, outputs)
+        return self.running
+
+    def run(
+        self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float, processes: int = 1
+    ) -> subprocess.CompletedProcess[str]:
+        """`start`, to its end; exit status 1 if any process failed, as the launcher's."""
+        run = self.start(argv, env, cwd, processes, merged=False)
+        stdout, stderr = run.communicate(timeout)
+        return subprocess.CompletedProcess(run.args, run.wait(), stdout, stderr)
 
     def reply(self, timeout: float) -> str:
-        line = b""
-        while not line.endswith(b"\n"):
+        while b"\n" not in self.pending:
             ready, _, _ = select.select([self.process.stdout], [], [], timeout)
             if not ready:
                 raise TimeoutError
-            byte = os.read(self.process.stdout.fileno(), 1)
-            if not byte:
+            chunk = os.read(self.process.stdout.fileno(), 1024)
+            if not chunk:
                 raise RuntimeError(f"the fork server ended ({self.process.wait()}): see the suite's stderr")
-            line += byte
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
         return line.decode()
+
+
+class ForkedRun:
+    """A forked run, used as `subprocess.Popen(command, stdout=PIPE, stderr=STDOUT, text=True)` is: a
+    signal goes to each of its processes, as the launcher passes one on."""
+
+    def __init__(self, server: ForkServer, args: list[str], pids: list[int], outputs: list[Path]) -> None:
+        self.server, self.args, self.pids, self.pid, self.outputs = server, args, pids, pids[0], outputs
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                self.returncode = int(self.server.reply(timeout=0))
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            for pid in self.pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self.server.reply(600 if timeout is None else timeout))
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()  # as subprocess.run does; the server then kills the others
+            self.wait(timeout=60)
+            raise
+        # As subprocess.run(text=True) reads them: universal newlines.
+        texts = [path.read_text().replace("\r\n", "\n").replace("\r", "\n") for path in self.outputs]
+        for path in self.outputs:
+            path.unlink(missing_ok=True)
+        return texts[0], (texts[1] if len(texts) > 1 else None)
 
 
 def free_port() -> int:
@@ -134,7 +196,7 @@ def serve() -> None:
         os.dup2(printed.fileno(), 1), os.dup2(printed.fileno(), 2)
         import torch
 
-        for name in PRELOAD:
+        for name in (*PRELOAD, *sys.argv[1:]):
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
         sys.stdout.flush(), sys.stderr.flush()
@@ -155,21 +217,28 @@ def serve() -> None:
                     os.close(requests), os.close(replies)
                     run_in_child({**request, "env": env}, preamble, torch)  # ends the child
                 pids.append(pid)
-            os.write(replies, f"{pids[0]}\n".encode())
+            os.write(replies, f"{' '.join(map(str, pids))}\n".encode())
             os.write(replies, f"{wait_for_all(pids)}\n".encode())
 
 
 def wait_for_all(pids: list[int]) -> int:
-    """The exit status of one process, or of a launch of several: the first failure ends the others (as
-    torch's elastic agent does) and makes it 1."""
-    running, codes = set(pids), []
+    """The exit status of one process, or of a launch of several: the first failure ends the others as
+    torch's elastic agent does (SIGTERM, SIGKILL after 30 s) and makes it 1."""
+    running, codes, deadline = set(pids), [], float("inf")
     while running:
-        pid, status = os.waitpid(-1, 0)
+        pid, status = os.waitpid(-1, os.WNOHANG if deadline < float("inf") else 0)
+        if pid == 0:  # waiting for the others to end
+            if time.monotonic() > deadline:
+                for other in running:
+                    os.kill(other, signal.SIGKILL)
+            time.sleep(0.01)
+            continue
         running.discard(pid)
         codes.append(os.waitstatus_to_exitcode(status))
-        if codes[-1] != 0:
+        if codes[-1] != 0 and deadline == float("inf"):
             for other in running:
-                os.kill(other, signal.SIGKILL)
+                os.kill(other, signal.SIGTERM)
+            deadline = time.monotonic() + 30
     return codes[0] if len(pids) == 1 else int(any(codes))
 
 
@@ -177,7 +246,8 @@ def run_in_child(request: dict, preamble: bytes, torch: ModuleType) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+    outputs = request["outputs"]
+    for fd, path in ((1, outputs[0]), (2, outputs[-1])):
         target = os.open(path, os.O_WRONLY | os.O_APPEND)
         os.dup2(target, fd)
         os.close(target)

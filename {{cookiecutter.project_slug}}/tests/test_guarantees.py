@@ -44,6 +44,7 @@ from .conftest import (
     read_metrics,
     run_predict,
     run_training,
+    start_training,
     training_command,
     wait_for_training,
 )
@@ -113,11 +114,8 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     reference = signal_reference
     output_dir = tmp_path / "run"
-    command, env = training_command(output_dir, *SIGNAL_ARGS)
     started = time.time()
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_training(output_dir, *SIGNAL_ARGS)
     wait_for_training(output_dir, process, since=started)
     assert process.poll() is None, "train.py ended before it was signalled"
     time.sleep(random.uniform(0.0, 0.05))  # an arbitrary moment, not aligned with any step
@@ -151,14 +149,11 @@ def test_one_then_two_then_one_process_with_sigterm_between_ends_bitwise_identic
     args, reference = SIGNAL_ARGS, signal_reference
     output_dir, stopped_at, outputs = tmp_path / "run", 0, []
     for processes in (1, 2):
-        command, env = training_command(output_dir, *args, processes=processes)
         started = time.time()
-        process = subprocess.Popen(
-            command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        process = start_training(output_dir, *args, processes=processes)
         wait_for_training(output_dir, process, since=started, step=stopped_at + 1)
         assert process.poll() is None, "train.py ended before it was signalled"
-        process.send_signal(signal.SIGTERM)  # the launcher passes it on to its 2 processes
+        process.send_signal(signal.SIGTERM)  # to each of the 2 processes, as the launcher passes it on
         output, _ = process.communicate(timeout=120)
         assert "checkpoint saved, run the same command to continue" in output, output[-3000:]
         assert f"world size {processes}" in output

@@ -26,7 +26,7 @@ from .conftest import (
     assert_same_run,
     read_metrics,
     run_training,
-    training_command,
+    start_training,
     wait_for_checkpoint,
 )
 from .task_settings import SIGNAL_RUN
@@ -116,10 +116,7 @@ def test_a_killed_session_and_another_per_device_batch_are_named(tmp_path: Path)
     the per-device batch, says so, and says that the split changed the rounding."""
     output_dir = tmp_path / "run"
     config, _ = load_config(list(SIGNAL_RUN), PROJECT / "configs" / "local.yaml", task.Config)
-    command, env = training_command(output_dir, *SIGNAL_RUN)
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    process = start_training(output_dir, *SIGNAL_RUN)
     wait_for_checkpoint(output_dir, process)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)

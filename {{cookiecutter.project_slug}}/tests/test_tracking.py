@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 {% endif %}{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import os
 {% endif %}{% if cookiecutter.tracker != "none" %}import signal
-import subprocess
-{% endif %}{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import sys
+{% endif %}{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import subprocess
+import sys
 {% endif %}{% if cookiecutter.tracker != "none" %}import time
 {% endif %}{% if cookiecutter.tracker == "mlflow" %}import urllib.parse
 import urllib.request
@@ -29,13 +29,15 @@ from {{ cookiecutter.package_name }}.utils.tracking import wandb_history, wandb_
 {%- endif %}
 
 from .conftest import (
+{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
     PROJECT,
+{%- endif %}
 {%- if cookiecutter.tracker == "mlflow" %}
     free_port,
 {%- endif %}
     read_metrics,
     run_training,
-    training_command,
+    start_training,
     wait_for_checkpoint,
     wait_for_training,
 )
@@ -129,11 +131,8 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
 
 def interrupt(output_dir: Path, signal_number: int, after_step: int) -> None:
     """Start a run of ARGS in `output_dir` and send it `signal_number` once it has logged `after_step`."""
-    command, env = training_command(output_dir, *ARGS)
     started = time.time()
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_training(output_dir, *ARGS)
     wait_for_training(output_dir, process, since=started, step=after_step)
     if signal_number == signal.SIGKILL:
         wait_for_checkpoint(output_dir, process)

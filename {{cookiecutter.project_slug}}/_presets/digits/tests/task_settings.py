@@ -8,3 +8,7 @@ QUICK = ["--num_epochs", "4", "--checkpoint_every", "20", "--keep_checkpoints", 
 # 400 optimizer steps (18 epochs); dropout and the augmentation noise are on, and accumulation is 2
 # (per-device 32, global 64).
 SIGNAL_RUN = ["--max_steps", "400", "--log_every", "5", "--checkpoint_every", "20"]
+
+# What every run of this task imports besides torch and Accelerate, for the fork server (tests/forked_runs.py)
+# to import once: nothing more.
+IMPORTS: tuple[str, ...] = ()

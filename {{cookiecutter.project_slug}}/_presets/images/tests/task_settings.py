@@ -44,3 +44,8 @@ def save_pretrained_model(folder: Path) -> None:
         size={"height": 32, "width": 32}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]
     )
     processor.save_pretrained(folder)
+
+
+# What every run of this task imports besides torch and Accelerate, for the fork server (tests/forked_runs.py)
+# to import once: nothing more.
+IMPORTS: tuple[str, ...] = ()

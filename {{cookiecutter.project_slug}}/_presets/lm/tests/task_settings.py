@@ -16,3 +16,7 @@ QUICK = [
 # (per-device 32, global 64), dropout on (the default has none). A stop takes effect at the next logging
 # step: every 2 steps.
 SIGNAL_RUN = ["--max_steps", "40", "--log_every", "2", "--checkpoint_every", "10", "--dropout", "0.1", *MODEL]
+
+# What every run of this task imports besides torch and Accelerate, for the fork server (tests/forked_runs.py)
+# to import once: nothing more.
+IMPORTS: tuple[str, ...] = ()

@@ -11,6 +11,14 @@ PROJECT = Path(__file__).resolve().parents[1]
 # of the loop's guarantees; the stated accuracy is tested with the default (tests/task/test_task.py).
 MODEL = ["--hidden_size", "64", "--num_layers", "1", "--num_heads", "2"]
 
+# What every run of this task imports besides torch and Accelerate (BERT, its tokenizer, the padding): the
+# fork server (tests/forked_runs.py) imports it once, not each run (3 s of a short run's start).
+IMPORTS = (
+    "transformers.models.bert.modeling_bert",
+    "transformers.data.data_collator",
+    "transformers.tokenization_utils_fast",
+)
+
 # A short real run, shared by the tests that only read its outputs: 2 epochs of 21 optimizer steps (1,352
 # training passages // 64).
 QUICK = [

@@ -18,7 +18,6 @@ from __future__ import annotations
 import random
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -33,13 +32,12 @@ from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from ..conftest import (
-    PROJECT,
     assert_same_run,
     framework_warnings,
     read_metrics,
     run_predict,
     run_training,
-    training_command,
+    start_training,
     wait_for_training,
 )
 from ..task_settings import (
@@ -86,13 +84,10 @@ def test_stopped_then_killed_mid_run_then_rerun_ends_bitwise_identical(
     uninterrupted run's weights and metrics, bit for bit."""
     output_dir = tmp_path / "run"
     args = fine_tuning(pretrained, "lora")
-    command, env = training_command(output_dir, *args)
     for stop in (signal.SIGTERM, signal.SIGKILL):
         done = max((int(path.name[5:]) for path in list_checkpoints(output_dir)), default=0)
         started = time.time()
-        process = subprocess.Popen(
-            command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        process = start_training(output_dir, *args)
         # kill -9 once this session has saved a checkpoint of its own, so that the rerun resumes from it.
         saved_anew = (done // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY + 2 if stop == signal.SIGKILL else 0
         wait_for_training(output_dir, process, since=started, step=saved_anew)

@@ -10,7 +10,6 @@ import json
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,12 +22,11 @@ from {{ cookiecutter.package_name }}.utils.history import main as history_main
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from ..conftest import (
-    PROJECT,
     assert_same_run,
     last_eval,
     read_metrics,
     run_training,
-    training_command,
+    start_training,
     wait_for_training,
 )
 
@@ -86,11 +84,8 @@ def test_signal_stops_saves_and_resumes_exactly(
         )
     output_dir = tmp_path / "run"
     args = [*EXACT, *PER_DEVICE[processes]]
-    command, env = training_command(output_dir, *args, processes=processes)
     started = time.time()
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_training(output_dir, *args, processes=processes)
     # An arbitrary moment, not aligned with any step: a random logged step, then a fraction of a step.
     wait_for_training(output_dir, process, since=started, step=random.randrange(5, 60, 5))
     assert process.poll() is None, "train.py ended before it was signalled"
@@ -123,14 +118,12 @@ def test_repeated_kill_9_then_auto_resume_ends_bitwise_identical(
     if processes == 2:
         pytest.skip("kill -9 of one process of a group is a crash of the group; covered in 1 process")
     output_dir = tmp_path / "run"
-    command, env = training_command(output_dir, *EXACT, *PER_DEVICE[1], "--checkpoint_every", "7")
+    args = [*EXACT, *PER_DEVICE[1], "--checkpoint_every", "7"]
     rng = random.Random(1234)
     kills_during_training = 0
     for attempt in range(6):
         started = time.time()
-        process = subprocess.Popen(
-            command, cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        process = start_training(output_dir, *args)
         if attempt % 3 == 2:
             # During start-up or while loading the checkpoint; at the latest as training starts (a fast
             # machine trains the whole run in a few seconds).
@@ -154,7 +147,7 @@ def test_repeated_kill_9_then_auto_resume_ends_bitwise_identical(
         for path in list_checkpoints(output_dir):
             assert checkpoint_problem(path) is None, path
     assert kills_during_training >= 3
-    run_training(output_dir, *EXACT, *PER_DEVICE[1], "--checkpoint_every", "7")
+    run_training(output_dir, *args)
     # checkpoint_every does not change the training itself, so the reference still applies.
     assert_same_run(output_dir, reference_dir)
 

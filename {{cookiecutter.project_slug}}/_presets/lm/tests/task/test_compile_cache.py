@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from {{ cookiecutter.package_name }}.utils.compile_cache import ARTIFACTS, CACHE
 from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from ..conftest import PROJECT, run_training, training_command, wait_for_training
+from ..conftest import run_training, start_training, wait_for_training
 
 # A one-layer GPT with dropout on (compiled dropout draws from the RNG a resume restores), evaluated every 4
 # steps: the session that is stopped compiles the eval graph too (32 windows: one batch).
@@ -40,11 +39,8 @@ def test_a_compiled_run_resumed_on_an_empty_inductor_cache_loads_the_checkpoints
     # and misses. Its verified first step stands for a compiled reference run (a third compilation).
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-first"))
     output_dir = tmp_path / "run"
-    command, env = training_command(output_dir, *COMPILED)
     started = time.time()
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_training(output_dir, *COMPILED)
     # Compiling from scratch first: minutes on a busy 2-core machine.
     wait_for_training(output_dir, process, since=started, step=6, timeout=900)  # trained, evaluated, compiled
     process.send_signal(signal.SIGTERM)

@@ -45,7 +45,7 @@ from ..conftest import (
     assert_same_run,
     read_metrics,
     run_training,
-    training_command,
+    start_training,
     wait_for_checkpoint,
     wait_for_training,
 )
@@ -360,11 +360,8 @@ def test_shards_prepared_again_from_another_text_are_named_and_continued_or_set_
 
 def interrupt(output_dir: Path, args: list[str], signal_number: int, after_step: int) -> int:
     """Start a run, send it `signal_number` once it has logged `after_step`; return its newest checkpoint."""
-    command, env = training_command(output_dir, *args)
     started = time.time()
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_training(output_dir, *args)
     wait_for_training(output_dir, process, since=started, step=after_step)
     if signal_number == signal.SIGKILL:
         wait_for_checkpoint(output_dir, process)

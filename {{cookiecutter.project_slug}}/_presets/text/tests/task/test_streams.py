@@ -52,6 +52,7 @@ from ..conftest import (
     framework_warnings,
     read_metrics,
     run_training,
+    start_training,
     training_command,
     wait_for_checkpoint,
     wait_for_training,
@@ -111,11 +112,8 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
     stop: signal.Signals, jsonl_files: str, reference: Path, tmp_path: Path
 ) -> None:
     output_dir = tmp_path / "run"
-    command, env = training_command(output_dir, "--data_files", jsonl_files, *STEPS)
     started = time.time()
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_training(output_dir, "--data_files", jsonl_files, *STEPS)
     # SIGKILL after the first checkpoint (step 4), else there would be nothing to resume from.
     wait_for_training(output_dir, process, since=started, step=2 if stop == signal.SIGTERM else 6)
     if stop == signal.SIGKILL:
@@ -169,11 +167,8 @@ def test_a_loader_worker_killed_is_one_line_and_the_rerun_resumes_bitwise(
 
 def stop_session(output_dir: Path, args: list[str], stop: signal.Signals, step: int) -> int:
     """Start train.py, stop it with `stop` once it has logged `step`; the step it will resume from."""
-    command, env = training_command(output_dir, *args)
     started = time.time()
-    process = subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_training(output_dir, *args)
     wait_for_training(output_dir, process, since=started, step=step)
     if stop == signal.SIGKILL:
         wait_for_checkpoint(output_dir, process)
