@@ -41,7 +41,6 @@ ROOMS = {
                 "accelerate_fixes",
                 "progress",
                 "tracking",
-                "plots",
                 "task_check",
                 "contract",
                 "streams",

@@ -313,9 +313,9 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
 ) -> None:
     """In a fresh session, "Run all" starts training fresh; the stop button in the training cell makes
     training save a checkpoint at its next logging step and exit, and "Run all" goes on: every result
-    cell shows what the stopped run has (its metrics, the curves to its last step; no export yet, said in
-    one line) without an error. Stood in for: as in the module's docstring (the stop button: nbclient's
-    kernel interrupt, SIGINT to the kernel)."""
+    cell shows what the stopped run has (its metrics; no export yet, said in one line) without an error.
+    Stood in for: as in the module's docstring (the stop button: nbclient's kernel interrupt, SIGINT to
+    the kernel)."""
     session, platform = interrupted.session, interrupted.platform
     output = session.output("train")
     assert f"starting fresh in {output_dir(render(), platform)}" in output, output
@@ -325,12 +325,10 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     assert saved and Path(saved[0]).is_dir(), output
     assert session.error("train") is None, output
     assert "training stopped (exit 75): run this cell again to continue" in output, output
-    for cell in ("results", "curves", "predict", *(("flush-drive",) if platform == "colab" else ())):
+    for cell in ("results", "predict", *(("flush-drive",) if platform == "colab" else ())):
         assert session.ran(cell) and session.error(cell) is None, (cell, session.output(cell))
     results = session.output("results")
     assert f'"step": {STOP_STEP}' in results and "model: not exported yet" in results, results
-    (svg,) = [out.data["image/svg+xml"] for out in session.cell("curves").outputs if "data" in out]
-    assert svg.count("<polyline") >= 2  # drawn from metrics.jsonl, to the step of the stop
     predicted = session.output("predict").strip()
     model = output_dir(render(), platform) / "model"
     assert predicted.startswith(f"no predictions yet: {model} is exported when training ends"), predicted
@@ -354,13 +352,8 @@ def assert_continued_to_the_end(session: Session, project: Render, platform: str
 
 
 def assert_results_shown(session: Session, project: Render, platform: str) -> None:
-    """The cells after the results: the curves drawn inline (an SVG of the run), TensorBoard's cell
-    (Colab) parsed and skipped as told, and predict.py's first rows, written next to the run."""
-    curves = session.cell("curves")
-    assert session.error("curves") is None, text(curves)
-    shown = [output for output in curves.outputs if output.output_type == "display_data"]
-    (svg,) = [output.data["image/svg+xml"] for output in shown]
-    assert svg.lstrip().startswith("<svg") and "</svg>" in svg
+    """The cells after the results: TensorBoard's cell (Colab) parsed and skipped as told, and predict.py's
+    first rows, written next to the run."""
     if platform == "colab":
         assert session.error("tensorboard") is None, session.output("tensorboard")
         assert "TensorBoard: skipped (SHOW_TENSORBOARD is False)" in session.output("tensorboard")
@@ -488,7 +481,7 @@ def test_colab_with_a_remote_store_shows_the_run_where_it_is(
 ) -> None:
     """Colab with REMOTE_STORE set (the keys in the kernel's environment, as export_secrets leaves them):
     the run is copied to the store, the result cells read it where training wrote it (the session's disk,
-    not Drive, which holds nothing of it) and show its metrics, export, curves and predictions, and the
+    not Drive, which holds nothing of it) and show its metrics, export and predictions, and the
     last cell's line names the store, not Drive. Stood in for: the S3 service (moto's server on 127.0.0.1);
     the rest as in the module's docstring."""
     project = render()

@@ -17,7 +17,7 @@ Rerunning the same command continues from the newest valid checkpoint (`resume: 
 the resumed run ends with the same weights and logs the same losses as one that was never stopped, and
 its first step prints whether it was bit for bit the uninterrupted run's (utils/exact.py).
 Exit status: 0 when training is done; 75 when it stopped after a checkpoint, on a signal or because its
-`time_budget` was nearly spent (then also with model/ exported and the curves drawn, and the last line
+`time_budget` was nearly spent (then also with model/ exported, and the last line
 "stopped for time; run again to continue"); 1 with a one-line `config error:` or `error:` (a bad value,
 a folder in use or holding another run, a full disk, divergence). A time stop shares 75 (EX_TEMPFAIL)
 with a signal because both mean the same to whoever started the run: nothing is wrong, rerun the same
@@ -458,7 +458,7 @@ if __name__ == "__main__":
             f"error: {died} (out of memory? lower num_workers or per_device_batch_size); "
             "rerun the same command to resume exactly from the last checkpoint"
         )
-    except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders, plots)
+    except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
         status = f"error: {write_error(Path(error.filename or '.'), error)}"

@@ -140,7 +140,7 @@ def test_refused_runs_write_nothing(copy_of: Path) -> None:
 
 def test_a_restart_before_the_first_checkpoint_sets_earlier_outputs_aside(copy_of: Path) -> None:
     """No checkpoints/ and no model/ (deleted), the same settings: the run starts again, as one stopped
-    before its first checkpoint, but first moves best_model/, the metrics and the curves it would overwrite
+    before its first checkpoint, but first moves best_model/ and the metrics it would overwrite
     to set_aside/, byte for byte."""
     shutil.rmtree(copy_of / "checkpoints")
     shutil.rmtree(copy_of / "model")

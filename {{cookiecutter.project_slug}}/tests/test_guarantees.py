@@ -60,8 +60,8 @@ EVERY_LOGGING_STEP = "1e-6"
 
 
 def stopped_for_time(output_dir: Path, *args: str, processes: int = 1) -> Path:
-    """Run with SPENT_BUDGET; check that it stopped for time at its first logging step and left a checkpoint,
-    model/ and the curves there. Returns the checkpoint, which the rerun keeps (it resumed from it)."""
+    """Run with SPENT_BUDGET; check that it stopped for time at its first logging step and left a checkpoint
+    and model/ there. Returns the checkpoint, which the rerun keeps (it resumed from it)."""
     result = run_training(output_dir, *args, "--time_budget", SPENT_BUDGET, processes=processes, check=False)
     output = result.stdout + result.stderr
     # One process exits with EXIT_STOPPED; accelerate launch reports its processes' 75 as a failure, 1.
@@ -70,7 +70,6 @@ def stopped_for_time(output_dir: Path, *args: str, processes: int = 1) -> Path:
     assert f"stopped for time; run again to continue: step {config.log_every}," in result.stdout, output
     assert [int(path.name[5:]) for path in list_checkpoints(output_dir)] == [config.log_every]
     assert json.loads((output_dir / "model" / "export.json").read_text())["step"] == config.log_every
-    assert (output_dir / "curves.svg").is_file()
     assert [session["ending"] for session in run_history(output_dir)] == ["time budget spent"]
     return list_checkpoints(output_dir)[0]
 
@@ -124,7 +123,6 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(
     assert process.returncode == EXIT_STOPPED, output[-2000:]
     assert "checkpoint saved, run the same command to continue" in output
     assert not (output_dir / "model").exists()  # no export: the platform wants the machine back
-    assert f"curves: {output_dir / 'curves.svg'}" in output and (output_dir / "curves.svg").is_file()  # cheap
     assert_readable_log(output, list_checkpoints(output_dir))
     stopped_at = max(int(path.name[5:]) for path in list_checkpoints(output_dir))
     resumed = run_training(output_dir, *SIGNAL_ARGS)

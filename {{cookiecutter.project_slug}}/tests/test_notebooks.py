@@ -12,7 +12,7 @@ import nbformat
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.notebook import run_training, show_curves, show_metrics, show_predictions
+from {{ cookiecutter.package_name }}.notebook import run_training, show_metrics, show_predictions
 
 from .conftest import PROJECT
 
@@ -54,17 +54,16 @@ def test_notebook_runs_the_launcher_and_reads_the_configured_output(platform: st
 
 @pytest.mark.parametrize("platform", list(NOTEBOOKS))
 def test_notebook_shows_the_results_of_the_configured_run(platform: str) -> None:
-    """After training, cells show the metrics and exported model, the curves and predict.py's rows, all of
+    """After training, cells show the metrics and exported model and predict.py's rows, all of
     the output_dir of configs/<platform>.yaml: where training writes (on Colab the session's disk, which
     the run is copied to from Drive or a REMOTE_STORE when a session starts), so the two cannot drift."""
     cells = {cell.get("id"): cell.source for cell in nbformat.read(NOTEBOOKS[platform], as_version=4).cells}
     output_dir = yaml.safe_load((PROJECT / "configs" / f"{platform}.yaml").read_text())["output_dir"]
     assert f'RUN = "{output_dir.rstrip("/")}"' in cells["results"]
     assert cells["results"].rstrip().endswith("notebook.show_metrics(RUN)")
-    assert cells["curves"].rstrip().endswith("notebook.show_curves(RUN)")
     assert cells["predict"].rstrip().endswith("notebook.show_predictions(RUN)")
     order = list(cells)
-    assert order.index("train") < order.index("results") < order.index("curves") < order.index("predict")
+    assert order.index("train") < order.index("results") < order.index("predict")
     assert "!tail" not in cells["results"] and "!ls" not in cells["results"]  # errors where nothing is yet
 
 
@@ -101,17 +100,17 @@ def test_a_stop_returns_and_the_result_cells_show_what_the_run_has(
 ) -> None:
     """Before a run, each result cell says in one line that there is nothing yet. A run stopped by its time
     budget (exit 75) returns from run_training with one line instead of raising, so "Run all" goes on;
-    the result cells then show its metrics and export, the curves drawn to its last step, and predict.py's
-    rows from the exported model. (A signal or the stop button leaves no export: the template's notebook
+    the result cells then show its metrics and export, and predict.py's rows from the exported model.
+    (A signal or the stop button leaves no export: the template's notebook
     tests run those cells after one, in a real kernel.)"""
     for name in ("KAGGLE_KERNEL_RUN_TYPE", "COLAB_RELEASE_TAG", "COLAB_GPU", "SLURM_JOB_ID", "ANY_PLATFORM"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SKIP_INSTALL", "1")
     run = tmp_path / "run"
-    show_metrics(run), show_curves(run), show_predictions(run)
+    show_metrics(run), show_predictions(run)
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 and lines[0].startswith("nothing yet: ") and lines[1].startswith("nothing yet: ")
-    assert lines[2].startswith(f"no predictions yet: {run / 'model'} is exported when training ends")
+    assert len(lines) == 2 and lines[0].startswith("nothing yet: ")
+    assert lines[1].startswith(f"no predictions yet: {run / 'model'} is exported when training ends")
 
     budget = ["--time_budget", "0.001s", "--log_every", "3", "--max_steps", "60"]
     assert run_training("local", "--output_dir", str(run), *budget) == 75
@@ -119,9 +118,6 @@ def test_a_stop_returns_and_the_result_cells_show_what_the_run_has(
     export = json.loads((run / "model" / "export.json").read_text())
     show_metrics(run)
     assert f"{run / 'model'}: " in capsys.readouterr().out
-    (run / "curves.svg").unlink()
-    show_curves(run)
-    assert (run / "curves.svg").is_file()  # drawn again now, from metrics.jsonl
     show_predictions(run)
     shown = capsys.readouterr().out
     assert f"the model of step {export['step']}, first rows of {run / 'predictions.csv'}:" in shown, shown

@@ -11,11 +11,10 @@ first interrupt reaches training as one SIGINT and the cell waits until training
 checkpoint and exited; a later interrupt only says so. Restarting the kernel still kills it.
 
 A stop (the stop button, a signal from elsewhere, a time budget) returns normally, so that "Run all"
-goes on to the result cells, which show what the run has so far (`show_metrics`, `show_curves`,
-`show_predictions`): one line where there is nothing yet, never an error.
+goes on to the result cells, which show what the run has so far (`show_metrics`, `show_predictions`): one
+line where there is nothing yet, never an error.
 
-Standard library only (the result cells import the project's plotting when they run): this runs in the
-notebook's kernel, before anything is installed.
+Standard library only: this runs in the notebook's kernel, before anything is installed.
 """
 
 from __future__ import annotations
@@ -100,22 +99,6 @@ def show_metrics(run: str | Path, lines: int = 5) -> None:
         print(f"{model}: {files}")
     else:
         print(f"{model}: not exported yet (training exports at its end and when it stops for time)")
-
-
-def show_curves(run: str | Path) -> None:
-    """The run's curves to its last logged step, drawn now from metrics.jsonl (a stopped run included)."""
-    if not (Path(run) / "metrics.jsonl").is_file():
-        print(f"nothing yet: {run} holds no metrics.jsonl to draw")
-        return
-    from .utils.plots import plot_metrics
-
-    svg = plot_metrics(run)
-    try:
-        from IPython.display import SVG, display
-    except ImportError:  # outside a notebook
-        print(f"curves: {svg}")
-        return
-    display(SVG(filename=str(svg)))
 
 
 def show_predictions(run: str | Path, rows: int = 5) -> None:

@@ -78,7 +78,7 @@ class RunConfig:
     )
     # Counted once train.py has loaded PyTorch. When the next logging interval, a checkpoint and the
     # export would not fit in what is left (estimated from this run's own slowest interval and checkpoint),
-    # the run checkpoints, exports model/, draws its curves and exits with status 75.
+    # the run checkpoints, exports model/ and exits with status 75.
     time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
     # Counted in optimizer steps, as every interval is.
     log_every: int = session(10, "log the train loss every this many optimizer steps")

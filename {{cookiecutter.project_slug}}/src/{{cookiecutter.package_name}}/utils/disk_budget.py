@@ -24,7 +24,7 @@ from .config import TrainConfig
 from .run_dir import RunError
 
 # Per checkpoint: the RNG files, loop_state.json, meta.json, config.yaml, history.json, the filesystem's
-# rounding of each file to its blocks. Per run: metrics.jsonl, the curves, the tracker's logs.
+# rounding of each file to its blocks. Per run: metrics.jsonl, the tracker's logs.
 CHECKPOINT_SLACK = 64 * 1024
 RUN_SLACK = 512 * 1024
 

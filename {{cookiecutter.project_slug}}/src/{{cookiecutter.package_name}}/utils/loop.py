@@ -11,15 +11,15 @@ Beside it: `TrainLoss` (the train loss, summed on the device and read back once 
 and `Ending` (why training stops: a signal, the clock, early stopping, the last step, or divergence: a
 non-finite loss, metric or weight). After the loop, `finish` says why it ended and leaves what the ending
 calls for. Diverged: one line naming the last good checkpoint (raised). Stopped by a signal: the
-checkpoint and the curves, exit 75. Stopped by the time budget: model/ and the curves too, exit 75. Done
-(the last step, early stopping): the last evaluation, model/ and the curves. A checkpoint still being
-written in the background (utils/persist.py) is published first, whatever the ending.
+checkpoint, exit 75. Stopped by the time budget: model/ too, exit 75. Done (the last step, early
+stopping): the last evaluation and model/. A checkpoint still being written in the background
+(utils/persist.py) is published first, whatever the ending.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -41,7 +41,6 @@ from .config import TrainConfig
 from .exact import ResumeCheck
 from .history import HISTORY_FILE, History
 from .persist import Persister
-from .plots import best_step, plot_metrics
 from .progress import Progress
 from .run_dir import RunError
 from .signals import StopRequest
@@ -289,16 +288,12 @@ def finish(
 
 
 def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
-    """A signal (the checkpoint only) or the clock (model/ and the curves too) stopped the session."""
+    """A signal (the checkpoint only) or the clock (model/ too) stopped the session."""
     accelerator, config, state = book.accelerator, book.config, book.state
     output_dir = Path(config.output_dir)
     if not book.end.out_of_time:
         if accelerator.is_main_process:  # a SLURM launcher requeues on progress
             report_outcome("stopped", book.progress.start_step, state.step)
-            # The curves but no export: drawing takes under a second (20,000 logged steps: 0.5 s), an
-            # export is as large as the model (and mirrored again) while the platform wants it back.
-            with contextlib.suppress(OSError):  # a full disk: the curves can be drawn later
-                print(f"curves: {plot_metrics(output_dir)}")
         accelerator.print(  # the last line, which the launchers show as the outcome
             f"stopped by {book.end.stop_request.signal_name or 'another process'} at step {state.step}: "
             "checkpoint saved, run the same command to continue"
@@ -308,8 +303,7 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
     info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
     export_model(accelerator, model, config, output_dir / "model", info)
     if accelerator.is_main_process:
-        curves = plot_metrics(output_dir)
-        print(f"exported {output_dir / 'model'} (step {state.step}) | curves: {curves}")
+        print(f"exported {output_dir / 'model'} (step {state.step})")
         print(f"stopped for time; run again to continue: step {state.step}, {book.clock.stop_note()}")
         report_outcome("stopped", book.progress.start_step, state.step)  # a SLURM launcher requeues
     return False
@@ -352,13 +346,16 @@ def done(
     export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
     best = f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
     exported = f"exported {output_dir / 'model'} (last step)"
-    # best_model/ may not have been brought in with the run (damaged in its copy: a warning at the start).
-    if best_step(output_dir) == state.best_step:
+    best_export = output_dir / "best_model" / "export.json"
+    try:  # best_model/ may not have come with the run (damaged in its copy: a warning at the start)
+        best_kept = json.loads(best_export.read_text())["step"] == state.best_step
+    except (OSError, ValueError, KeyError, TypeError):
+        best_kept = False
+    if best_kept:
         accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
     else:
         accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
     if accelerator.is_main_process:
-        print(f"curves: {plot_metrics(output_dir)}")
         report_outcome("finished", book.progress.start_step, state.step)
 
 

@@ -277,7 +277,7 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 
     Allowed without asking: an empty folder, and the same run stopped before its first checkpoint (same
     settings, nothing exported): starting it again repeats it. What that run wrote besides its config
-    (metrics, best_model/, curves, tracker logs) is set aside all the same: the folder may also hold an
+    (metrics, best_model/, tracker logs) is set aside all the same: the folder may also hold an
     earlier run's, whose checkpoints and model/ were deleted, and nothing proves which.
     """
     output_dir = Path(config.output_dir)

@@ -6,7 +6,7 @@ same decision at the same step without a synchronisation of its own.
 
 Why one clock rather than a vote of every process's: the processes advance in lockstep (each optimizer
 step waits for every process's gradients), so their clocks would agree anyway; the main process also does
-the work the others wait for at the end (metrics.jsonl, the exports, the curves), so its measurements are
+the work the others wait for at the end (metrics.jsonl, the exports), so its measurements are
 the ones that cover a stopping run's tail; and the other processes never need to read a clock.
 """
 
@@ -33,7 +33,7 @@ class SessionClock:
 
         Stop when one more logging interval, then a checkpoint and the export (which writes the weights
         again, so no longer than the checkpoint), would not fit in what is left of the budget: after
-        this logging step the next chance to stop is one interval away. The curves are quick (SVG).
+        this logging step the next chance to stop is one interval away.
         """
         if not self.enabled:
             return 0.0, 0.0

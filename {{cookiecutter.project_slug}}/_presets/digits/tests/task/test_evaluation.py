@@ -1,13 +1,9 @@
-"""Evaluation that does not depend on the process count, the best model, early stopping, the curves SVG."""
+"""Evaluation that does not depend on the process count, the best model, early stopping."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -18,9 +14,8 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import PROJECT, read_metrics, run_training
+from ..conftest import read_metrics, run_training
 
-SVG = "{http://www.w3.org/2000/svg}"
 # A sitecustomize that writes the shapes of every batch eval_step is given, one line per batch, to
 # $EVAL_SHAPES.<rank>: what the kernels of a real run were asked to compute.
 EVAL_SHAPES_HOOK = Path(__file__).parent / "eval_shapes_hook"
@@ -107,100 +102,6 @@ def test_early_stopping_stops_both_processes_at_the_same_step(tmp_path: Path) ->
     rerun = run_training(output_dir, *args, "--log_every", "2", processes=2)
     assert "early stopping at step 6" in rerun.stdout
     assert (output_dir / "metrics.jsonl").read_text() == before
-
-
-def drawn_series(svg: Path) -> dict[str, int]:
-    """The curves of a curves.svg: metric name -> number of points."""
-    polylines = ET.parse(svg).getroot().iter(f"{SVG}polyline")
-    return {line.get("data-series"): len(line.get("points").split()) for line in polylines}
-
-
-def test_curves_svg_shows_every_logged_series(single_run: tuple) -> None:
-    output_dir, result = single_run
-    svg = output_dir / "curves.svg"
-    assert f"curves: {svg}" in result.stdout
-    counts = {}
-    for row in read_metrics(output_dir):
-        for name in row.keys() - {"step"}:
-            counts[name] = counts.get(name, 0) + 1
-    assert drawn_series(svg) == {
-        name: counts[name] for name in ("train/loss", "eval/loss", "eval/accuracy", "train/lr")
-    }
-    labels = svg_texts(svg)
-    assert labels.count("optimizer step") == 3 and {"loss", "eval metrics", "learning rate"} <= set(labels)
-    assert {"loss (log scale)", "accuracy", "learning rate"} <= set(labels)  # the y axes' labels
-    # The best model's step, marked in every panel at the same place: the panels share one step axis.
-    root = ET.parse(svg).getroot()
-    frames = [float(rect.get("x")) for rect in root.iter(f"{SVG}rect") if rect.get("stroke") == "#444"]
-    markers = [group for group in root.iter(f"{SVG}g") if group.get("data-best-step")]
-    best = json.loads((output_dir / "best_model" / "export.json").read_text())["step"]
-    assert [int(group.get("data-best-step")) for group in markers] == [best] * 3
-    lines = [float(group.find(f"{SVG}line").get("x1")) for group in markers]
-    assert len({round(x - frame, 1) for x, frame in zip(lines, frames, strict=True)}) == 1, (lines, frames)
-    assert label_box_crossings(svg) == []  # the label hides no curve
-
-
-def label_box_crossings(svg: Path) -> list[tuple[str, str]]:
-    """The (panel title, series) pairs whose curve passes under a best marker's label box, from the SVG's
-    geometry: each polyline sampled every pixel or so, against the white rect of the marker in its panel."""
-    root = ET.parse(svg).getroot()
-    titles = {round(float(t.get("x")) // 440): t.text for t in root.iter(f"{SVG}text") if t.get("y") == "22"}
-    hits = []
-    for group in (g for g in root.iter(f"{SVG}g") if g.get("data-best-step")):
-        rect = group.find(f"{SVG}rect")
-        left, top = float(rect.get("x")), float(rect.get("y"))
-        right, bottom = left + float(rect.get("width")), top + float(rect.get("height"))
-        panel = left // 440
-        for polyline in root.iter(f"{SVG}polyline"):
-            points = [tuple(map(float, pair.split(","))) for pair in polyline.get("points").split()]
-            if points[0][0] // 440 != panel:
-                continue
-            for (xa, ya), (xb, yb) in itertools.pairwise(points):
-                samples = [(xa + (xb - xa) * i / 200, ya + (yb - ya) * i / 200) for i in range(201)]
-                if any(left <= px <= right and top <= py <= bottom for px, py in samples):
-                    hits.append((titles.get(panel), polyline.get("data-series")))
-                    break
-    return hits
-
-
-def test_best_label_covers_no_curve(tmp_path: Path) -> None:
-    """The "best: N" label sits in a corner next to the dashed line that no curve passes through: here
-    the accuracy climbs to its best at the last steps, right where the label used to sit (top left)."""
-    rows = [{"step": s, "train/loss": 2.0 / s, "train/lr": 1e-3} for s in range(1, 101)]
-    rows += [
-        {"step": s, "eval/loss": 1.5 / s, "eval/accuracy": min(1.0, 0.5 + s / 180)} for s in range(5, 101, 5)
-    ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (tmp_path / "best_model").mkdir()
-    (tmp_path / "best_model" / "export.json").write_text(json.dumps({"step": 95}))
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.utils.plots", str(tmp_path)]
-    assert subprocess.run(command, cwd=PROJECT, capture_output=True).returncode == 0
-    svg = tmp_path / "curves.svg"
-    assert len([g for g in ET.parse(svg).getroot().iter(f"{SVG}g") if g.get("data-best-step")]) == 3
-    assert label_box_crossings(svg) == []
-
-
-def svg_texts(svg: Path) -> list[str]:
-    return [element.text for element in ET.parse(svg).getroot().iter(f"{SVG}text")]
-
-
-def test_curves_command_redraws_and_names_a_wrong_folder(single_run: tuple, tmp_path: Path) -> None:
-    output_dir, _ = single_run
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    (copy / "metrics.jsonl").write_bytes((output_dir / "metrics.jsonl").read_bytes())
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.utils.plots"]
-    result = subprocess.run([*command, str(copy)], cwd=PROJECT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert drawn_series(copy / "curves.svg") == drawn_series(output_dir / "curves.svg")
-    assert "loss (log scale)" in svg_texts(copy / "curves.svg")
-    linear = subprocess.run([*command, str(copy), "--loss_axis", "linear"], cwd=PROJECT, capture_output=True)
-    assert linear.returncode == 0, linear.stderr
-    labels = svg_texts(copy / "curves.svg")
-    assert "loss" in labels and "loss (log scale)" not in labels
-    missing = subprocess.run([*command, str(tmp_path / "nope")], cwd=PROJECT, capture_output=True, text=True)
-    assert missing.returncode == 1
-    assert "metrics.jsonl does not exist" in missing.stderr
 
 
 def test_torch_compile_trains_and_exports_plain_weights(tmp_path: Path) -> None:

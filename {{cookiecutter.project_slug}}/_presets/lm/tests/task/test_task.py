@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import shutil
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.chars import TrainWindows, load_corpus
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import QUICK, assert_same_run, last_eval, read_metrics, run_predict, run_training
+from ..conftest import QUICK, assert_same_run, last_eval, run_predict, run_training
 from ..task_settings import MODEL
 
 
@@ -154,15 +153,6 @@ def test_predict_completes_each_prompt_as_the_model_does_in_process(
     assert all(len(row["completion"]) == 40 for row in rows)
     # The same text in this process, one prompt per batch: it depends on neither the batch nor the run.
     assert [row["completion"] for row in rows] == sample_in_process(model_dir, lines, "--sample_chars", "40")
-
-
-@pytest.mark.slow
-def test_the_curves_show_the_perplexity_once_as_the_loss(single_run: tuple) -> None:
-    """eval/perplexity is exp(eval/loss): the loss panel shows it, and no panel repeats it."""
-    root = ET.parse(single_run[0] / "curves.svg").getroot()
-    series = {line.get("data-series") for line in root.iter("{http://www.w3.org/2000/svg}polyline")}
-    assert series == {"train/loss", "eval/loss", "train/lr"}
-    assert "eval/perplexity" in read_metrics(single_run[0])[-1]  # logged all the same
 
 
 @pytest.mark.slow
