@@ -61,7 +61,6 @@ ROOMS = {
             "run_dir",
             "persist",
             "compile_cache",
-            "disk_budget",
             "mirror",
             "remote",
             "signals",
