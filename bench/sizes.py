@@ -60,7 +60,6 @@ ROOMS = {
             "run_dir",
             "persist",
             "compile_cache",
-            "disk_budget",
             "mirror",
             "remote",
             "signals",

@@ -69,7 +69,6 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
-from {{ cookiecutter.package_name }}.utils.disk_budget import check_disk_space
 from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_sample
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
@@ -399,11 +398,9 @@ def build_loaders(
 
 
 def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: int) -> tuple:
-    """The task's model (checked to fit on the disk with what the run keeps), its trained parameters, the
-    frozen ones' hash, AdamW and the warmup-cosine schedule (sized in optimizer steps, so independent of the
-    world size)."""
+    """The task's model, its trained parameters, the frozen ones' hash, AdamW and the warmup-cosine schedule
+    (sized in optimizer steps, so independent of the world size)."""
     model = task.build_model(config)
-    check_disk_space(accelerator, config, model)  # what the run will keep fits on its disk, or one line
     # Frozen parameters (a pretrained base under LoRA) stay out of the optimizer and of the checkpoints,
     # which record their hash instead: a resume must find the same ones in the model it builds.
     trained = [param for param in model.parameters() if param.requires_grad]  # listed once: clipped each step

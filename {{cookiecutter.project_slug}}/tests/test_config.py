@@ -15,6 +15,7 @@ import yaml
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import (
+    REMOVED_FIELDS,
     ConfigError,
     TrainConfig,
     field_help,
@@ -58,6 +59,20 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         ConfigError, match=r"config\.yaml: unknown key 'learning_rat' \(did you mean 'learning_rate'\?\)"
     ):
         load_config(["--config", str(path)], path, task.Config)
+
+
+@pytest.mark.parametrize("name", sorted(REMOVED_FIELDS))
+def test_a_field_of_an_earlier_version_is_refused_saying_to_delete_it(tmp_path: Path, name: str) -> None:
+    """The config.yaml of every run and export saved before a field was removed holds it: one line says to
+    delete that key (or drop the flag), and without it the file loads."""
+    path = write(tmp_path, f"seed: 7\n{name}: true\n")
+    refused = rf"config\.yaml: {name} is no longer a setting \(.+\): delete that line$"
+    with pytest.raises(ConfigError, match=refused):
+        load_config(["--config", str(path)], path, task.Config)
+    path.write_text("seed: 7\n")
+    with pytest.raises(ConfigError, match=rf"^--{name} is no longer a setting \(.+\): drop the flag$"):
+        load_config(["--config", str(path), f"--{name}", "false"], path, task.Config)
+    assert load_config(["--config", str(path)], path, task.Config)[0].seed == 7
 
 
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:

@@ -150,9 +150,6 @@ class CheckpointConfig:
     checkpoint_mode: Literal["background", "sync"] = session(
         "background", "background: write checkpoints while training goes on; sync: the loop waits for them"
     )
-    # Before step 1: keep_checkpoints checkpoints (+1 being written) and the exports, estimated from the
-    # model, against the free space of output_dir and a local mirror_dir (utils/disk_budget.py).
-    check_disk_space: bool = session(True, "refuse to start when what the run keeps cannot fit on its disk")
     # As Hugging Face's torch_dtype: halves model/ and best_model/; checkpoints keep the training dtype.
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = session(
         "auto", "the dtype of the exported weights (auto: as trained)"
@@ -277,6 +274,13 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__}){hint}")
 
 
+# Fields of earlier versions, and why they went. Every config.yaml a run or an export saved holds each field:
+# such a key is refused with what to do about it rather than as an unknown key.
+REMOVED_FIELDS = {
+    "check_disk_space": "the disk check before step 1 is gone; a full disk still stops a run with one line",
+}
+
+
 def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     """The typed values set in a YAML config file; unknown keys and wrong types raise ConfigError."""
     if not path.is_file():
@@ -299,6 +303,9 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     text_forms = {name: forms for name, _, forms in config_class.CHECKS if types.get(name) is str}
     values = {}
     for key, value in raw.items():
+        if key not in types and key in REMOVED_FIELDS:
+            why = REMOVED_FIELDS[key]
+            raise ConfigError(f"{path}: {key} is no longer a setting ({why}): delete that line")
         if key not in types:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
         values[key] = _coerce(key, value, types[key], str(path), text_forms.get(key, ""))
@@ -391,7 +398,10 @@ def load_config(
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0]
-        hint = _nearest(flag.lstrip("-").split("=")[0], types)
+        name = flag.lstrip("-").split("=")[0]
+        if name in REMOVED_FIELDS:
+            raise ConfigError(f"--{name} is no longer a setting ({REMOVED_FIELDS[name]}): drop the flag")
+        hint = _nearest(name, types)
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
     values = read_yaml(args.config, config_class)
