@@ -274,11 +274,9 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__}){hint}")
 
 
-# Fields of earlier versions, and why they went. Every config.yaml a run or an export saved holds each field:
-# such a key is refused with what to do about it rather than as an unknown key.
-REMOVED_FIELDS = {
-    "check_disk_space": "the disk check before step 1 is gone; a full disk still stops a run with one line",
-}
+# Fields of earlier versions, skipped in a file: every config.yaml that a run or an export saved holds
+# every field, and what these controlled is gone, so old runs and exports still load.
+REMOVED_FIELDS = ("check_disk_space",)
 
 
 def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
@@ -303,9 +301,8 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     text_forms = {name: forms for name, _, forms in config_class.CHECKS if types.get(name) is str}
     values = {}
     for key, value in raw.items():
-        if key not in types and key in REMOVED_FIELDS:
-            why = REMOVED_FIELDS[key]
-            raise ConfigError(f"{path}: {key} is no longer a setting ({why}): delete that line")
+        if key in REMOVED_FIELDS:
+            continue
         if key not in types:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
         values[key] = _coerce(key, value, types[key], str(path), text_forms.get(key, ""))
@@ -398,10 +395,7 @@ def load_config(
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0]
-        name = flag.lstrip("-").split("=")[0]
-        if name in REMOVED_FIELDS:
-            raise ConfigError(f"--{name} is no longer a setting ({REMOVED_FIELDS[name]}): drop the flag")
-        hint = _nearest(name, types)
+        hint = _nearest(flag.lstrip("-").split("=")[0], types)
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
     values = read_yaml(args.config, config_class)
