@@ -43,7 +43,7 @@ import yaml
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from .conftest import DEFAULT_SLUG, Render, explain, run, tool
+from .conftest import DEFAULT_SLUG, Render, tool
 
 # One xdist worker for all of them: they share one private view of /content and /kaggle.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform_roots")]
@@ -405,41 +405,21 @@ def test_new_kaggle_session_continues_the_previous_versions_output(
 
 
 @pytest.mark.parametrize("interrupted", ["colab"], indirect=True)
-def test_colab_run_packed_continues_in_a_new_kaggle_session(
+def test_colab_run_uploaded_from_drive_continues_in_a_new_kaggle_session(
     interrupted: Interrupted,
     render: Callable[..., Render],
     roots: dict[str, Path],
-    tmp_path: Path,
 ) -> None:
-    """The interrupted Colab run, packed from its copy on Drive with `python -m <package>.utils.start pack`
-    and uploaded as a Kaggle dataset, is continued by a new Kaggle session (with configs/kaggle.yaml's
-    settings). Stood in for: the upload (the .tar copied to /kaggle/input/<dataset>/); the
-    rest as in the module's docstring."""
+    """The interrupted Colab run's folder on Drive, uploaded as a Kaggle dataset, is continued by a new
+    Kaggle session (with configs/kaggle.yaml's settings). Stood in for: the upload (the folder copied to
+    /kaggle/input/<dataset>/); the rest as in the module's docstring."""
     project = render()
     mirror = Path(yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"])
     on_drive = interrupted.kept / mirror.relative_to("/content/drive")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
-    packing = run(
-        [
-            sys.executable,
-            "-m",
-            f"{project.package}.utils.start",
-            "pack",
-            str(on_drive),
-            "--to",
-            str(tmp_path),
-        ],
-        cwd=project.path,
-        env=env | {"PYTHONPATH": str(project.path / "src")},
-    )
-    assert packing.returncode == 0, explain(packing)
-    (packed,) = tmp_path.glob("*.tar")
     new_session(project, "kaggle", roots, kept=None)
-    dataset = roots["kaggle"] / "input" / "colab-run"
-    dataset.mkdir()
-    shutil.copy2(packed, dataset)
+    shutil.copytree(on_drive, roots["kaggle"] / "input" / "colab-run" / on_drive.name)
     output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
-    assert f"continuing from /kaggle/input/colab-run/{packed.name} (step {STOP_STEP}," in output, output
+    assert f"continuing from /kaggle/input/colab-run/{on_drive.name} (step {STOP_STEP}," in output, output
 
 
 @pytest.fixture

@@ -68,8 +68,8 @@ class RunConfig:
     mirror_dir: str = session(
         "", "a second, persistent copy of the run, written in the background and verified ('': none)"
     )
-    # Run folders (an earlier session's output, a mirror) and packed runs (utils/start.py pack), a few
-    # levels deep. Kaggle: its inputs; Colab: the project's folder on Drive.
+    # Run folders (an earlier session's output, a mirror, an upload), a few levels deep. Kaggle: its
+    # inputs; Colab: the project's folder on Drive.
     import_from: str = session("", "where to look for newer copies of this run to continue ('': nowhere)")
     # "Cannot continue": other settings, no readable checkpoint, or resume: never. Nothing is deleted
     # either way.

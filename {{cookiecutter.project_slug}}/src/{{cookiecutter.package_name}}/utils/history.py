@@ -6,7 +6,7 @@ imported, the hashes of task.py and of the project's code) and which steps it tr
 at, the last step it reached, and why it ended (done, max_steps reached, early stopping, time budget
 spent, stopped by a signal, diverged; none recorded: killed or crashed after its last checkpoint). The
 history of every session travels inside every checkpoint (`history.json`, covered by the checkpoint's
-checksums and seal), so the mirror, a remote store and packed copies carry it and verify it;
+checksums and seal), so the mirror, a remote store and copies of the folder carry it and verify it;
 the run folder holds a readable copy (`<output_dir>/history.json`), rewritten atomically at the start of a
 session, at each checkpoint and at its end. That copy also knows the sessions whose end no checkpoint saw
 (a divergence, a session killed before its first checkpoint).

@@ -7,7 +7,7 @@ with one line saying what to do; nothing that cannot be read is deleted (it is s
 run_dir.set_aside).
 
 A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
-Kaggle input, the Drive mirror of a Colab run, a remote store: utils/remote.py) or as one packed file.
+Kaggle input, the Drive mirror of a Colab run, a remote store: utils/remote.py).
 Before deciding, the main process looks in `mirror_dir` and under `import_from` for copies of this run
 (`bring_in_newest_copy`): when one holds a newer checkpoint than output_dir, that checkpoint is copied in
 and verified against its checksums, with the run's other files (metrics, exported models, tracker logs);
@@ -15,25 +15,16 @@ a copy that does not verify is skipped, and named. The run id in each checkpoint
 copies of one run from other runs: copies of one run are never merged (only the newest checkpoint that
 verifies is taken), and when two different runs could both be continued by this config, none is chosen:
 the error names them. A remote run folder is found in one listing; a checkpoint folder there without its
-loop_state.json is a publication that was cut off: it is named and skipped. Packed runs (.tar) are found
-in folders only.
-
-Pack a run to move it (its newest valid checkpoint, config, metrics, exported models, tracker logs, in
-one .tar file to upload as a Kaggle dataset or to Drive):
-
-    python -m {{ cookiecutter.package_name }}.utils.start pack <output_dir> [--to FOLDER]
+loop_state.json is a publication that was cut off: it is named and skipped.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import sys
-import tarfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -44,7 +35,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from fsspec.implementations.local import LocalFileSystem
-from fsspec.implementations.tar import TarFileSystem
 
 from .checkpoint import (
     EXPORTS,
@@ -63,13 +53,11 @@ from .checkpoint import (
     read_loop_state,
 )
 from .config import ConfigError, TrainConfig
-from .durable import fsync_path
 from .fingerprint import first_difference
 from .remote import is_url, open_store
-from .run_dir import SET_ASIDE, FolderInUse, OutputLock, RunError, earlier_outputs, set_aside
+from .run_dir import SET_ASIDE, RunError, earlier_outputs, set_aside
 
 NEW_DATA = "continue_on_new_data:"  # the note of a resume on other data, which check_data let through
-PACK_SUFFIX = ".tar"
 # Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
 # a run folder inside an uploaded project folder on Drive is 3 or 4.
 SEARCH_DEPTH = 5
@@ -334,7 +322,7 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
         found = "; ".join(str(copy) for copy in sorted(readable, key=lambda copy: -copy.step))
         raise ConfigError(
             f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
-            "--import_from <its folder or .tar>, or --import_from '' to start fresh"
+            "--import_from <its folder>, or --import_from '' to start fresh"
         )
     if not _import_newest(candidates, own, output_dir, notes, (config, data)) and own is not None:
         notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
@@ -385,10 +373,10 @@ def _changed_fields(folder: Path, config: TrainConfig) -> str:
 
 @dataclass
 class Copy:
-    """One checkpoint of a run found outside output_dir: in a run folder, local or remote, or in a packed
-    run. Every one is read through an fsspec filesystem: the local disk's, a remote store's, a .tar's."""
+    """One checkpoint of a run found outside output_dir, in a run folder, local or remote: read through an
+    fsspec filesystem, the local disk's or a remote store's."""
 
-    source: Path | str  # the run folder, the .tar file, or the URL of a remote run folder
+    source: Path | str  # the run folder, or the URL of a remote run folder
     step: int
     run_id: str
     config_yaml: str
@@ -410,9 +398,8 @@ class Copy:
 
 
 def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
-    """Checkpoints of the run folders at `place` (a folder, a .tar file or a URL) or below it (SEARCH_DEPTH),
-    from one listing, each place once (`seen`), and of the packed runs among its files (a local place's
-    only). Checkpoints cut off mid-upload are named in `notes`."""
+    """Checkpoints of the run folders at `place` (a folder or a URL) or below it (SEARCH_DEPTH), from one
+    listing, each run folder once (`seen`). Checkpoints cut off mid-upload are named in `notes`."""
     try:
         # A remote store lists everything below `root` in one request, but a walk (a request per folder)
         # where a depth is given; the local disk is walked only as deep as a run folder can be.
@@ -422,40 +409,25 @@ def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
             store, root, depth = fsspec.filesystem("file"), str(Path(place).absolute()), SEARCH_DEPTH + 3
         store.invalidate_cache()
         files = store.find(root, maxdepth=depth) if store.isdir(root) else [root]
-        copies = _listed_copies(store, root, files, seen, notes)
-        for packed in files if depth else []:
-            parts = packed[len(root) :].strip("/").split("/")
-            if packed.endswith(PACK_SUFFIX) and packed not in seen and not _hidden(parts[:-1]):
-                seen.add(packed)
-                with contextlib.suppress(tarfile.TarError, OSError):  # not a packed run, or a damaged one
-                    tar = TarFileSystem(packed, skip_instance_cache=True)
-                    copies += _listed_copies(tar, "", tar.find(""), seen, notes, Path(packed))
-        return copies
+        return _listed_copies(store, root, files, seen, notes)
     except (OSError, ValueError) as error:
         raise RunError(f"cannot look for copies of this run in {place}: {error}") from error
 
 
-def _hidden(parts: list[str]) -> bool:
-    return any(part == SET_ASIDE or part.startswith(".") for part in parts)
-
-
-def _listed_copies(
-    store: Any, root: str, files: list[str], seen: set[str], notes: list[str], packed: Path | None = None
-) -> list[Copy]:
+def _listed_copies(store: Any, root: str, files: list[str], seen: set[str], notes: list[str]) -> list[Copy]:
     """The checkpoints of the run folders among `files` (a listing of `root` in `store`)."""
     folders: dict[str, dict[str, set[str]]] = {}  # run folder -> checkpoint folder name -> files
     for path in files:
         parts = path[len(root) :].strip("/").split("/")
         if len(parts) < 3 or parts[-3] != "checkpoints" or len(parts) - 3 > SEARCH_DEPTH:
             continue
-        if not _hidden(parts[:-3]):
-            run = "/".join([root, *parts[:-3]] if root else parts[:-3])
+        if not any(part == SET_ASIDE or part.startswith(".") for part in parts[:-3]):
+            run = "/".join([root, *parts[:-3]])
             folders.setdefault(run, {}).setdefault(parts[-2], set()).add(parts[-1])
     copies = []
     for run, checkpoints in sorted(folders.items()):
-        local = isinstance(store, LocalFileSystem)
-        where = packed or (Path(run) if local else store.unstrip_protocol(run))
-        if packed is None and str(where) in seen:
+        where = Path(run) if isinstance(store, LocalFileSystem) else store.unstrip_protocol(run)
+        if str(where) in seen:
             continue
         seen.add(str(where))
         for name, names in sorted(checkpoints.items()):
@@ -559,7 +531,7 @@ def _discard(paths: list[Path], root: Path | None) -> None:
 
 def _bring(copy: Copy, name: str, destination: Path) -> None:
     """Copy the run's file or folder `name` (relative to the run folder) to `destination`. Only below
-    `destination`: a crafted archive cannot write elsewhere."""
+    `destination`: a crafted listing cannot write elsewhere."""
     source = copy.at(name)
     if not copy.store.isdir(source):
         copy.store.get_file(source, str(destination))
@@ -571,64 +543,3 @@ def _bring(copy: Copy, name: str, destination: Path) -> None:
         target = destination.joinpath(*relative.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         copy.store.get_file(path, str(target))
-
-
-def pack(output_dir: Path, to: Path) -> Path:
-    """Write `<to>/<run folder name>-step_<N>.tar`: the newest checkpoint that verifies, and the run's other
-    files. Refuses while a run writes to output_dir. Returns the file."""
-    output_dir = output_dir.resolve()
-    if not output_dir.is_dir():
-        raise RunError(f"{output_dir} is not a folder: pass a run's output_dir")
-    lock: OutputLock | None = OutputLock(output_dir)
-    try:
-        lock.acquire()  # the run's files must not change while they are packed
-    except FolderInUse:
-        raise
-    except RunError:
-        lock = None  # a read-only folder (a Kaggle input): nobody writes to it either
-    try:
-        for path in reversed(list_checkpoints(output_dir)):
-            if checkpoint_problem(path) is None:
-                break
-        else:
-            raise RunError(f"no checkpoint in {checkpoint_root(output_dir)} verifies: nothing to pack")
-        target = to / f"{output_dir.name}-{path.name}{PACK_SUFFIX}"
-        partial = target.with_name(f"{STAGING_PREFIX}{target.name}")
-        to.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(partial, "w") as tar:
-            for entry in sorted(output_dir.iterdir()):
-                if is_run_file(entry.name):
-                    tar.add(entry, arcname=f"{output_dir.name}/{entry.name}")
-            tar.add(path, arcname=f"{output_dir.name}/checkpoints/{path.name}")
-        fsync_path(partial)  # whole on the disk before it has its name
-        os.replace(partial, target)
-        fsync_path(to)
-        return target
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Move a run between platforms.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    packing = commands.add_parser(
-        "pack", help="pack a run's newest valid checkpoint, config, metrics and exports into one .tar file"
-    )
-    packing.add_argument("output_dir", type=Path, help="the run's output_dir")
-    packing.add_argument("--to", type=Path, help="the folder to write it to (default: the run's parent)")
-    args = parser.parse_args(argv)
-    try:
-        path = pack(args.output_dir, args.to or args.output_dir.resolve().parent)
-    except (RunError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(
-        f"packed {path} ({path.stat().st_size / 2**20:.1f} MiB). Upload it as a Kaggle dataset or into the "
-        "project's folder on Drive: a run whose import_from holds it continues from it."
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

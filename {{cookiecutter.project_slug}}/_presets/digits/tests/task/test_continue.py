@@ -1,4 +1,4 @@
-"""A run continues wherever a copy of it is: another session's output, a packed run, a Drive mirror.
+"""A run continues wherever a copy of it is: another session's output, a Drive mirror.
 
 The platforms' folders are plain temporary folders laid out as the platform lays them out (Kaggle mounts
 an earlier version's output under /kaggle/input/<notebook>/, holding what /kaggle/working held; Colab's
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,9 +24,8 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
 from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
-from {{ cookiecutter.package_name }}.utils.start import pack
 
-from ..conftest import PROJECT, assert_same_run, read_metrics, run_training
+from ..conftest import assert_same_run, read_metrics, run_training
 from ..task_settings import QUICK
 
 pytestmark = pytest.mark.slow
@@ -61,40 +58,9 @@ def test_a_new_session_continues_the_previous_versions_output_among_its_inputs(
     assert "resuming from" in result.stdout and "starting fresh" not in result.stdout
     assert_same_run(output_dir, single_run[0])
     assert run_id(output_dir) == run_id(source)  # the same run, continued
+    # The copy carried the run's history: the first session, then this one.
     assert "history: session 2 of run" in result.stdout
     assert "(local, steps 0-40, max_steps reached)" in result.stdout
-
-
-def test_a_packed_run_is_continued_from_its_tar_file(
-    first_session: Path, single_run: tuple, tmp_path: Path
-) -> None:
-    """`utils.start pack` writes one file (newest valid checkpoint, config, metrics, exports); a session
-    that finds it under import_from (a dataset upload, a Drive folder) continues it exactly."""
-    run = first_session / "outputs" / "run"
-    packed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "{{ cookiecutter.package_name }}.utils.start",
-            "pack",
-            str(run),
-            "--to",
-            str(tmp_path / "upload"),
-        ],
-        cwd=PROJECT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert packed.returncode == 0, packed.stderr
-    archive = tmp_path / "upload" / "run-step_00000040.tar"
-    assert f"packed {archive}" in packed.stdout
-    output_dir = tmp_path / "elsewhere" / "run"
-    result = run_training(output_dir, *QUICK, "--import_from", str(tmp_path / "upload"))
-    assert f"continuing from {archive} (step 40" in result.stdout
-    assert_same_run(output_dir, single_run[0])
-    # The packed checkpoint carried the run's history: the first session, then this one.
-    assert "history: session 2 of run" in result.stdout
     assert [(s["start_step"], s["end_step"]) for s in run_history(output_dir)] == [(0, 40), (40, 88)]
 
 
@@ -158,26 +124,22 @@ def damage(path: Path, how: str) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(("where", "how"), [("packed", "flipped"), ("mirror", "flipped"), ("packed", "cut")])
+@pytest.mark.parametrize(("where", "how"), [("import", "flipped"), ("mirror", "flipped"), ("import", "cut")])
 def test_a_damaged_export_in_a_copy_is_named_and_not_brought_in(
     first_session: Path, tmp_path: Path, where: str, how: str
 ) -> None:
-    """best_model/ of a packed run or of a Drive mirror does not match the checksums written at its export:
-    the checkpoint (which verifies) is continued, the export is named and left out, never imported."""
+    """best_model/ of a run folder under import_from or of a Drive mirror does not match the checksums written
+    at its export: the checkpoint (which verifies) is continued, the export is named and left out."""
     run = tmp_path / "copy" / "run"
     shutil.copytree(first_session / "outputs" / "run", run)
     damage(run / "best_model" / "model.safetensors", how)
-    if where == "packed":
-        source: Path = pack(run, tmp_path / "upload")
-        flags = ["--import_from", str(tmp_path / "upload")]
-    else:
-        source, flags = run, ["--mirror_dir", str(run)]
+    flags = ["--import_from", str(run.parent)] if where == "import" else ["--mirror_dir", str(run)]
     output_dir = tmp_path / "content" / "run"
     result = run_training(output_dir, *QUICK, "--max_steps", "40", *flags)
-    named = f"WARNING: not bringing in best_model/ of {source}: best_model/model.safetensors "
+    named = f"WARNING: not bringing in best_model/ of {run}: best_model/model.safetensors "
     assert named in result.stdout, result.stdout[-3000:]
     assert ("does not match its checksum" if how == "flipped" else "bytes,") in result.stdout
-    assert f"continuing from {source} (step 40" in result.stdout
+    assert f"continuing from {run} (step 40" in result.stdout
     # What output_dir holds is this session's own evaluation's export (the checkpoint precedes the last
     # evaluation), whole and with its checksums.
     for export in ("model", "best_model"):
