@@ -1,9 +1,6 @@
 #!/usr/bin/env bash
 # Train on a SLURM cluster with configs/slurm.yaml: one node or several, requeued before the time limit.
 #
-#   bash scripts/run_slurm.sh [--field value ...]     # on the login node: submits itself, asking for 1 GPU
-#                                                     # and its CPUs where nodes have GPUs (NUM_GPUS=4 for
-#                                                     # more), a node's CPUs where they have none
 #   sbatch --gpus-per-node=4 --cpus-per-task=32 scripts/run_slurm.sh [--field value ...]   # your requests
 #   sbatch --nodes=2 --ntasks-per-node=2 scripts/run_slurm.sh   # CPU nodes: 2 processes per node (gloo)
 #

@@ -26,8 +26,7 @@ occurrence of a flag, so yours win). The steps, one printed line each:
      processes form one gloo group (ACCELERATE_USE_CPU=1).
 On SLURM, inside a job (sbatch scripts/run_slurm.sh), training runs as an srun step and the job requeues
 itself when training stopped after a checkpoint (exit 75: a signal, or its time_budget) and made
-progress; outside a job, `bash scripts/run_slurm.sh` submits one, asking for the GPUs and CPUs the
-partition's nodes have.
+progress; outside a job it stops, saying to submit it with sbatch.
 
 Standard library only: this runs before anything is installed.
 """
@@ -397,47 +396,6 @@ def launch_here(platform: str, args: list[str]) -> None:
 # --- SLURM ------------------------------------------------------------------------------------------
 
 
-def slurm_resources() -> tuple[list[str], str]:
-    """sbatch options for the GPUs and CPUs of the partition's nodes: 1 GPU (NUM_GPUS to change) and its
-    share of a node's CPUs where nodes have GPUs, all of a node's CPUs where they have none."""
-    query = ["sinfo", "--noheader", "--format=%c %G"]
-    if partition := os.environ.get("SBATCH_PARTITION"):
-        query.append(f"--partition={partition}")
-    try:
-        lines = subprocess.run(
-            query, capture_output=True, text=True, timeout=60, check=True
-        ).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError) as error:
-        raise LaunchError(f"cannot ask SLURM about its nodes ({shlex.join(query)}: {error})") from None
-    nodes = [line.split(None, 1) for line in lines if line.strip()]
-    if not nodes:
-        raise LaunchError(
-            f"{shlex.join(query)} lists no nodes: set SBATCH_PARTITION to a partition you may use"
-        )
-    cpus, gres = nodes[0][0], nodes[0][1] if len(nodes[0]) > 1 else ""
-    node_cpus = int(re.sub(r"\D", "", cpus) or 1)
-    match = re.search(r"gpu(?::[^:,(]+)?:(\d+)", gres)
-    if not match:
-        return [f"--cpus-per-task={node_cpus}"], f"nodes without GPUs ({node_cpus} CPUs each): a CPU job"
-    node_gpus = int(match.group(1))
-    wanted = int(os.environ.get("NUM_GPUS", "1"))
-    share = max(1, node_cpus * wanted // node_gpus)
-    options = [f"--gpus-per-node={wanted}", f"--cpus-per-task={share}"]
-    return (
-        options,
-        f"nodes with {node_gpus} GPUs and {node_cpus} CPUs: {wanted} GPU(s) and their share of CPUs",
-    )
-
-
-def submit(args: list[str]) -> int:
-    """Outside a job: submit scripts/run_slurm.sh with requests derived from the cluster."""
-    options, why = slurm_resources()
-    command = ["sbatch", *options, "scripts/run_slurm.sh", *args]
-    say("slurm", f"submit: {why}; sbatch options in SBATCH_* variables apply too (SBATCH_PARTITION, ...)")
-    say("slurm", f"submit: {shlex.join(command)}")
-    return subprocess.run(command).returncode
-
-
 class StepSignals:
     """Stop signals to the batch process (SLURM's --signal=B:USR1@N, a requeue's SIGTERM), passed on to
     the running srun step, which passes them to every training process."""
@@ -602,7 +560,10 @@ def main(argv: list[str] | None = None) -> int:
         if platform != "slurm":
             launch_here(platform, args)
         if signals is None:
-            return submit(args)
+            raise LaunchError(
+                "not inside a SLURM job: submit it with `sbatch [options] scripts/run_slurm.sh "
+                "[--field value ...]`, with sbatch options such as --gpus-per-node=1 --cpus-per-task=8"
+            )
         return run_slurm_job(args, signals)
     except (LaunchError, DeviceError) as error:
         print(f"run_{platform}: ERROR: {error}", file=sys.stderr)
