@@ -236,23 +236,6 @@ def test_publishing_never_renames_onto_an_existing_folder(
     assert any(call.startswith("replace .incomplete_model -> model") for call in windows_renames)
 
 
-def test_a_too_long_output_dir_is_refused_where_windows_limits_paths(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Windows without long paths: an output_dir whose deepest files would pass 260 characters is refused
-    before anything is written, naming both ways out; a short one passes (Windows is only pretended here)."""
-    monkeypatch.setattr(hardware, "WINDOWS", True)
-    monkeypatch.setattr(hardware, "windows_long_paths", lambda: False)
-    longest = hardware.WINDOWS_MAX_PATH - hardware.DEEPEST_INSIDE - 1
-    fits = tmp_path / ("x" * (longest - len(str(tmp_path)) - 1))
-    assert hardware.check_output_dir(str(fits), "local") == []
-    with pytest.raises(ValueError, match=r"characters long.*Choose one of at most .*LongPathsEnabled"):
-        hardware.check_output_dir(str(fits) + "x", "local")
-    assert not fits.exists()
-    monkeypatch.setattr(hardware, "windows_long_paths", lambda: True)
-    assert hardware.check_output_dir(str(fits) + "x" * 100, "local") == []
-
-
 def test_apple_silicon_trains_in_float32_and_keeps_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """On MPS `mixed_precision: auto` is `no`, with the reason for the start line, and a choice of yours is
     kept; hiding the GPUs from a CPU run touches CUDA's variable only; deterministic kernels come with a

@@ -165,12 +165,6 @@ MPS_PRECISION = "Apple silicon (MPS): float32, as fast as float16 on its GPUs an
 
 COLAB_DRIVE = Path("/content/drive/MyDrive")
 KAGGLE_WORKING = Path("/kaggle/working")
-WINDOWS = os.name == "nt"
-# Windows refuses paths of 260 characters and more unless long paths are enabled. The deepest file a run
-# writes sits up to this far below output_dir, with room to spare: a tracker's file (TensorBoard's holds the
-# host name and pid: 53 characters on a 2-letter host), 26 more once set aside in set_aside/<time>/.
-WINDOWS_MAX_PATH = 260
-DEEPEST_INSIDE = 130
 
 
 def cpu_forced() -> bool:
@@ -348,20 +342,11 @@ def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[
 
     `where` is the detected platform; `mirror_dir` the run's persistent copy, if any. Raises ValueError
     for a Google Drive path on a Colab session where Drive is not mounted (writing there would fill the
-    mount point and lose everything), for a mirror that is output_dir itself or inside it, and on Windows
-    without long paths for an output_dir too long for the files a run writes below it.
+    mount point and lose everything), and for a mirror that is output_dir itself or inside it.
     """
     from .remote import is_url  # not at import: the launcher imports this module before yaml is installed
 
     path = Path(output_dir).absolute()
-    if WINDOWS and len(str(path)) + DEEPEST_INSIDE >= WINDOWS_MAX_PATH and not windows_long_paths():
-        raise ValueError(
-            f"output_dir {path} is {len(str(path))} characters long: the files a run writes below it would "
-            f"pass Windows's {WINDOWS_MAX_PATH}-character path limit. Choose one of at most "
-            f"{WINDOWS_MAX_PATH - DEEPEST_INSIDE - 1} characters, or enable long paths (as administrator in "
-            "PowerShell: New-ItemProperty -Path HKLM:\\SYSTEM\\CurrentControlSet\\Control\\FileSystem "
-            "-Name LongPathsEnabled -Value 1 -PropertyType DWORD -Force)"
-        )
     kept = {"output_dir": path}
     remote = is_url(mirror_dir)  # a remote store (s3://, hf://...) outlives every session
     if mirror_dir and not remote:
@@ -393,14 +378,3 @@ def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[
             "to persistent storage, or choose another output_dir."
         ]
     return []
-
-
-def windows_long_paths() -> bool:
-    """Whether Windows lets this Python use paths of 260 characters and more (LongPathsEnabled)."""
-    import winreg  # Windows only
-
-    try:
-        with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, r"SYSTEM\CurrentControlSet\Control\FileSystem") as key:
-            return winreg.QueryValueEx(key, "LongPathsEnabled")[0] == 1
-    except OSError:
-        return False
