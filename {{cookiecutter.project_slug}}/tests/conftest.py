@@ -236,6 +236,11 @@ def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def sessions_of(output_dir: Path) -> list[dict]:
+    """The run's sessions, as the run folder's history.json records them."""
+    return json.loads((output_dir / "history.json").read_text())["sessions"]
+
+
 def last_eval(output_dir: Path) -> dict:
     """The last logged evaluation (a task's metrics need not include eval/loss)."""
     return [row for row in read_metrics(output_dir) if any(name.startswith("eval/") for name in row)][-1]

@@ -29,7 +29,6 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
-from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
@@ -44,6 +43,7 @@ from .conftest import (
     read_metrics,
     run_predict,
     run_training,
+    sessions_of,
     start_training,
     training_command,
     wait_for_training,
@@ -70,7 +70,7 @@ def stopped_for_time(output_dir: Path, *args: str, processes: int = 1) -> Path:
     assert f"stopped for time; run again to continue: step {config.log_every}," in result.stdout, output
     assert [int(path.name[5:]) for path in list_checkpoints(output_dir)] == [config.log_every]
     assert json.loads((output_dir / "model" / "export.json").read_text())["step"] == config.log_every
-    assert [session["ending"] for session in run_history(output_dir)] == ["time budget spent"]
+    assert [session["ending"] for session in sessions_of(output_dir)] == ["time budget spent"]
     return list_checkpoints(output_dir)[0]
 
 
@@ -129,10 +129,10 @@ def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(
     assert f"step_{stopped_at:08d}" in resumed.stdout and "resuming from" in resumed.stdout
     assert_same_run(output_dir, reference)
     # The run's history: two sessions, why each ended, and nothing changed between them.
-    sessions = run_history(output_dir)
+    sessions = sessions_of(output_dir)
     assert [(s["start_step"], s["ending"]) for s in sessions] == [
         (0, "stopped by SIGTERM"),
-        (stopped_at, run_history(reference)[0]["ending"]),  # done, or max_steps reached where it caps the run
+        (stopped_at, sessions_of(reference)[0]["ending"]),  # done, or max_steps reached where it caps the run
     ]
     assert "; nothing changed since session 1 (local, steps 0-" in resumed.stdout
 
@@ -159,7 +159,7 @@ def test_one_then_two_then_one_process_with_sigterm_between_ends_bitwise_identic
         outputs.append(output)
     outputs.append(run_training(output_dir, *args).stdout)
     assert_same_run(output_dir, reference)
-    sessions = run_history(output_dir)
+    sessions = sessions_of(output_dir)
     assert [(s["processes"], s["accumulation"]) for s in sessions] == [(1, 2), (2, 1), (1, 2)]
     assert [s.get("resume") for s in sessions] == [None, "verified", "verified"]
     for session, output in zip(sessions[1:], outputs[1:], strict=True):
@@ -252,5 +252,5 @@ def test_a_forked_run_is_the_run_a_fresh_interpreter_makes(
     assert_same_run(tmp_path / "fresh", one_process[0])
     assert framework_warnings(fresh) == framework_warnings(one_process[1])
     same = ("versions", "task_sha256", "code_sha256", "processes", "accumulation", "device", "deterministic")
-    fresh_record, forked_record = (run_history(folder)[0] for folder in (tmp_path / "fresh", one_process[0]))
+    fresh_record, forked_record = (sessions_of(folder)[0] for folder in (tmp_path / "fresh", one_process[0]))
     assert {key: fresh_record[key] for key in same} == {key: forked_record[key] for key in same}

@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1, step_signal
-from {{ cookiecutter.package_name }}.utils.history import run_history
 
 from .conftest import (
     FORK_SERVER,
@@ -37,6 +36,7 @@ from .conftest import (
     framework_warnings,
     free_port,
     run_training,
+    sessions_of,
     start_line,
     training_command,
     wait_for_training,
@@ -798,7 +798,7 @@ def test_a_forked_two_process_run_is_the_run_accelerate_launch_starts(
     assert_same_run(tmp_path / "forked", tmp_path / "launched")
     assert framework_warnings(forked) == framework_warnings(launched) == []
     same = ("versions", "task_sha256", "code_sha256", "processes", "accumulation", "device", "deterministic")
-    records = [run_history(tmp_path / name)[0] for name in ("forked", "launched")]
+    records = [sessions_of(tmp_path / name)[0] for name in ("forked", "launched")]
     assert {key: records[0][key] for key in same} == {key: records[1][key] for key in same}
 
 

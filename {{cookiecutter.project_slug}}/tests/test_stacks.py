@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.history import run_history
-
-from .conftest import PROJECT, QUICK
+from .conftest import PROJECT, QUICK, sessions_of
 
 OTHER = os.environ.get("OTHER_STACK_PYTHON", "")
 NO_OTHER = "needs OTHER_STACK_PYTHON: another environment's python (.ci/stacks)"
@@ -56,7 +54,7 @@ def test_a_checkpoint_resumes_on_the_other_stack_and_the_history_names_it(first:
     for name in ("torch", "accelerate"):
         if before[name] != after[name]:
             assert f"history: {name} {before[name]} -> {after[name]}: " in resumed, resumed
-    sessions = run_history(output_dir)
+    sessions = sessions_of(output_dir)
     assert [session["versions"]["torch"] for session in sessions] == [before["torch"], after["torch"]]
     assert [session["start_step"] for session in sessions] == [0, 10]
     assert sessions[-1]["ending"] in ("done", "max_steps reached")

@@ -10,7 +10,6 @@ catch files damaged or edited afterwards (a resume checks them all).
 Nothing that cannot be read is deleted: rotation removes only readable checkpoints older than the one
 this run has just written, and unreadable ones met on resume are set aside (start.py, run_dir.set_aside).
 Which checkpoint a run continues is decided in start.py; this module writes, verifies and reads one.
-utils/history.py prints a run's checkpoints (checkpoint_table) under its sessions.
 """
 
 from __future__ import annotations
@@ -244,13 +243,6 @@ def is_run_file(name: str) -> bool:
 
 def read_loop_state(path: Path) -> LoopState:
     return LoopState(**json.loads((path / LOOP_STATE_FILE).read_text())["loop_state"])
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((path / META_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def save_checkpoint(
@@ -490,22 +482,3 @@ def remove_folder(path: Path) -> None:
         shutil.rmtree(doomed)
     os.replace(path, doomed)
     shutil.rmtree(doomed)
-
-
-def checkpoint_table(output_dir: Path) -> list[str]:
-    """A run's checkpoints, newest last: whether each is valid (what is wrong if not), where it stands, and
-    the world size, precision and platform that saved it."""
-    header = ("checkpoint", "status", "epoch", "samples", "world", "precision", "platform", "saved")
-    lines = ["{:<16} {:<8} {:>5} {:>9} {:>5} {:<9} {:<9} {}".format(*header)]
-    for path in list_checkpoints(output_dir):
-        problem = checkpoint_problem(path)
-        state = read_loop_state(path) if problem is None else None
-        meta = read_meta(path)
-        lines.append(
-            f"{path.name:<16} {'valid' if problem is None else 'INVALID':<8} "
-            f"{state.epoch if state else '-':>5} {state.samples_seen if state else '-':>9} "
-            f"{meta.get('world_size', '-'):>5} {meta.get('mixed_precision', '-'):<9} "
-            f"{meta.get('platform', '-'):<9} {meta.get('saved_at', '-')}"
-        )
-        lines += [f"{'':<16} {problem}"] if problem else []
-    return lines if len(lines) > 1 else [f"no checkpoints under {checkpoint_root(output_dir)}"]

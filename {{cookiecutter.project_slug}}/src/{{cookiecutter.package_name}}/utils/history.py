@@ -14,14 +14,10 @@ session, at each checkpoint and at its end. That copy also knows the sessions wh
 At a resume every difference from the previous session is printed, one line each, with what it does to
 the numbers; then the first step says whether it is bit for bit the one the uninterrupted run took (each
 session records the step after each of its checkpoints: utils/exact.py), and the verdict is recorded.
-Print a run's sessions and its checkpoints as tables:
-
-    python -m {{ cookiecutter.package_name }}.utils.history outputs/{{ cookiecutter.task }}
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import platform
@@ -307,72 +303,3 @@ def _version_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
             why = "a library of the task: its models, data or tokenization may compute differently"
         lines.append(f"{name} {old} -> {new}: {why}")
     return lines
-
-
-def table(sessions: list[Record]) -> list[str]:
-    """The sessions as rows, each followed by what changed since the session before it."""
-    header = ("session", "started", "steps", "ended", "platform", "processes x batch x accum", "device")
-    rows = [(*header, "precision", "torch", "accelerate", "task.py", "data", "resume")]
-    for record in sessions:
-        versions = record.get("versions", {})
-        rows.append(
-            (
-                str(record.get("session")),
-                str(record.get("started", ""))[:19].replace("T", " ") or "?",
-                f"{record.get('start_step')}-{record.get('end_step')}",
-                record.get("ending") or "no clean end (killed or crashed)",
-                str(record.get("platform", "?")),
-                f"{record.get('processes', '?')} x {record.get('per_device_batch', '?')} x "
-                f"{record.get('accumulation', '?')}",
-                str(record.get("device", "?")),
-                str(record.get("mixed_precision", "?")),
-                versions.get("torch", "?"),
-                versions.get("accelerate", "?"),
-                str(record.get("task_sha256", "?"))[:12],
-                str(record.get("data") or "?")[:12],
-                str(record.get("resume", "")),
-            )
-        )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
-    lines = [line.rstrip() for line in lines]
-    for index in range(1, len(sessions)):
-        changed = differences(sessions[index - 1], sessions[index]) if "host" in sessions[index] else []
-        lines += [f"  session {sessions[index]['session']}: {line}" for line in changed]
-    return lines
-
-
-def run_history(output_dir: Path) -> list[Record]:
-    """A run folder's sessions: its readable copy, or else the newest checkpoint's."""
-    from .checkpoint import checkpoint_problem, list_checkpoints
-
-    checkpoints = [path / HISTORY_FILE for path in reversed(list_checkpoints(output_dir))]
-    for path in [output_dir / HISTORY_FILE, *checkpoints]:
-        if path.parent != output_dir and checkpoint_problem(path.parent, contents=False) is not None:
-            continue
-        try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            return read_sessions(path, saved.get("run", ""))
-        except (OSError, ValueError, AttributeError):
-            continue
-    return []
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .checkpoint import checkpoint_table
-
-    parser = argparse.ArgumentParser(description="Print a run's sessions and checkpoints: where, what, why.")
-    parser.add_argument("output_dir", type=Path, help="the run's output_dir")
-    args = parser.parse_args(argv)
-    sessions = run_history(args.output_dir)
-    if sessions:
-        print("\n".join(table(sessions)) + "\n")
-    else:
-        where = f"{args.output_dir} (no {HISTORY_FILE} there or in its checkpoints)"
-        print(f"error: no history in {where}", file=sys.stderr)
-    print("\n".join(checkpoint_table(args.output_dir)))
-    return 0 if sessions else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

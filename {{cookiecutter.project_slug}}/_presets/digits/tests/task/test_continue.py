@@ -21,11 +21,10 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     export_problem,
     list_checkpoints,
 )
-from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 
-from ..conftest import assert_same_run, read_metrics, run_training
+from ..conftest import assert_same_run, read_metrics, run_training, sessions_of
 from ..task_settings import QUICK
 
 pytestmark = pytest.mark.slow
@@ -61,7 +60,7 @@ def test_a_new_session_continues_the_previous_versions_output_among_its_inputs(
     # The copy carried the run's history: the first session, then this one.
     assert "history: session 2 of run" in result.stdout
     assert "(local, steps 0-40, max_steps reached)" in result.stdout
-    assert [(s["start_step"], s["end_step"]) for s in run_history(output_dir)] == [(0, 40), (40, 88)]
+    assert [(s["start_step"], s["end_step"]) for s in sessions_of(output_dir)] == [(0, 40), (40, 88)]
 
 
 def test_two_different_runs_are_never_chosen_silently(first_session: Path, tmp_path: Path) -> None:

@@ -15,10 +15,9 @@ import torch
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.compile_cache import ARTIFACTS, CACHE_FILE, load_cache
-from {{ cookiecutter.package_name }}.utils.history import run_history
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from ..conftest import run_training, start_training, wait_for_training
+from ..conftest import run_training, sessions_of, start_training, wait_for_training
 
 # A one-layer GPT with dropout on (compiled dropout draws from the RNG a resume restores), evaluated every 4
 # steps: the session that is stopped compiles the eval graph too (32 windows: one batch).
@@ -62,7 +61,7 @@ def test_a_compiled_run_resumed_on_an_empty_inductor_cache_loads_the_checkpoints
         assert f"history: compile cache: torch {torch.__version__} keeps none with a run" in resumed.stdout
     verified = f"resume verified: step {int(stopped.name[5:]) + 1} is bit for bit the uninterrupted run's"
     assert verified in resumed.stdout, output[-3000:]
-    assert "compile_cache" in run_history(output_dir)[-1]
+    assert "compile_cache" in sessions_of(output_dir)[-1]
 
 
 def test_a_cache_made_for_another_gpu_and_torch_is_not_loaded_and_named_in_one_line(tmp_path: Path) -> None:
