@@ -37,7 +37,6 @@ ROOMS = {
                 "cli",
                 "config",
                 "loop",
-                "memory",
                 "accelerate_fixes",
                 "progress",
                 "tracking",

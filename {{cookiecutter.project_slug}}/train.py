@@ -73,7 +73,6 @@ from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_s
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish
-from {{ cookiecutter.package_name }}.utils.memory import auto_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import (
     FINISH_TIMEOUT_S,
     STOP_WAIT_S,
@@ -172,8 +171,7 @@ def train(
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, scheduler, train_loader, eval_loader
     )
-    # --- memory and speed, opt-in: the largest per-device batch that fits, then torch.compile
-    auto_batch_size(accelerator, model, config, train_set)  # with auto_batch_size: true
+    # --- speed, opt-in: torch.compile
     # The compiled module shares the prepared model's weights; checkpoints and exports use `model`.
     forward = torch.compile(model) if config.compile else model
 

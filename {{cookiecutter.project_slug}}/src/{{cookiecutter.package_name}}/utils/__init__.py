@@ -1,5 +1,5 @@
 """Helpers for train.py: config, metrics and trackers, checkpoints, stop signals, platform and hardware,
-memory, optional packages, and workarounds for Accelerate's per-step costs."""
+optional packages, and workarounds for Accelerate's per-step costs."""
 
 import warnings
 

@@ -116,9 +116,6 @@ class OptimizationConfig:
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(
         "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
     )
-    auto_batch_size: bool = session(
-        False, "if per_device_batch_size does not fit, use the largest that does (more accumulation)"
-    )
     compile: bool = session(False, "torch.compile the model (slow start, faster steps)")
     # An op that has no deterministic kernel stops the run with its name; false: reruns are equal up
     # to float rounding only.
@@ -276,7 +273,7 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
 
 # Fields of earlier versions, skipped in a file: every config.yaml that a run or an export saved holds
 # every field, and what these controlled is gone, so old runs and exports still load.
-REMOVED_FIELDS = ("check_disk_space",)
+REMOVED_FIELDS = ("check_disk_space", "auto_batch_size")
 
 
 def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:

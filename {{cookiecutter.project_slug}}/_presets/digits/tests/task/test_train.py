@@ -3,11 +3,6 @@ tests/test_guarantees.py)."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -16,7 +11,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import PROJECT, gpu_env, last_eval, read_metrics, start_line
+from ..conftest import last_eval, read_metrics, start_line
 
 pytestmark = pytest.mark.slow
 
@@ -64,57 +59,3 @@ def test_exported_model_reproduces_logged_accuracy_with_plain_pytorch(single_run
     with torch.no_grad():
         accuracy = (model(inputs).argmax(dim=-1) == labels).sum().item() / len(labels)
     assert accuracy == last_eval(output_dir)["eval/accuracy"]
-
-
-# train.py as a user starts it, on a GPU of which this process may use only argv[1] bytes (0: all of it):
-# PyTorch's allocator then raises its real CUDA out-of-memory error, as on a smaller or shared GPU. At
-# exit it prints the most memory the run held, which sizes the limit.
-LIMITED_GPU = """
-import atexit, runpy, sys, torch
-if int(sys.argv[1]):
-    torch.cuda.set_per_process_memory_fraction(int(sys.argv[1]) / torch.cuda.mem_get_info()[1])
-atexit.register(lambda: print(f"PEAK_RESERVED {torch.cuda.max_memory_reserved()}", flush=True))
-sys.argv = ["train.py", *sys.argv[2:]]
-runpy.run_path("train.py", run_name="__main__")
-"""
-
-
-@pytest.mark.cuda
-def test_auto_batch_size_backs_off_from_a_real_cuda_out_of_memory(tmp_path: Path) -> None:
-    """Hidden 4096 (about 270 MB of weights, gradients and AdamW state): the memory a per-device batch of
-    512 and one of 1024 take are measured first, and the limit set halfway, so a batch of 1024 does not
-    fit on any GPU. The search finds a size that fits, trains with accumulation and ends bitwise equal
-    to a run configured with that size from the start."""
-    args = ["--config", "configs/local.yaml", "--hidden_size", "4096", "--global_batch_size", "1024"]
-    args += ["--max_steps", "3", "--mixed_precision", "bf16"]
-
-    def train(output_dir: Path, limit: int, *extra: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-c", LIMITED_GPU, str(limit), *args, "--output_dir", str(output_dir)]
-        env = gpu_env()
-        return subprocess.run(
-            [*command, *extra], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600
-        )
-
-    def peak(size: int) -> int:
-        result = train(tmp_path / f"peak-{size}", 0, "--per_device_batch_size", str(size))
-        assert result.returncode == 0, result.stderr[-3000:]
-        return int(re.findall(r"PEAK_RESERVED (\d+)", result.stdout)[-1])
-
-    half, whole = peak(512), peak(1024)
-    assert whole - half > 40 * 2**20, f"batches of 512 and 1024 hold {half} and {whole} bytes: too close"
-    limit = (half + whole) // 2
-
-    plain = train(tmp_path / "plain", limit, "--per_device_batch_size", "1024")
-    assert plain.returncode != 0 and "CUDA out of memory" in plain.stderr, plain.stderr[-3000:]
-    searched = train(
-        tmp_path / "searched", limit, "--per_device_batch_size", "1024", "--auto_batch_size", "true"
-    )
-    assert searched.returncode == 0, searched.stderr[-3000:]
-    found = re.search(r"auto_batch_size: per-device batch (\d+) x (\d+) accumulation", searched.stdout)
-    assert found, searched.stdout[-3000:]
-    size, accumulation = int(found[1]), int(found[2])
-    assert size < 1024 and size * accumulation == 1024
-    configured = train(tmp_path / "configured", limit, "--per_device_batch_size", str(size))
-    assert configured.returncode == 0, configured.stderr[-3000:]
-    weights = [tmp_path / name / "model" / "model.safetensors" for name in ("searched", "configured")]
-    assert weights[0].read_bytes() == weights[1].read_bytes()
