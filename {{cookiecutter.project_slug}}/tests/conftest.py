@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE
 
 from .forked_runs import ForkedRun, ForkServer, free_port
 from .task_settings import IMPORTS, QUICK
@@ -238,7 +239,7 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 def sessions_of(output_dir: Path) -> list[dict]:
     """The run's sessions, as the run folder's history.json records them."""
-    return json.loads((output_dir / "history.json").read_text())["sessions"]
+    return json.loads((output_dir / HISTORY_FILE).read_text())["sessions"]
 
 
 def last_eval(output_dir: Path) -> dict:
