@@ -7,7 +7,6 @@ model modules, tests, its short README section (overview.md, included in README.
 Tracker code is cut by the templates themselves.
 """
 
-import os
 import shlex
 import shutil
 import tempfile
@@ -29,8 +28,8 @@ DOCS_PAGES[Path("_presets") / "_transformers"] = Path("docs") / "pretrained.md"
 
 # Printed after a successful render: the project README's quick start, for this folder. One thread: on a
 # CPU that other programs keep busy, torch's threads wait for each other's cores (the digits quick start
-# took 155 s with 2 threads and 11 s with 1 on a busy 2-core machine); Windows shells do not take VAR=value.
-TRAIN = "python train.py" if os.name == "nt" else "OMP_NUM_THREADS=1 python train.py   # fast on busy CPUs"
+# took 155 s with 2 threads and 11 s with 1 on a busy 2-core machine).
+TRAIN = "OMP_NUM_THREADS=1 python train.py   # fast on busy CPUs"
 NEXT_STEPS = """\
 Created {project}. Next, in a virtual environment:
   cd {cd}

@@ -124,16 +124,14 @@ def test_template_workflow_runs_the_ci_scripts_of_the_readme() -> None:
     """ci.yml runs `bash .ci/run` (the README's test command), `bash .ci/lowest`, `bash .ci/stacks` and
     `bash .ci/platform`,
     commands of the README, and nothing else: the steps live in those scripts, once. Its legs are the
-    oldest and the newest Python that cookiecutter.json offers, and the platform script runs on Windows
-    and macOS."""
+    oldest and the newest Python that cookiecutter.json offers, and the platform script runs on macOS."""
     workflow = WORKFLOWS / "ci.yml"
     lines = run_lines(workflow)
     assert set(lines) == {"bash .ci/run", "bash .ci/lowest", "bash .ci/stacks", "bash .ci/platform"}, lines
     assert set(lines) <= readme_commands(TEMPLATE / "README.md")
     jobs = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]
     assert jobs["tests"]["strategy"]["matrix"]["python"] == [PYTHONS[0], PYTHONS[-1]]
-    assert jobs["platforms"]["strategy"]["matrix"]["os"] == ["windows-latest", "macos-latest"]
-    assert jobs["platforms"]["steps"][-1]["shell"] == "bash"  # Git Bash on Windows, not PowerShell
+    assert jobs["platforms"]["strategy"]["matrix"]["os"] == ["macos-latest"]
     assert {step["env"]["TORCH_SPEC"] for step in steps(workflow) if "TORCH_SPEC" in step.get("env", {})} == {
         "torch==2.13.0",  # what .ci/run installs by default
         "torch",  # the weekly leg: the newest
@@ -155,22 +153,18 @@ def test_generated_workflow_runs_the_readme_commands(render: Callable[..., Rende
     assert matrix["python"] == [project.answer("python_version"), PYTHONS[-1]]
 
 
-def test_generated_workflow_runs_the_readme_windows_commands_on_windows_and_macos(
-    render: Callable[..., Render],
-) -> None:
-    """tests.yml's platform legs run on windows-latest and macos-latest, with commands the project's docs
-    give in PowerShell (Windows's shell there) and in bash: the install, the fast tests, and the
-    portability tests with their real training stopped and resumed."""
+def test_generated_workflow_runs_the_readme_macos_commands_on_macos(render: Callable[..., Render]) -> None:
+    """tests.yml's platform leg runs on macos-latest, with commands the project's docs give: the install,
+    the fast tests, and the portability tests with their real training stopped and resumed."""
     project = render()
     workflow = project.path / ".github" / "workflows" / "tests.yml"
     job = yaml.safe_load(workflow.read_text(encoding="utf-8"))["jobs"]["platforms"]
-    assert job["strategy"]["matrix"]["os"] == ["windows-latest", "macos-latest"]
+    assert job["strategy"]["matrix"]["os"] == ["macos-latest"]
     runs = [step.get("run", "") for step in job["steps"]]
     lines = {line.strip() for run in runs for line in run.splitlines() if line.strip()}
     assert "python -m pytest tests/test_portability.py" in lines
-    for language in ("powershell", "bash"):
-        missing = lines - project_commands(project.path, language)
-        assert not missing, (language, missing)
+    missing = lines - project_commands(project.path)
+    assert not missing, missing
 
 
 def test_ci_none_leaves_github_out(render: Callable[..., Render]) -> None:

@@ -34,7 +34,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     cpu_forced,
     detect_platform,
     hide_gpus_from_cpu_run,
-    launch_problems,
+    launch_problem,
     main_process_of_launch,
 )
 from {{ cookiecutter.package_name }}.utils.signals import exit_process
@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     state = PartialState(cpu=cpu_forced())
     threads = choose_cpu_threads()
     try:
-        unconnected, _ = launch_problems(state.num_processes, state.distributed_type.value)
-        if unconnected:  # each would predict everything and overwrite the file
+        if unconnected := launch_problem(state.num_processes):
             raise ConfigError(unconnected)
         model = load_model(config, model_dir, overrides)
         model.to(state.device).eval()

@@ -49,10 +49,8 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
     detect_platform,
     hide_gpus_from_cpu_run,
-    launch_problems,
-    mps_determinism_warnings,
+    launch_problem,
     resolve_mixed_precision,
-    torch_lacks_fsdp2,
 )
 
 PROJECT = Path(__file__).resolve().parent
@@ -98,8 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()  # first, so that a signal during start-up is not lost
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     config, config_path, output_warnings = read_config(argv, PROJECT)
-    if unsupported := torch_lacks_fsdp2():
-        raise ConfigError(unsupported)
     precision, precision_why = resolve_mixed_precision(config.mixed_precision)
 
     # --- setup: the Accelerator first, so that everything after it knows the world it runs in
@@ -113,16 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     # Checkpoints: staged by the loop, written by a thread, then handed to the mirror (utils/persist.py).
     saver = Persister(accelerator, config, published=mirror.request)
     try:
-        unconnected, launch_warnings = launch_problems(
-            accelerator.num_processes, accelerator.distributed_type.value
-        )
-        if unconnected:
+        if unconnected := launch_problem(accelerator.num_processes):
             raise ConfigError(unconnected)
         accelerator.gradient_accumulation_steps = gradient_accumulation_steps(
             config, accelerator.num_processes
         )
-        device_warnings = mps_determinism_warnings(accelerator.device.type, config.deterministic)
-        for warning in [*launch_warnings, *output_warnings, *device_warnings]:
+        for warning in output_warnings:
             accelerator.print(f"WARNING: {warning}")
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
         print_start(accelerator, config, config_path, precision_why, threads)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1, step_signal
+from {{ cookiecutter.package_name }}.launch import step_signal
 
 from .conftest import (
     FORK_SERVER,
@@ -40,12 +40,6 @@ from .conftest import (
     start_line,
     training_command,
     wait_for_training,
-)
-
-# Windows: tests/test_portability.py starts the launcher as `python -m <package>.launch` instead.
-pytestmark = pytest.mark.skipif(
-    sys.platform == "win32",
-    reason="runs scripts/*.sh and stand-ins for nvidia-smi and srun: shell scripts",
 )
 
 T4 = "Tesla T4, 7.5, 15360 MiB"
@@ -607,35 +601,26 @@ def test_slurm_passes_a_stop_signal_to_the_step_and_requeues(tmp_path: Path, sig
     assert process.returncode == 0, (stdout, stderr, summary)
     assert summary[0] == ("scontrol", ["show", "hostnames", "gpu[07-08]"])
     assert summary[1][0] == "srun"
-    # A launcher that would die of SIGUSR1 (torch < 2.10) gets SIGTERM for it.
-    passed_on = "SIGTERM" if signal_name == "SIGUSR1" and not launcher_forwards_sigusr1() else signal_name
-    assert summary[2:] == [("srun", passed_on), ("scontrol", ["requeue", "4242"])], (stdout, stderr)
+    # A multi-process step gets SIGTERM for every stop.
+    assert summary[2:] == [("srun", "SIGTERM"), ("scontrol", ["requeue", "4242"])], (stdout, stderr)
     assert "requeue: training stopped after a checkpoint (no report from train.py, exit 1)" in stdout
 
 
 @pytest.mark.parametrize(
-    ("torch_version", "forwards"),
-    [("2.3.1", False), ("2.9.1+cu128", False), ("2.10.0", True), ("2.13.0+cpu", True)],
+    ("received", "processes", "passed_on"),
+    [
+        (signal.SIGUSR1, 1, signal.SIGUSR1),
+        (signal.SIGUSR1, 2, signal.SIGTERM),
+        (signal.SIGTERM, 1, signal.SIGTERM),
+        (signal.SIGINT, 1, signal.SIGTERM),
+    ],
 )
-def test_sigusr1_reaches_a_multi_process_step_on_older_torch_as_sigterm(
-    torch_version: str, forwards: bool
+def test_a_multi_process_step_gets_every_stop_as_sigterm(
+    received: int, processes: int, passed_on: int
 ) -> None:
-    """torch's launcher passes SIGUSR1 on from torch 2.10 and dies of it before; with such a torch the SLURM
-    batch script gives a multi-process step SIGTERM for SLURM's warning, which stops training the same way."""
-    assert launcher_forwards_sigusr1(torch_version) == forwards
-    as_sigterm = not forwards
-    assert step_signal(signal.SIGUSR1, as_sigterm) == (signal.SIGUSR1 if forwards else signal.SIGTERM)
-    assert step_signal(signal.SIGTERM, as_sigterm) == signal.SIGTERM
-    assert step_signal(signal.SIGINT, as_sigterm) == signal.SIGTERM  # srun reports on a lone SIGINT
-
-
-def test_the_sigusr1_check_matches_the_installed_launcher() -> None:
-    """launcher_forwards_sigusr1() is true exactly where torch's launcher has --signals-to-handle (the option
-    that PET_SIGNALS_TO_HANDLE sets): the version boundary is checked against the torch at hand."""
-    from torch.distributed.run import get_args_parser
-
-    options = {option for action in get_args_parser()._actions for option in action.option_strings}
-    assert launcher_forwards_sigusr1() == ("--signals-to-handle" in options)
+    """The batch process passes a stop to a multi-process step as SIGTERM (a torch launcher before 2.10
+    dies of SIGUSR1), and a SIGINT to any step (srun reports on a lone one); training stops the same way."""
+    assert step_signal(received, processes) == passed_on
 
 
 @pytest.mark.parametrize(
@@ -837,24 +822,3 @@ def test_a_stopped_two_process_run_of_run_local_exits_75_with_its_line(tmp_path:
     else:
         expected = rf"stopped by {stop} at step \d+: checkpoint saved, run the same command to continue"
         assert re.fullmatch(expected, last), output[-3000:]
-
-
-@pytest.mark.slow
-def test_accelerate_launch_of_two_processes_on_a_cpu_says_how_in_one_line(tmp_path: Path) -> None:
-    """`accelerate launch --num_processes 2 train.py` on a machine without GPUs starts one process, which
-    would train alone as if asked for one: it stops before writing anything and says how to start two.
-    (Accelerate's one-process launcher then adds its own traceback, as after any failed exit.)"""
-    output_dir = tmp_path / "run"
-    env = {**two_cpu_processes_env(), "ACCELERATE_USE_CPU": "0"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir)]
-    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert (
-        "config error: `accelerate launch --num_processes 2` started 1 process (without GPUs or --multi_gpu "
-        "it runs one): for 2 CPU processes that train together run `ACCELERATE_USE_CPU=1 accelerate launch "
-        "--multi_gpu --num_processes 2 train.py` or `NUM_PROCESSES=2 scripts/run_local.sh`; for one, leave "
-        "out --num_processes"
-    ) in result.stderr.splitlines(), result.stderr[-3000:]
-    assert not output_dir.exists()

@@ -32,9 +32,6 @@ print(os.waitstatus_to_exitcode(status), bool(stop))
 """
 
 
-@pytest.mark.skipif(
-    sys.platform == "win32", reason="os.fork and SIGUSR1 are POSIX only (Windows spawns workers)"
-)
 @pytest.mark.parametrize("rank", [None, "0", "1"])
 def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str | None) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RANK"} | ({"RANK": rank} if rank else {})
@@ -58,7 +55,6 @@ time.sleep(4)
 """
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="process groups and os.killpg are POSIX only")
 def test_one_stop_button_press_that_reaches_training_twice_is_said_once() -> None:
     """Kaggle's stop button: Jupyter sends SIGINT to the kernel's process group, training included, and the
     kernel's relay (notebook.py) sends training another a moment later. One press, one line; a press a

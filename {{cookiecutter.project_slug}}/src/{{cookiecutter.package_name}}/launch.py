@@ -1,7 +1,7 @@
 """Start training on this machine or a cluster: each launch decision printed with its reason, then the run.
 
-scripts/run_<platform>.sh run this from the project root with src/ importable; on Windows, and anywhere
-without bash, run it yourself from there (after `pip install -e .`):
+scripts/run_<platform>.sh run this from the project root with src/ importable; without bash, run it
+yourself from there (after `pip install -e .`):
 
     python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
 
@@ -18,8 +18,7 @@ occurrence of a flag, so yours win). The steps, one printed line each:
   5. NCCL settings (Kaggle's two T4s hang on peer-to-peer), the config, then missing dependencies are
      installed with the installed torch pinned (Colab's and Kaggle's CUDA builds stay; SKIP_INSTALL=1:
      never run pip), with the extra of a remote store that mirror_dir or import_from names (s3://: s3fs).
-  6. launch: one process is `python train.py ...` (signals reach it directly; on Windows, which has no
-     exec, the launcher waits for it and exits with its status); several are
+  6. launch: one process is `python train.py ...` (signals reach it directly); several are
      `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
      signals to every process, run inside this module (`python -m ...launch accelerate launch ...`) so
      that a stop after a checkpoint exits 75 with train.py's line, not 1 with torch's traceback. CPU
@@ -50,7 +49,6 @@ from .utils.durable import write_atomically
 from .utils.hardware import (
     DeviceError,
     Gpu,
-    mps_usable,
     precision_for,
     query_gpus,
     unsupported_gpu,
@@ -60,11 +58,9 @@ from .utils.packages import STORE_EXTRAS
 from .utils.signals import EXIT_STOPPED
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
-# Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning).
+# Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning,
+# read from PET_SIGNALS_TO_HANDLE by torch >= 2.10; older launchers forward the others only).
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-# The first torch whose launcher reads that list (PET_SIGNALS_TO_HANDLE). Older launchers forward only
-# SIGTERM, SIGINT, SIGHUP and SIGQUIT, and die of a SIGUSR1 while training runs on without a checkpoint.
-FORWARDS_SIGUSR1_SINCE = (2, 10)
 # Where train.py's main process reports how it ended, for the SLURM launcher's requeue decision.
 OUTCOME_FILE = "TRAIN_OUTCOME_FILE"
 GPU_HINTS = {
@@ -152,7 +148,7 @@ def last_flag_value(flag: str, args: list[str]) -> str | None:
 
 def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str, str]:
     """(accelerate's --mixed_precision, the hardware's choice for train.py, the decision line)."""
-    hardware, reason = precision_for(gpus, not gpus and mps_usable())  # mps: train.py runs on Apple's GPU
+    hardware, reason = precision_for(gpus)
     chosen = last_flag_value("--mixed_precision", args)
     if chosen:
         return (
@@ -309,20 +305,6 @@ def starting_note(processes: int) -> str:
     return f"launch: accelerate loads PyTorch, then starts {processes} processes (a few seconds)"
 
 
-def launcher_forwards_sigusr1(torch_version: str | None = None) -> bool:
-    """Whether the multi-process launcher of this torch (installed, or the version given) passes SIGUSR1
-    on to training. Reads package metadata only: torch is not imported."""
-    if torch_version is None:
-        from importlib import metadata
-
-        try:
-            torch_version = metadata.version("torch")
-        except metadata.PackageNotFoundError:  # no torch yet: install_missing brings a current one
-            return True
-    major, minor = (int(part) for part in re.findall(r"\d+", torch_version)[:2])
-    return (major, minor) >= FORWARDS_SIGUSR1_SINCE
-
-
 def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str, str], str]:
     env = {"PET_SIGNALS_TO_HANDLE": FORWARDED_SIGNALS}
     if gpus:
@@ -383,13 +365,6 @@ def launch_here(platform: str, args: list[str]) -> None:
     say(platform, f"launch: {shlex.join(command)}")
     if plan["processes"] > 1:
         say(platform, starting_note(plan["processes"]))
-    if os.name == "nt":
-        # Windows has no exec: os.execvpe starts another process and returns to the prompt at once. Wait for
-        # it instead; Ctrl+C and Ctrl+Break reach every process of the console, training included, so this
-        # one only ignores them and passes the exit status on (75: stopped after a checkpoint).
-        for signum in (signal.SIGINT, signal.SIGBREAK):
-            signal.signal(signum, signal.SIG_IGN)
-        sys.exit(subprocess.run(command, env=env).returncode)
     os.execvpe(command[0], command, env)
 
 
@@ -403,8 +378,7 @@ class StepSignals:
     def __init__(self) -> None:
         self.received: str | None = None
         self.step: subprocess.Popen | None = None
-        # A multi-process step on a torch whose launcher dies of SIGUSR1 gets SIGTERM instead.
-        self.sigusr1_as_sigterm = False
+        self.processes = 1  # in the step, on every node
         for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
 
@@ -412,15 +386,14 @@ class StepSignals:
         self.received = self.received or signal.Signals(signum).name
         say("slurm", f"{signal.Signals(signum).name}: asking training to save a checkpoint and stop")
         if self.step is not None and self.step.poll() is None:
-            self.step.send_signal(step_signal(signum, self.sigusr1_as_sigterm))
+            self.step.send_signal(step_signal(signum, self.processes))
 
 
-def step_signal(signum: int, sigusr1_as_sigterm: bool) -> int:
-    """The signal the srun step gets for the one the batch process got."""
-    # srun would answer a single SIGINT with a status report, not a stop.
-    if signum == signal.SIGINT or (signum == signal.SIGUSR1 and sigusr1_as_sigterm):
-        return signal.SIGTERM
-    return signum
+def step_signal(signum: int, processes: int) -> int:
+    """The signal the srun step gets for the one the batch process got: SIGTERM, which training takes as
+    it takes SIGUSR1, for a multi-process step (a torch launcher before 2.10 dies of SIGUSR1) and for a
+    SIGINT (srun would answer a single one with a status report, not a stop)."""
+    return signal.SIGTERM if signum == signal.SIGINT or processes > 1 else signum
 
 
 def report_outcome(status: str, start_step: int, step: int) -> None:
@@ -466,14 +439,7 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     command, env, line = step_command(plan, port)
     if line:
         say("slurm", f"{line} (port {why})")
-    if plan["nodes"] * plan["processes"] > 1 and not launcher_forwards_sigusr1():
-        signals.sigusr1_as_sigterm = True
-        since = ".".join(map(str, FORWARDS_SIGUSR1_SINCE))
-        say(
-            "slurm",
-            f"signals: this torch's launcher cannot pass SIGUSR1 on (torch >= {since} can): a SIGUSR1 to "
-            "this batch script reaches training as SIGTERM, one sent to the step alone is lost",
-        )
+    signals.processes = plan["nodes"] * plan["processes"]
 
     if signals.received:  # during start-up (pip, say): nothing ran, so the requeued job loses nothing
         status, outcome, why = 1, {}, f"{signals.received} arrived before training started"

@@ -10,10 +10,8 @@ initialised, nothing imported), so tests can fake a T4 or an A100 with a stand-i
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import subprocess
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -141,13 +139,10 @@ def unsupported_gpu(gpus: list[Gpu]) -> str | None:
     return None
 
 
-def precision_for(gpus: list[Gpu], mps: bool = False) -> tuple[str, str]:
-    """The mixed precision these GPUs (or Apple's, `mps`) run best, and why: bf16 where every GPU computes
-    it natively (compute capability 8.0+: A100, L4, H100, RTX 30xx and newer), fp16 below (T4, V100: bf16
-    would be emulated, slowly), no mixed precision on MPS (MPS_PRECISION) or without a GPU (fp16 on the CPU
-    would silently run in fp32)."""
-    if mps:
-        return "no", MPS_PRECISION
+def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
+    """The mixed precision these GPUs run best, and why: bf16 where every GPU computes it natively (compute
+    capability 8.0+: A100, L4, H100, RTX 30xx and newer), fp16 below (T4, V100: bf16 would be emulated,
+    slowly), no mixed precision without an NVIDIA GPU (fp16 on the CPU would silently run in fp32)."""
     if not gpus:
         return "no", "no GPU; fp16 on the CPU would silently run in fp32"
     older = [gpu for gpu in gpus if gpu.compute_capability < (8, 0)]
@@ -155,12 +150,6 @@ def precision_for(gpus: list[Gpu], mps: bool = False) -> tuple[str, str]:
         major, minor = older[-1].compute_capability
         return "fp16", f"{older[-1].name} (compute {major}.{minor}) is below 8.0, where bf16 is only emulated"
     return "bf16", "every GPU has compute capability >= 8.0"
-
-
-# Why `mixed_precision: auto` trains in float32 on Apple silicon (MPS): its GPUs compute float16 at about the
-# float32 rate, so autocast would save memory but little time; fp16 adds a loss scaler and needs torch >= 2.5
-# there, bf16 torch >= 2.6 and macOS 14. Pass --mixed_precision fp16 or bf16 to have it anyway.
-MPS_PRECISION = "Apple silicon (MPS): float32, as fast as float16 on its GPUs and free of a loss scaler"
 
 
 COLAB_DRIVE = Path("/content/drive/MyDrive")
@@ -228,95 +217,17 @@ def hide_gpus_from_cpu_run() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def mps_usable() -> bool:
-    """Whether this run trains on Apple's GPU (MPS): a Mac with Apple silicon, and no CPU run asked for.
-    Known without importing torch (the launcher asks); a macOS before 12.3 has no MPS, and Accelerate then
-    trains on the CPU, in the same precision."""
-    return platform.system() == "Darwin" and platform.machine() == "arm64" and not cpu_forced()
-
-
-# FSDP version 2 (`fully_shard`, what configs/accelerate/fsdp.yaml asks for) became public in
-# torch.distributed.fsdp in torch 2.6; before it Accelerate fails with an ImportError on every process.
-FSDP2_MIN_TORCH = "2.6"
-
-
-def torch_lacks_fsdp2() -> str | None:
-    """Why this launch cannot start with the installed torch, or None; ask before creating the Accelerator."""
-    import torch
-    from accelerate.utils import parse_flag_from_env
-
-    if not parse_flag_from_env("ACCELERATE_USE_FSDP") or os.environ.get("FSDP_VERSION", "1") != "2":
-        return None
-    if torch.__version__ >= FSDP2_MIN_TORCH:  # a TorchVersion: compared as a version, not as text
+def launch_problem(num_processes: int) -> str | None:
+    """Processes that were started together but do not form one group (each would train alone and all
+    would write one folder), in one line; None where they do."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched == num_processes:
         return None
     return (
-        f"the launch asked for FSDP version 2 (configs/accelerate/fsdp.yaml), which needs torch >= "
-        f"{FSDP2_MIN_TORCH}; this is torch {torch.__version__}: install a newer torch, "
-        "or launch with configs/accelerate/multi_gpu.yaml (DDP)"
+        f"{launched} processes were started but they do not communicate (world size {num_processes}): "
+        "on a machine without GPUs set ACCELERATE_USE_CPU=1 for `accelerate launch --multi_gpu` (gloo), "
+        "or launch one process"
     )
-
-
-def launch_problems(num_processes: int, distributed_type: str) -> tuple[str | None, list[str]]:
-    """What is wrong with how this process was launched: an error (processes that were started together but
-    do not form one group: each would train alone and all would write one folder) and warnings (a launch
-    config that asked for FSDP or DeepSpeed and got something else)."""
-    from accelerate.utils import parse_flag_from_env
-
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    error = None
-    if launched != num_processes:
-        error = (
-            f"{launched} processes were started but they do not communicate (world size {num_processes}): "
-            "on a machine without GPUs set ACCELERATE_USE_CPU=1 for `accelerate launch --multi_gpu` (gloo), "
-            "or launch one process"
-        )
-    elif num_processes == 1 and (asked := processes_asked_of_accelerate()) > 1:
-        script = Path(sys.argv[0]).name
-        error = (
-            f"`accelerate launch --num_processes {asked}` started 1 process (without GPUs or --multi_gpu it "
-            f"runs one): for {asked} CPU processes that train together run `ACCELERATE_USE_CPU=1 accelerate "
-            f"launch --multi_gpu --num_processes {asked} {script}` or `NUM_PROCESSES={asked} "
-            "scripts/run_local.sh`; for one, leave out --num_processes"
-        )
-    warnings = [
-        f"the launch asked for {kind} ({flag}) but this run is {distributed_type}: {kind} needs GPUs "
-        "(ACCELERATE_USE_CPU=1 turns it off); configs/accelerate/multi_gpu.yaml is the one for CPU processes"
-        for flag, kind in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED"))
-        if parse_flag_from_env(flag) and distributed_type != kind
-    ]
-    return error, warnings
-
-
-def processes_asked_of_accelerate() -> int:
-    """The --num_processes of the `accelerate launch` that started this process alone (its one-process
-    launcher, which sets no WORLD_SIZE and passes no count on), read from its command line (Linux); 0 if
-    not started so, or not known."""
-    if "WORLD_SIZE" in os.environ or "ACCELERATE_MIXED_PRECISION" not in os.environ:
-        return 0
-    try:
-        args = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return 0
-    for index, arg in enumerate(args):
-        name, _, value = arg.partition("=")
-        if name in ("--num_processes", "--num-processes"):
-            value = value or (args[index + 1] if index + 1 < len(args) else "")
-            return int(value) if value.isdigit() else 0
-    return 0
-
-
-def mps_determinism_warnings(device_type: str, deterministic: bool) -> list[str]:
-    """What `deterministic: true` cannot promise on Apple's GPU: some MPS kernels add with atomics, in no
-    fixed order, and torch up to 2.13 at least runs them without the error it raises for such kernels on
-    CUDA (pytorch#195404: embedding's backward; #161029: index_add)."""
-    if device_type != "mps" or not deterministic:
-        return []
-    return [
-        "deterministic kernels on MPS: embedding's backward pass, index_add and index_put with "
-        "accumulate=True add in no fixed order there, and this torch may run them without an error: a model "
-        "that uses them does not repeat bit for bit on MPS; train on the CPU (ACCELERATE_USE_CPU=1) where "
-        "exact reruns and resumes matter"
-    ]
 
 
 def resolve_mixed_precision(choice: str) -> tuple[str, str]:
@@ -326,12 +237,11 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
     """
     import torch
 
-    mps = mps_usable()
     gpus = query_gpus()[0] if torch.cuda.is_available() and not cpu_forced() else []
     if choice == "auto":
-        precision, why = precision_for(gpus, mps)
+        precision, why = precision_for(gpus)
         return precision, f"auto: {why}"
-    if choice == "fp16" and not gpus and not mps:
+    if choice == "fp16" and not gpus:
         warnings.warn("mixed_precision=fp16 needs a GPU; running in fp32 on the CPU", stacklevel=2)
         return "no", "fp16 needs a GPU"
     return choice, "as configured"

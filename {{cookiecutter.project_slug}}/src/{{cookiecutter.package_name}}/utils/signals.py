@@ -1,11 +1,10 @@
-"""Turn SIGTERM, SIGINT and SIGUSR1 (Windows: Ctrl+C and Ctrl+Break) into a request to stop cleanly.
+"""Turn SIGTERM, SIGINT and SIGUSR1 into a request to stop cleanly.
 
 The handler only records the request; the training loop acts on it at the next point where all
 processes meet, so every rank finishes the same optimizer step, saves the same checkpoint and exits.
 Colab and Kaggle give no warning before they stop a session; SLURM and the launchers do, with these
 signals (SLURM: `--signal=USR1@300`; `accelerate launch`/torchrun forward SIGTERM and SIGINT to every
-process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE). Windows has no SIGUSR1; a console's
-Ctrl+C is SIGINT there, and Ctrl+Break (or CTRL_BREAK_EVENT, sent with os.kill to a process group) SIGBREAK.
+process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE).
 """
 
 from __future__ import annotations
@@ -29,10 +28,7 @@ EXIT_STOPPED = 75
 # reaches training twice, from Jupyter (it signals the kernel's process group) and from notebook.py's relay.
 SAME_PRESS_S = 1.0
 
-# Those this system has: SIGUSR1 is POSIX only, SIGBREAK Windows only.
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGBREAK") if hasattr(signal, name)
-)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class StopRequest:

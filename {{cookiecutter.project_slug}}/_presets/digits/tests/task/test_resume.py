@@ -10,13 +10,11 @@ import json
 import random
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.launch import launcher_forwards_sigusr1
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, checkpoint_step, list_checkpoints
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
@@ -62,14 +60,15 @@ def test_resume_after_max_steps_mid_epoch_and_at_epoch_end_is_exact(
     assert_same_run(output_dir, reference_dir)
 
 
-# SIGTERM on 1 and 2 processes: tests/test_guarantees.py. Windows has no SIGUSR1
-# (tests/test_portability.py stops a run there with Ctrl+Break).
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGUSR1 is a POSIX signal")
-@pytest.mark.parametrize(
-    "stop_signal",
-    [getattr(signal, name) for name in ("SIGINT", "SIGUSR1") if hasattr(signal, name)],
-    ids=lambda s: s.name,
-)
+def launcher_forwards_sigusr1() -> bool:
+    """Whether torch's launcher has --signals-to-handle (torch >= 2.10), which PET_SIGNALS_TO_HANDLE sets."""
+    from torch.distributed.run import get_args_parser
+
+    return any("--signals-to-handle" in action.option_strings for action in get_args_parser()._actions)
+
+
+# SIGTERM on 1 and 2 processes: tests/test_guarantees.py.
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGUSR1], ids=lambda s: s.name)
 def test_signal_stops_saves_and_resumes_exactly(
     reference: tuple[int, Path], tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
