@@ -47,7 +47,6 @@ from pathlib import Path
 
 from .utils.durable import write_atomically
 from .utils.hardware import (
-    DeviceError,
     Gpu,
     precision_for,
     query_gpus,
@@ -168,8 +167,6 @@ def nccl_settings(platform: str, total_processes: int, gpus: list[Gpu]) -> tuple
         value = os.environ.get("NCCL_P2P_DISABLE", "1")
         line = f"NCCL: NCCL_P2P_DISABLE={value} (P2P between Kaggle's T4s can hang)"
         return {"NCCL_P2P_DISABLE": value}, line
-    if platform == "slurm":
-        return {}, "NCCL: library defaults (set NCCL_SOCKET_IFNAME if the nodes have several networks)"
     return {}, "NCCL: library defaults"
 
 
@@ -198,15 +195,13 @@ def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = 
     their requirement. Reads package metadata only: nothing is imported, no CUDA is initialised."""
     from importlib import metadata
 
-    # Python 3.10, or a new environment without packaging: pip's own copies.
+    # pip's own copies: nothing else may be installed yet.
+    from pip._vendor.packaging.requirements import Requirement
+
     try:
         import tomllib
-    except ImportError:
+    except ImportError:  # Python 3.10
         from pip._vendor import tomli as tomllib
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:
-        from pip._vendor.packaging.requirements import Requirement
 
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     requirements = project["dependencies"] + [
@@ -216,7 +211,7 @@ def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = 
     for text in requirements:
         requirement = Requirement(text)
         if requirement.marker and not requirement.marker.evaluate():
-            continue  # for another system (filelock's bound is Windows's)
+            continue  # for another system
         try:
             installed = metadata.version(requirement.name)
         except metadata.PackageNotFoundError:
@@ -266,10 +261,7 @@ def install_missing(platform: str, extras: list[str]) -> None:
 
 def rendezvous_port() -> tuple[int, str]:
     """MAIN_PROCESS_PORT, else a TCP port nobody listens on now: two runs on a machine must not share one."""
-    chosen = os.environ.get("MAIN_PROCESS_PORT", "")
-    if chosen:
-        if not chosen.isdigit() or not 0 < int(chosen) < 65536:
-            raise LaunchError(f"MAIN_PROCESS_PORT must be a TCP port number, not '{chosen}'")
+    if chosen := os.environ.get("MAIN_PROCESS_PORT"):
         return int(chosen), "MAIN_PROCESS_PORT"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
@@ -323,10 +315,7 @@ def decide(platform: str, args: list[str]) -> dict:
     say(platform, line)
     nodes = 1
     if platform == "slurm":
-        nodes_text = os.environ.get("SLURM_NNODES", "1")
-        if not nodes_text.isdigit() or int(nodes_text) < 1:
-            raise LaunchError(f"SLURM_NNODES='{nodes_text}' is not a node count")
-        nodes = int(nodes_text)
+        nodes = int(os.environ.get("SLURM_NNODES", "1"))
         say(platform, f"nodes: {nodes} ({processes} process(es) per node, {processes * nodes} in total)")
     precision, hardware_precision, line = choose_precision(gpus, args)
     say(platform, line)
@@ -411,19 +400,13 @@ def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]
     if nodes * processes == 1:
         return [*srun, interpreter(), *plan["train"]], {}, ""
     head = subprocess.run(
-        ["scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    if not head:
-        raise LaunchError(f"no head node in SLURM_JOB_NODELIST='{os.environ.get('SLURM_JOB_NODELIST', '')}'")
-    env, line = multi_process_env(
-        plan["gpus"], nodes * processes, f" on {nodes} node(s), head {head[0]}:{port}"
-    )
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True
+    ).stdout.split()[0]
+    env, line = multi_process_env(plan["gpus"], nodes * processes, f" on {nodes} node(s), head {head}:{port}")
     # After forwarding a signal the launcher SIGKILLs workers still running 30 s later (torch's default);
     # 120 s leaves a large model time to write its checkpoint.
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
-    launch = accelerate_command(nodes * processes, plan["precision"], port, nodes, head[0])
+    launch = accelerate_command(nodes * processes, plan["precision"], port, nodes, head)
     # One task per node; $SLURM_NODEID expands there, in that task.
     per_node = " ".join(part if part.startswith("$") else shlex.quote(part) for part in launch)
     command = [*srun, "--kill-on-bad-exit=1", "bash", "-c", f'exec {per_node} "$@"', "bash", *plan["train"]]
@@ -531,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                 "[--field value ...]`, with sbatch options such as --gpus-per-node=1 --cpus-per-task=8"
             )
         return run_slurm_job(args, signals)
-    except (LaunchError, DeviceError) as error:
+    except LaunchError as error:
         print(f"run_{platform}: ERROR: {error}", file=sys.stderr)
         return 1
 

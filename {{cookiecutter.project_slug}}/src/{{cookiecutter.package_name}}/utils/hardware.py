@@ -17,13 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 # The oldest GPU current PyTorch CUDA wheels ship kernels for (Volta); a P100 (6.0) fails with "no kernel
-# image is available". MIN_COMPUTE_CAPABILITY lowers it for a torch build that still supports older GPUs.
-MIN_COMPUTE_CAPABILITY = "7.0"
+# image is available".
+MIN_COMPUTE_CAPABILITY = (7, 0)
 QUERY = ["--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]
-
-
-class DeviceError(Exception):
-    """Device facts that cannot be read or used, in one line."""
 
 
 def main_process_of_launch() -> bool:
@@ -84,14 +80,6 @@ class Gpu:
         return f"{self.name} (compute {major}.{minor}, {self.memory_mib} MiB)"
 
 
-def parse_capability(text: str) -> tuple[int, int]:
-    """'7.5' -> (7, 5); DeviceError for anything else."""
-    major, dot, minor = text.strip().partition(".")
-    if not (major.isdigit() and dot and minor.isdigit()):
-        raise DeviceError(f"cannot read the compute capability '{text.strip()}'")
-    return int(major), int(minor)
-
-
 def query_gpus() -> tuple[list[Gpu], str]:
     """The GPUs this process may use (CUDA_VISIBLE_DEVICES respected when it lists indices), and, when
     there are none, why: no nvidia-smi, a failing one, or none visible."""
@@ -109,12 +97,10 @@ def query_gpus() -> tuple[list[Gpu], str]:
     for line in result.stdout.splitlines():
         if not line.strip():
             continue
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) != 3:
-            raise DeviceError(f"cannot read nvidia-smi's line '{line.strip()}'")
-        name, capability, memory = parts
+        name, capability, memory = (part.strip() for part in line.split(","))
+        major, minor = capability.split(".")
         memory_mib = memory.split()[0] if memory else ""
-        gpus.append(Gpu(name, parse_capability(capability), int(memory_mib) if memory_mib.isdigit() else 0))
+        gpus.append(Gpu(name, (int(major), int(minor)), int(memory_mib) if memory_mib.isdigit() else 0))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     # Indices select among nvidia-smi's GPUs; GPU UUIDs (which this query does not list) keep them all.
     if visible is not None and all(part.strip().isdigit() for part in visible.split(",") if part.strip()):
@@ -127,7 +113,7 @@ def query_gpus() -> tuple[list[Gpu], str]:
 
 def unsupported_gpu(gpus: list[Gpu]) -> str | None:
     """Why one of `gpus` cannot run current PyTorch CUDA wheels (compute capability below the minimum)."""
-    minimum = parse_capability(os.environ.get("MIN_COMPUTE_CAPABILITY", MIN_COMPUTE_CAPABILITY))
+    minimum = MIN_COMPUTE_CAPABILITY
     for gpu in gpus:
         if gpu.compute_capability < minimum:
             major, minor = gpu.compute_capability
@@ -210,10 +196,6 @@ def hide_gpus_from_cpu_run() -> None:
     """
     if not cpu_forced():
         return
-    import torch
-
-    if torch.cuda.is_initialized():
-        raise RuntimeError("hide_gpus_from_cpu_run() must run before CUDA is initialized")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
