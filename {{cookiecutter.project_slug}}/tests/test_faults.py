@@ -37,7 +37,8 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
 )
 from {{ cookiecutter.package_name }}.utils.durable import TEMPORARY_PREFIX
 from {{ cookiecutter.package_name }}.utils.persist import PAUSE_ENV
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, set_aside
+from {{ cookiecutter.package_name }}.utils import run_dir
+from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, set_aside
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
@@ -324,6 +325,31 @@ def test_lock_of_a_killed_run_is_taken_over(tmp_path: Path) -> None:
     result = run_training(output_dir, *SIGNAL_RUN)
     assert f"was left by a run that is gone (host {socket.gethostname()}, pid {process.pid}," in result.stdout
     assert (output_dir / LOCK_FILE).read_text() == ""  # released at the end: free
+
+
+def test_a_lock_of_another_machine_holds_while_its_heartbeat_is_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where locks are not shared between machines (Drive seen from two Colab sessions), a lock file naming
+    another host stops a second run while its heartbeat is fresh, and is taken over once it is stale; the
+    new holder's heartbeat renews the file, and release leaves it empty."""
+    lock_file = tmp_path / LOCK_FILE
+    lock_file.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": "earlier"}))
+    with pytest.raises(FolderInUse, match=r"was in use \d+ s ago by a run on elsewhere"):
+        OutputLock(tmp_path).acquire()
+    stale = time.time() - run_dir.STALE_AFTER_S - 1
+    os.utime(lock_file, (stale, stale))
+    monkeypatch.setattr(run_dir, "HEARTBEAT_S", 0.05)
+    lock = OutputLock(tmp_path)
+    (note,) = lock.acquire()
+    assert "was left by a run that is gone (host elsewhere, pid 1, started earlier)" in note, note
+    os.utime(lock_file, (stale, stale))
+    deadline = time.monotonic() + 30
+    while lock_file.stat().st_mtime < time.time() - 60:
+        assert time.monotonic() < deadline, "no heartbeat"
+        time.sleep(0.02)
+    lock.release()
+    assert lock_file.read_bytes() == b""
 
 
 def test_stop_signal_to_the_whole_process_group_with_workers_still_checkpoints(tmp_path: Path) -> None:
