@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils import run_dir
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
     CHECKSUM,
     LOOP_STATE_FILE,
@@ -37,7 +38,6 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
 )
 from {{ cookiecutter.package_name }}.utils.durable import TEMPORARY_PREFIX
 from {{ cookiecutter.package_name }}.utils.persist import PAUSE_ENV
-from {{ cookiecutter.package_name }}.utils import run_dir
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, set_aside
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
