@@ -68,6 +68,8 @@ EXPORT_MANIFEST = "checksums.json"
 NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
 # Exported models: folders replaced as a whole, never file by file, each verified by its checksums.json.
 EXPORTS = ("model", "best_model")
+# Loop-state keys of earlier versions, skipped when read: their checkpoints still resume.
+RETIRED_KEYS = ("data_changes",)
 
 
 @dataclass
@@ -101,10 +103,8 @@ class LoopState:
     # from the model it builds: their SHA-256 ("" if none are frozen) and the model they came from.
     frozen_sha256: str = ""
     frozen_from: str = ""
-    # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash), and
-    # each change of it that continue_on_new_data let a resume through ("step N: what changed").
+    # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash).
     data_fingerprint: dict[str, str] = field(default_factory=dict)
-    data_changes: list[str] = field(default_factory=list)
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:
@@ -161,12 +161,12 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
         files: dict[str, dict[str, Any]] = record["files"]
-        LoopState(**record["loop_state"])
+        loop_state(record)
     except FileNotFoundError:
         return f"no {LOOP_STATE_FILE}: the save did not finish"
     except TypeError as error:  # a field this version does not know
         return f"{LOOP_STATE_FILE} was written by another version of this project ({error})"
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, AttributeError) as error:
         return f"{LOOP_STATE_FILE} is damaged ({error!r})"
     if "seal" not in record:
         return f"{LOOP_STATE_FILE} has no seal: written by an earlier version of this project"
@@ -242,7 +242,11 @@ def is_run_file(name: str) -> bool:
 
 
 def read_loop_state(path: Path) -> LoopState:
-    return LoopState(**json.loads((path / LOOP_STATE_FILE).read_text())["loop_state"])
+    return loop_state(json.loads((path / LOOP_STATE_FILE).read_text()))
+
+
+def loop_state(record: dict[str, Any]) -> LoopState:
+    return LoopState(**{key: value for key, value in record["loop_state"].items() if key not in RETIRED_KEYS})
 
 
 def save_checkpoint(

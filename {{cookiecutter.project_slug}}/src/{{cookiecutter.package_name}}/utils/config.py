@@ -87,15 +87,10 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    """The data: how it is loaded, and whether a run may continue on other data."""
+    """The data: how it is loaded."""
 
     num_workers: int = session(
         -1, "DataLoader worker processes (0: load in the training process; -1: 2 for a stream, else 0)"
-    )
-    # A resume on data other than the checkpoint's is refused, naming the first file that differs
-    # (utils/fingerprint.py); this continues it on purpose, and the checkpoints record the change.
-    continue_on_new_data: bool = session(
-        False, "continue a run whose data changed since its checkpoint (false: refuse, naming the file)"
     )
 
 
@@ -273,7 +268,7 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
 
 # Fields of earlier versions, skipped in a file: every config.yaml that a run or an export saved holds
 # every field, and what these controlled is gone, so old runs and exports still load.
-REMOVED_FIELDS = ("check_disk_space", "auto_batch_size")
+REMOVED_FIELDS = ("check_disk_space", "auto_batch_size", "continue_on_new_data")
 
 
 def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:

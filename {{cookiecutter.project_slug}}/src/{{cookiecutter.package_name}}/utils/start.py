@@ -21,7 +21,6 @@ loop_state.json is a publication that was cut off: it is named and skipped.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -57,7 +56,6 @@ from .fingerprint import first_difference
 from .remote import is_url, open_store
 from .run_dir import SET_ASIDE, RunError, earlier_outputs, set_aside
 
-NEW_DATA = "continue_on_new_data:"  # the note of a resume on other data, which check_data let through
 # Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
 # a run folder inside an uploaded project folder on Drive is 3 or 4.
 SEARCH_DEPTH = 5
@@ -74,7 +72,7 @@ def resume(
     The main process decides, reading every checksum once, and may set files aside (`decide_start`);
     then every process loads the same checkpoint, or all stop with the same error. `frozen` is
     `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data`: the
-    data's fingerprint (main process), checked (check_data) and carried into the next checkpoints.
+    data's fingerprint (main process), checked (other_data) and carried into the next checkpoints.
     """
     decision: list[Any] = [None]
     if accelerator.is_main_process:
@@ -91,13 +89,14 @@ def resume(
     if path is None:
         accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
         state = LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1])
-        return keep_fingerprint(state, data), None
+        state.data_fingerprint = dict(data or {})
+        return state, None
     saved = read_loop_state(path)
     if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
         raise RunError(
             f"checkpoint {path} continues a model whose frozen weights are "
             f"{describe_frozen(saved.frozen_sha256, saved.frozen_from)}, but the model built now has "
-            f"{describe_frozen(*frozen)}: {base_model_hint(config, saved.frozen_from, frozen[1])}, or choose "
+            f"{describe_frozen(*frozen)}: build the model on the base model it was trained from, or choose "
             "another --output_dir"
         )
     problem, refused = None, None
@@ -112,8 +111,12 @@ def resume(
     if refused is not None:
         raise refused
     if failed.item():
-        raise load_failure(path, problem or "on another process", any(n.startswith(NEW_DATA) for n in notes))
-    keep_fingerprint(state, data)
+        raise RunError(
+            f"checkpoint {path} is intact but could not be loaded ({problem or 'on another process'}): "
+            "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
+        )
+    if data is not None:  # the same as the checkpoint's (other_data), or the first one recorded
+        state.data_fingerprint = dict(data)
     # What else changed since the checkpoint was written (processes, batch split, versions) and what it
     # does to the numbers is printed by utils/history.py.
     accelerator.print(
@@ -123,76 +126,20 @@ def resume(
     return state, path
 
 
-def load_failure(path: Path, problem: str, new_data: bool) -> RunError:
-    """Why an intact checkpoint did not load: the model built from new data (continue_on_new_data) does not
-    take its weights, or the code or versions differ from those that wrote it."""
-    if new_data:
-        return RunError(
-            f"checkpoint {path} does not fit the model built from the new data ({problem}): "
-            "continue_on_new_data continues only on data that builds the same model; give the run the data "
-            "it was trained on, or choose another --output_dir"
-        )
-    return RunError(
-        f"checkpoint {path} is intact but could not be loaded ({problem}): continue it with the code and "
-        "versions that wrote it (meta.json), or choose another --output_dir"
-    )
-
-
-def keep_fingerprint(state: LoopState, data: dict[str, str] | None) -> LoopState:
-    """Record `data` in the state its checkpoints will save, and a change that continue_on_new_data let
-    through (decide_start refused any other)."""
-    if data is not None:
-        if state.data_fingerprint and (change := first_difference(state.data_fingerprint, data)):
-            state.data_changes.append(f"step {state.step}: {change}")
-        state.data_fingerprint = dict(data)
-    return state
-
-
-def data_change(path: Path | Copy, data: dict[str, str] | None, saved: dict | None = None) -> str | None:
-    """The first difference between the data a checkpoint was trained on (`saved`, else its loop state's)
-    and `data`; None if none, or if either is unknown (a checkpoint from before fingerprints)."""
+def other_data(path: Path | Copy, data: dict[str, str] | None, saved: dict | None = None) -> RunError | None:
+    """The refusal of checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) if it was trained
+    on other data than `data`; None if not, or if either is unknown (a checkpoint older than fingerprints)."""
     if data is None:
         return None
     if saved is None:
         saved = read_loop_state(path).data_fingerprint
-    return first_difference(saved, data) if saved else None
-
-
-def check_data(
-    path: Path | Copy, config: TrainConfig, data: dict[str, str] | None, saved: dict[str, str] | None = None
-) -> list[str]:
-    """Raise unless checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) was trained on
-    `data`; with continue_on_new_data, the note to print. Checkpoints from before fingerprints have none."""
-    if (change := data_change(path, data, saved)) is None:
-        return []
-    if change.startswith(("train samples ", "eval samples ")):  # samples built in memory: from which file?
-        named = [(field.name, getattr(config, field.name)) for field in dataclasses.fields(config)]
-        files = [f"{name}={value}" for name, value in named if _names_a_file(value)]
-        change += f", built from {', '.join(files)}" if files else ""
+    if not saved or (change := first_difference(saved, data)) is None:
+        return None
     where = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
-    if not config.continue_on_new_data:
-        raise RunError(
-            f"{where} was trained on other data: {change}. Nothing was changed: give the run the "
-            "data it was trained on, pass --continue_on_new_data true to continue on this data on purpose "
-            "(the checkpoints record it), or --start_over true to set the run aside and start over"
-        )
-    name = path.name if isinstance(path, Path) else str(path)
-    return [f"{NEW_DATA} continuing {name} on other data ({change}); recorded"]
-
-
-def _names_a_file(value: Any) -> bool:
-    return isinstance(value, str) and value != "" and Path(value).is_file()
-
-
-def base_model_hint(config: TrainConfig, *sources: str) -> str:
-    """How to build the model on the frozen weights a checkpoint continues: the config's own field that
-    names them where one does (the field that holds where either model came from), else task.py's."""
-    names = {Path(source).name for source in sources if source}
-    for option in dataclasses.fields(config):
-        value = getattr(config, option.name)
-        if isinstance(value, str) and value and (value in sources or Path(value).name in names):
-            return f"point {option.name} at the base model it was trained from"
-    return "build the model on the base model it was trained from (in task.py's build_model)"
+    return RunError(
+        f"{where} was trained on other data: {change}. Nothing was changed: give the run the data it was "
+        "trained on, choose another --output_dir, or pass --start_over true to set it aside and start over"
+    )
 
 
 def describe_frozen(sha256: str, source: str) -> str:
@@ -205,7 +152,7 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
     Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
     to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
     Checkpoints newer than the one continued are set aside, never overwritten. A checkpoint of other
-    data than `data` is refused before anything is set aside (check_data).
+    data than `data` is refused before anything is set aside (other_data).
     """
     output_dir = Path(config.output_dir)
     notes = bring_in_newest_copy(config, data) if config.resume == "auto" else []
@@ -219,7 +166,8 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
                 f"resume={config.resume}: the checkpoint was trained with other settings ({changed}); "
                 "pass its settings to continue it (a run's settings are fixed for its whole length)"
             )
-        notes += check_data(path, config, data)
+        if error := other_data(path, data):
+            raise error
         if path.resolve().parent == checkpoint_root(output_dir).resolve():
             newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
             if newer:
@@ -243,9 +191,10 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
                     "continue it, choose another --output_dir, or pass --start_over true to set it aside"
                 )
             return None, notes + _clear_for_fresh_start(config, "other settings")
-        if config.start_over and not config.continue_on_new_data and data_change(path, data):
+        if error := other_data(path, data):
+            if not config.start_over:
+                raise error
             return None, notes + _clear_for_fresh_start(config, "other data")
-        notes += check_data(path, config, data)
         newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
         if newer:
             folder = set_aside(newer, output_dir)
@@ -293,7 +242,7 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
     output_dir, when it is newer than output_dir's own; return what to print. Main process only. A copy
-    trained on other data than `data` is refused before it is brought in (check_data)."""
+    trained on other data than `data` is refused before it is brought in (other_data)."""
     places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
@@ -324,7 +273,7 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
             f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
             "--import_from <its folder>, or --import_from '' to start fresh"
         )
-    if not _import_newest(candidates, own, output_dir, notes, (config, data)) and own is not None:
+    if not _import_newest(candidates, own, output_dir, notes, data) and own is not None:
         notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
     return notes
 
@@ -334,15 +283,16 @@ def _import_newest(
     own: tuple[int, str] | None,
     output_dir: Path,
     notes: list[str],
-    expected: tuple[TrainConfig, dict[str, str] | None],
+    data: dict[str, str] | None,
 ) -> bool:
     """Import the newest of `candidates` that verifies (True), or none (False). Where output_dir holds no
     checkpoint and none verifies, raise naming them: a fresh start would not be what was asked for, and a
     rerun with a good copy must find output_dir as it was (the import wrote nothing there). A copy trained
-    on other data than `expected` (the config and the data's fingerprint) is refused first (check_data)."""
+    on other data than `data` is refused first (other_data)."""
     failed = []
     for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
-        check_data(copy, *expected, copy.data_fingerprint)  # its note comes again once it is in
+        if error := other_data(copy, data, copy.data_fingerprint):
+            raise error
         if problem := copy.problem or import_copy(copy, output_dir, notes):
             notes.append(f"WARNING: skipping {copy}: {problem}")
             failed.append(f"{copy}: {problem}")
