@@ -117,12 +117,10 @@ def test_unreadable_checkpoints_are_refused_then_set_aside_on_request(copy_of: P
 
 
 def test_refused_runs_write_nothing(copy_of: Path) -> None:
-    """Other settings, resume never, deleted checkpoints: refused, and no file changes (config.yaml too)."""
+    """Other settings, deleted checkpoints: refused, and no file changes (config.yaml too)."""
     before = snapshot(copy_of)
     line = refused(run_training(copy_of, *FAST, "--learning_rate", OTHER_LR, check=False), "learning_rate")
     assert "holds a run with other settings" in line
-    result = run_training(copy_of, *FAST, "--resume", "never", check=False)
-    refused(result, "holds an earlier run", "resume=never")
     assert snapshot(copy_of) == before
 
     shutil.rmtree(copy_of / "checkpoints")
@@ -161,16 +159,6 @@ def test_two_set_asides_within_one_second_keep_both(tmp_path: Path) -> None:
         set_aside([tmp_path / "metrics.jsonl"], tmp_path, stamp="20260101-000000")
     kept = sorted(path.read_text() for path in (tmp_path / SET_ASIDE).glob("*/metrics.jsonl"))
     assert kept == ["first", "second"]
-
-
-def test_explicit_resume_with_other_settings_is_refused(finished: Path, tmp_path: Path) -> None:
-    """--resume <checkpoint> follows the rules of automatic resume, and a refused run leaves no folder."""
-    checkpoint = list_checkpoints(finished)[0]
-    output_dir = tmp_path / "continued"
-    flags = ["--resume", str(checkpoint), "--learning_rate", OTHER_LR]
-    result = run_training(output_dir, *FAST, *flags, check=False)
-    refused(result, f"resume={checkpoint}", "other settings", "learning_rate")
-    assert not output_dir.exists()
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def resume(
     frozen: tuple[str, str] = ("", ""),
     data: dict[str, str] | None = None,
 ) -> tuple[LoopState, Path | None]:
-    """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
+    """Load the checkpoint to continue, if any; return the loop state and where it came from.
 
     The main process decides, reading every checksum once, and may set files aside (`decide_start`);
     then every process loads the same checkpoint, or all stop with the same error. `frozen` is
@@ -155,46 +155,25 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
     data than `data` is refused before anything is set aside (other_data).
     """
     output_dir = Path(config.output_dir)
-    notes = bring_in_newest_copy(config, data) if config.resume == "auto" else []
+    notes = bring_in_newest_copy(config, data)
     checkpoints = list_checkpoints(output_dir)
-    if config.resume not in ("auto", "never"):
-        path = Path(config.resume)
-        if problem := checkpoint_problem(path):
-            raise ConfigError(f"resume={config.resume}: cannot resume from it: {problem}")
-        if changed := _changed_fields(path, config):
-            raise ConfigError(
-                f"resume={config.resume}: the checkpoint was trained with other settings ({changed}); "
-                "pass its settings to continue it (a run's settings are fixed for its whole length)"
-            )
-        if error := other_data(path, data):
-            raise error
-        if path.resolve().parent == checkpoint_root(output_dir).resolve():
-            newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
-            if newer:
-                folder = set_aside(newer, output_dir)
-                notes.append(f"set aside {len(newer)} checkpoint(s) newer than {path.name} to {folder}")
-            return path, notes
-        return path, notes + _clear_for_fresh_start(config, "to continue another folder's checkpoint in it")
-    if config.resume == "never":
-        return None, notes + _clear_for_fresh_start(config, "resume=never")
     unreadable: list[str] = []
     for path in reversed(checkpoints):
-        problem = checkpoint_problem(path)
-        if problem:
+        if problem := checkpoint_problem(path):
             unreadable.append(f"{path.name} ({problem})")
             notes.append(f"WARNING: skipping checkpoint {path}: {problem}")
             continue
         if changed := _changed_fields(path, config):
+            refusal: Exception | None = ConfigError(
+                f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
+                "continue it, choose another --output_dir, or pass --start_over true to set it aside"
+            )
+        else:
+            refusal = other_data(path, data)
+        if refusal:
             if not config.start_over:
-                raise ConfigError(
-                    f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
-                    "continue it, choose another --output_dir, or pass --start_over true to set it aside"
-                )
-            return None, notes + _clear_for_fresh_start(config, "other settings")
-        if error := other_data(path, data):
-            if not config.start_over:
-                raise error
-            return None, notes + _clear_for_fresh_start(config, "other data")
+                raise refusal
+            return None, notes + _clear_for_fresh_start(config, "other settings" if changed else "other data")
         newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
         if newer:
             folder = set_aside(newer, output_dir)
