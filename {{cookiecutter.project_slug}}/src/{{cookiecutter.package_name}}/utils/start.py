@@ -31,6 +31,7 @@ from typing import Any
 
 import fsspec
 import torch
+import yaml
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from fsspec.implementations.local import LocalFileSystem
@@ -40,7 +41,6 @@ from .checkpoint import (
     LOOP_STATE_FILE,
     STAGING_PREFIX,
     LoopState,
-    changed_settings,
     checkpoint_problem,
     checkpoint_root,
     checkpoint_step,
@@ -51,7 +51,7 @@ from .checkpoint import (
     newest_readable,
     read_loop_state,
 )
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
 from .fingerprint import first_difference
 from .remote import is_url, open_store
 from .run_dir import SET_ASIDE, RunError, earlier_outputs, set_aside
@@ -163,7 +163,7 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
             unreadable.append(f"{path.name} ({problem})")
             notes.append(f"WARNING: skipping checkpoint {path}: {problem}")
             continue
-        if changed := _changed_fields(path, config):
+        if changed := changed_settings(path, config):
             refusal: Exception | None = ConfigError(
                 f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
                 "continue it, choose another --output_dir, or pass --start_over true to set it aside"
@@ -202,7 +202,7 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
         return []
     saved = output_dir / "config.yaml"
     unfinished = not list_checkpoints(output_dir) and not (output_dir / "model").exists()
-    if unfinished and saved.is_file() and not _changed_fields(output_dir, config):
+    if unfinished and saved.is_file() and not changed_settings(output_dir, config):
         note = f"note: {output_dir} holds this run stopped before its first checkpoint: starting it again"
         if outputs := [name for name in earlier if name != "config.yaml"]:
             folder = set_aside([output_dir / name for name in outputs], output_dir)
@@ -291,13 +291,22 @@ def _import_newest(
     return False
 
 
-def _changed_fields(folder: Path, config: TrainConfig) -> str:
-    """The run-defining fields whose value in `folder`/config.yaml differs from `config` ("" if none)."""
+def changed_settings(saved: Path | str, config: TrainConfig) -> str:
+    """The run-defining fields whose value in a saved config.yaml (its text, or the folder that holds it)
+    differs from `config` ("" if none)."""
     try:
-        text = (folder / "config.yaml").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        return f"its config.yaml cannot be read: {error}"
-    return changed_settings(text, config)
+        values = yaml.safe_load(saved if isinstance(saved, str) else (saved / "config.yaml").read_bytes())
+    except (OSError, yaml.YAMLError) as error:
+        why = yaml_problem(error) if isinstance(error, yaml.YAMLError) else error
+        return f"its config.yaml cannot be read: {why}"
+    if not isinstance(values, dict):
+        return "its config.yaml is not a mapping"
+    changes = [
+        f"{name} {values.get(name)!r} -> {getattr(config, name)!r}"
+        for name in run_defining_fields(config)
+        if values.get(name) != getattr(config, name)
+    ]
+    return ", ".join(changes)
 
 
 @dataclass
