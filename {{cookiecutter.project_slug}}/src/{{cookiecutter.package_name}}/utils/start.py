@@ -6,16 +6,9 @@ holding another run, or other settings, or other data, or checkpoints that canno
 with one line saying what to do; nothing that cannot be read is deleted (it is set aside,
 run_dir.set_aside).
 
-A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
-Kaggle input, the Drive mirror of a Colab run, a remote store: utils/remote.py).
-Before deciding, the main process looks in `mirror_dir` and under `import_from` for copies of this run
-(`bring_in_newest_copy`): when one holds a newer checkpoint than output_dir, that checkpoint is copied in
-and verified against its checksums, with the run's other files (metrics, exported models, tracker logs);
-a copy that does not verify is skipped, and named. The run id in each checkpoint's loop state tells
-copies of one run from other runs: copies of one run are never merged (only the newest checkpoint that
-verifies is taken), and when two different runs could both be continued by this config, none is chosen:
-the error names them. A remote run folder is found in one listing; a checkpoint folder there without its
-loop_state.json is a publication that was cut off: it is named and skipped.
+Before deciding, the main process brings in the newest copy of this run that verifies, from mirror_dir
+or under import_from, local or remote (`bring_in_newest_copy`; docs/moving-runs.md says how and when).
+The run id in each checkpoint's loop state tells copies of one run from other runs.
 """
 
 from __future__ import annotations
@@ -99,21 +92,20 @@ def resume(
             f"{describe_frozen(*frozen)}: build the model on the base model it was trained from, or choose "
             "another --output_dir"
         )
-    problem, refused = None, None
+    problem: Exception | None = None
     try:
         state = load_checkpoint(accelerator, path)
-    except RunError as error:  # a registered object's own refusal (a stream's max_steps): said as it is
-        problem, refused = f"{error}", error
     except Exception as error:  # the checksums matched: a mismatch of code or versions, not of bytes
-        problem = f"{error!r}"
+        problem = error
     # Every process must leave with the same checkpoint loaded.
     failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
-    if refused is not None:
-        raise refused
+    if isinstance(problem, RunError):  # a registered object's own refusal (a stream's max_steps): as it is
+        raise problem
     if failed.item():
+        why = repr(problem) if problem else "on another process"
         raise RunError(
-            f"checkpoint {path} is intact but could not be loaded ({problem or 'on another process'}): "
-            "continue it with the code and versions that wrote it (meta.json), or choose another --output_dir"
+            f"checkpoint {path} is intact but could not be loaded ({why}): continue it with the code and "
+            "versions that wrote it (meta.json), or choose another --output_dir"
         )
     if data is not None:  # the same as the checkpoint's (other_data), or the first one recorded
         state.data_fingerprint = dict(data)
@@ -221,7 +213,9 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
     output_dir, when it is newer than output_dir's own; return what to print. Main process only. A copy
-    trained on other data than `data` is refused before it is brought in (other_data)."""
+    trained on other data than `data` is refused before it is brought in (other_data). Where output_dir
+    holds no checkpoint and no copy verifies, raise naming them: a fresh start would not be what was asked
+    for, and a rerun with a good copy must find output_dir as it was (the import wrote nothing there)."""
     places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
@@ -252,22 +246,6 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
             f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
             "--import_from <its folder>, or --import_from '' to start fresh"
         )
-    if not _import_newest(candidates, own, output_dir, notes, data) and own is not None:
-        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
-    return notes
-
-
-def _import_newest(
-    candidates: list[Copy],
-    own: tuple[int, str] | None,
-    output_dir: Path,
-    notes: list[str],
-    data: dict[str, str] | None,
-) -> bool:
-    """Import the newest of `candidates` that verifies (True), or none (False). Where output_dir holds no
-    checkpoint and none verifies, raise naming them: a fresh start would not be what was asked for, and a
-    rerun with a good copy must find output_dir as it was (the import wrote nothing there). A copy trained
-    on other data than `data` is refused first (other_data)."""
     failed = []
     for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
         if error := other_data(copy, data, copy.data_fingerprint):
@@ -281,14 +259,16 @@ def _import_newest(
             f"continuing from {copy}: the newest copy of this run that verifies ({local}); its checkpoint, "
             f"metrics and exports were copied to {output_dir}"
         )
-        return True
+        return notes
     if failed and own is None:
         raise RunError(
             f"no copy of this run verifies, so none was brought in ({'; '.join(failed)}): nothing was "
             f"written to {output_dir}; give --import_from a good copy and rerun, or --import_from '' to "
             "start fresh"
         )
-    return False
+    if own is not None:
+        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
+    return notes
 
 
 def changed_settings(saved: Path | str, config: TrainConfig) -> str:
@@ -416,7 +396,8 @@ def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
         if problem := checkpoint_problem(staging):
             _discard([staging], final.parent if made_root else None)
             return problem
-        names = _run_names(copy)
+        tops = [top.rstrip("/").rsplit("/", 1)[-1] for top in copy.store.ls(copy.path, detail=False)]
+        names = sorted(name for name in tops if is_run_file(name))  # what comes with the checkpoint
         exports = _stage_exports(copy, [name for name in names if name in EXPORTS], output_dir, notes)
         others = [name for name in names if name not in EXPORTS]
         # The run's other files (metrics up to at least this checkpoint, exports, tracker logs) replace
@@ -434,12 +415,6 @@ def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
         _discard([staging, *exports.values()], final.parent if made_root else None)
         return f"copying it failed ({type(error).__name__}: {error})"
     return None
-
-
-def _run_names(copy: Copy) -> list[str]:
-    """The top-level names of the copy's run folder that come with its checkpoint."""
-    tops = copy.store.ls(copy.path, detail=False)
-    return sorted(name for name in (top.rstrip("/").rsplit("/", 1)[-1] for top in tops) if is_run_file(name))
 
 
 def _stage_exports(copy: Copy, names: list[str], output_dir: Path, notes: list[str]) -> dict[str, Path]:
