@@ -82,8 +82,15 @@ def resume(
     if path is None:
         accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
         state = LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1])
-        state.data_fingerprint = dict(data or {})
-        return state, None
+    else:
+        state = load_everywhere(accelerator, path, frozen)
+    if data is not None:  # the checkpoint's (other_data checked it), or the first one recorded
+        state.data_fingerprint = dict(data)
+    return state, path
+
+
+def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str]) -> LoopState:
+    """Load checkpoint `path` on every process, or stop all of them with the same error."""
     saved = read_loop_state(path)
     if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
         raise RunError(
@@ -107,15 +114,13 @@ def resume(
             f"checkpoint {path} is intact but could not be loaded ({why}): continue it with the code and "
             "versions that wrote it (meta.json), or choose another --output_dir"
         )
-    if data is not None:  # the same as the checkpoint's (other_data), or the first one recorded
-        state.data_fingerprint = dict(data)
     # What else changed since the checkpoint was written (processes, batch split, versions) and what it
     # does to the numbers is printed by utils/history.py.
     accelerator.print(
         f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
         f"run {state.run_id or '(unnamed)'})"
     )
-    return state, path
+    return state
 
 
 def other_data(path: Path | Copy, data: dict[str, str] | None, saved: dict | None = None) -> RunError | None:
