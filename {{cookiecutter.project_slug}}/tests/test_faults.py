@@ -255,7 +255,8 @@ def test_bad_value_stops_before_anything_is_written(tmp_path: Path) -> None:
 def test_output_dir_that_is_a_file_is_named(tmp_path: Path) -> None:
     output_dir = tmp_path / "run"
     output_dir.write_text("not a folder")
-    refused(run_training(output_dir, *FAST, check=False), f"output_dir {output_dir} is a file")
+    result = run_training(output_dir, *FAST, check=False)
+    refused(result, f"cannot write to output_dir {output_dir} (File exists)")
     assert output_dir.read_text() == "not a folder"
 
 

@@ -88,8 +88,6 @@ class OutputLock:
 
     def acquire(self) -> list[str]:
         """Take the lock; return notes to print (a lock taken over from a dead run)."""
-        if self.output_dir.exists() and not self.output_dir.is_dir():
-            raise RunError(f"{self.name} {self.output_dir} is a file, not a folder: choose another one")
         try:
             self.created_dir = not self.output_dir.exists()
             self.output_dir.mkdir(parents=True, exist_ok=True)
