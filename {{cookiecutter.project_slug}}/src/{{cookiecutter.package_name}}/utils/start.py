@@ -148,8 +148,8 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
 
     Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
     to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
-    Checkpoints newer than the one continued are set aside, never overwritten. A checkpoint of other
-    data than `data` is refused before anything is set aside (other_data).
+    Unreadable checkpoints newer than the one continued are set aside, never deleted. A checkpoint of
+    other data than `data` is refused before anything is set aside (other_data).
     """
     output_dir = Path(config.output_dir)
     notes = bring_in_newest_copy(config, data)
