@@ -257,8 +257,7 @@ TASK_PACKAGES = {
 }
 OPTIONAL_PACKAGES = set().union(*TASK_PACKAGES.values())
 # What every render depends on, whatever its options.
-# filelock: on Windows only (an environment marker), for the output folder's lock there.
-SHARED_PACKAGES = {"torch", "accelerate", "safetensors", "pyyaml", "tqdm", "xxhash", "filelock"}
+SHARED_PACKAGES = {"torch", "accelerate", "safetensors", "pyyaml", "tqdm", "xxhash"}
 
 
 def test_every_preset_is_described_here() -> None:

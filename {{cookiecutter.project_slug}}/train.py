@@ -13,7 +13,7 @@ checkpoint, end). Everything about the task (data, batches, model, loss, metrics
 the package under src/: change that, not this loop; to change the loop itself, see the README's "Change
 the loop".
 
-Rerunning the same command continues from the newest valid checkpoint (`resume: auto`), exactly:
+Rerunning the same command continues from the newest valid checkpoint, exactly:
 the resumed run ends with the same weights and logs the same losses as one that was never stopped, and
 its first step prints whether it was bit for bit the uninterrupted run's (utils/exact.py).
 Exit status: 0 when training is done; 75 when it stopped after a checkpoint, on a signal or because its

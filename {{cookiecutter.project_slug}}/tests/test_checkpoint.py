@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import math
@@ -24,14 +23,14 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     frozen_weights,
     list_checkpoints,
     load_checkpoint,
+    read_loop_state,
     save_checkpoint,
     save_trained_weights_only,
     seal,
 )
-from {{ cookiecutter.package_name }}.utils.config import TrainConfig, save_config, setting
+from {{ cookiecutter.package_name }}.utils.config import TrainConfig, save_config
 from {{ cookiecutter.package_name }}.utils.durable import write_atomically
 from {{ cookiecutter.package_name }}.utils.persist import Persister
-from {{ cookiecutter.package_name }}.utils.start import base_model_hint
 
 from .conftest import last_eval, run_training
 
@@ -54,6 +53,18 @@ def test_rotation_removes_only_readable_checkpoints_older_than_the_latest(tmp_pa
     latest = fake_checkpoint(tmp_path, 4, valid=True)
     _rotate(tmp_path, keep=1, protect=resumed_from, latest=latest)
     assert list_checkpoints(tmp_path) == [resumed_from, unreadable, latest]
+
+
+def test_a_loop_state_key_of_an_earlier_version_is_skipped(tmp_path: Path) -> None:
+    """A checkpoint of an earlier version holds `data_changes` (its continue_on_new_data's record): it still
+    reads and resumes; a key no version knew is refused."""
+    path = fake_checkpoint(tmp_path, 2, valid=False)
+    for key in ("data_changes", "field_of_a_newer_version"):
+        state = {"loop_state": {"step": 2, key: []}, "files": {}}
+        (path / "loop_state.json").write_text(json.dumps({**state, "seal": seal(state)}))
+        if key == "data_changes":
+            assert checkpoint_problem(path) is None and read_loop_state(path).step == 2
+    assert "written by another version" in checkpoint_problem(path)
 
 
 def test_rotation_keeps_everything_when_the_latest_is_unsound(tmp_path: Path) -> None:
@@ -197,16 +208,3 @@ def test_a_write_that_fails_half_way_leaves_the_old_file_whole(
     monkeypatch.undo()
     write_atomically(path, "seed: 3\n")
     assert path.read_text() == "seed: 3\n"
-
-
-def test_the_hint_for_other_frozen_weights_names_the_field_the_task_has() -> None:
-    """A resume against other frozen weights says which field to point at the base model: this task's own
-    field that names it, never a preset's that the task may not have."""
-
-    @dataclasses.dataclass
-    class WithBase(task.Config):
-        base_weights: str = setting("models/tiny-bert", "the frozen base model")
-
-    hint = base_model_hint(WithBase(), "/home/me/project/models/tiny-bert", "models/other-bert")
-    assert hint == "point base_weights at the base model it was trained from"
-    assert "pretrained_model" not in base_model_hint(task.Config(), "/somewhere/tiny-bert", "Sequential")

@@ -91,7 +91,6 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
         ("mixed_precision: fp32\n", r"config\.yaml: mixed_precision='fp32' is not one of"),
         ("num_epochs: 0\n", r"config\.yaml: num_epochs=0 is invalid: it must be > 0"),
         ("- a list\n", r"config\.yaml: expected a mapping"),
-        ("resume: /no/such\n", r"resume='/no/such' is invalid: it must be auto, never or a checkpoint"),
         (  # a letter short of this task's best metric, whatever it is called
             f"best_metric: {BEST[:-1]}\n",
             rf"best_metric='{re.escape(BEST[:-1])}' is not one of .*did you mean '{re.escape(BEST)}'",
@@ -281,7 +280,7 @@ def test_a_new_default_keeps_whether_a_field_may_change_on_resume() -> None:
 
     defining = set(run_defining_fields(Own()))
     assert {"num_epochs", "learning_rate", "global_batch_size", "seed", "best_metric"} <= defining
-    assert not {"eval_every", "output_dir", "per_device_batch_size", "mixed_precision", "resume"} & defining
+    assert not {"eval_every", "output_dir", "per_device_batch_size", "mixed_precision", "tracker"} & defining
 
 
 def test_a_best_metric_spelled_in_another_case_points_at_the_metric_goals_key(tmp_path: Path) -> None:

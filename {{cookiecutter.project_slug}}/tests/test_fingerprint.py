@@ -10,23 +10,18 @@ checkpoint's (the refusals themselves: the text preset's test_streams.py and the
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.fingerprint import (
     data_fingerprint,
-    fingerprint_digest,
     first_difference,
     plain_state,
 )
-from {{ cookiecutter.package_name }}.utils.run_dir import RunError
-from {{ cookiecutter.package_name }}.utils.start import check_data
 
 
 class Texts(Dataset):
@@ -59,7 +54,7 @@ def test_the_tasks_datasets_have_one_fingerprint() -> None:
     config = task.Config()
     first = data_fingerprint(*task.build_datasets(config))
     again = data_fingerprint(*task.build_datasets(config))
-    assert first and first == again and fingerprint_digest(first) == fingerprint_digest(again)
+    assert first and first == again
     assert {name.split(" ")[0] for name in first} == {"train", "eval"}
 
 
@@ -102,23 +97,3 @@ def test_files_are_named_when_changed_added_or_removed_and_not_by_their_folder(t
     (tmp_path / "b" / "dog" / "2.png").unlink()
     (tmp_path / "b" / "dog" / "1.png").unlink()  # dog/3.png stays: the files still share the folder b/
     assert first_difference(saved, fingerprint(tmp_path / "b")).startswith("train dog/1.png was removed")
-
-
-def test_samples_built_in_memory_that_changed_name_the_files_the_config_reads(tmp_path: Path) -> None:
-    """A task that reads a CSV into tensors is fingerprinted by its samples: the refusal names the files
-    its config points at (where the change comes from), not only "eval samples"."""
-    series = tmp_path / "series.csv"
-    series.write_text("t,value\n0,1.5\n")
-
-    @dataclasses.dataclass
-    class Forecast(task.Config):
-        series_csv: str = str(series)
-
-    saved = {"train samples": "50 samples, xxh3 aa", "eval samples": "2 samples, xxh3 bb"}
-    now = {**saved, "eval samples": "2 samples, xxh3 cc"}
-    with pytest.raises(RunError, match="trained on other data") as error:
-        check_data(tmp_path / "step_2", Forecast(), now, saved)
-    differs = "eval samples differs (2 samples, xxh3 bb before, 2 samples, xxh3 cc now)"
-    # The preset's own data file (a field before series_csv) is named too where it exists.
-    assert f"{differs}, built from " in str(error.value)
-    assert f"series_csv={series}. Nothing was changed" in str(error.value)

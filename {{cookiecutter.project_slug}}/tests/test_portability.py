@@ -1,6 +1,6 @@
-"""What differs on other systems, checked on this machine: the lock without fcntl, renames that refuse
-an existing folder, and a console's Ctrl+C through the cross-platform launcher. The macos-latest leg of
-.github/workflows/tests.yml runs this file, and the fast tests, on macOS itself.
+"""What differs on other systems, checked on this machine: renames that refuse an existing folder, and a
+console's Ctrl+C through the cross-platform launcher. The macos-latest leg of .github/workflows/tests.yml
+runs this file, and the fast tests, on macOS itself.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import filelock  # noqa: F401  # first, with fcntl: its lock here is flock, as it is LockFileEx on Windows
 import pytest
 import torch
 from accelerate import Accelerator
@@ -33,73 +32,6 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import PROJECT, read_metrics, wait_for_training
 from .task_settings import SIGNAL_RUN
-
-# Holds the lock of argv[1] through run_dir's fallback (no fcntl), its heartbeat every 0.1 s, until killed.
-HOLD_LOCK = """
-import sys, time
-import filelock  # with fcntl, as above
-sys.modules["fcntl"] = None
-from {{ cookiecutter.package_name }}.utils import run_dir
-assert run_dir.fcntl is None
-run_dir.HEARTBEAT_S = 0.1
-print(run_dir.OutputLock(sys.argv[1]).acquire(), flush=True)
-time.sleep(600)
-"""
-
-
-@pytest.fixture
-def run_dir_without_fcntl(monkeypatch: pytest.MonkeyPatch) -> Iterator:
-    """A fresh copy of run_dir.py imported with fcntl hidden: the lock through filelock, as on Windows."""
-    import importlib.util
-
-    from {{ cookiecutter.package_name }}.utils import run_dir
-
-    monkeypatch.setitem(sys.modules, "fcntl", None)
-    spec = importlib.util.spec_from_file_location(f"{run_dir.__name__}_without_fcntl", run_dir.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.fcntl is None
-    yield module
-
-
-def test_lock_without_fcntl_refuses_a_second_run_beats_and_is_taken_over(
-    run_dir_without_fcntl, tmp_path: Path
-) -> None:
-    """The lock where fcntl does not exist (Windows: filelock's LockFileEx; here filelock's flock, as only
-    the fallback's own code can be run): a second run is refused naming the holder, read past the locked
-    first byte; the holder's heartbeat renews the file; once the holder is killed, the next run takes the
-    lock over, says so, and leaves the file empty at release."""
-    output_dir = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(output_dir)], cwd=PROJECT, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout.readline().strip() == "[]"  # locked, nothing to note
-        lock_file = output_dir / LOCK_FILE
-        refused = run_dir_without_fcntl.FolderInUse
-        with pytest.raises(refused, match=rf"is in use by another run \(host .*, pid {holder.pid},"):
-            run_dir_without_fcntl.OutputLock(output_dir).acquire()
-        beat = lock_file.stat().st_mtime_ns
-        deadline = time.monotonic() + 30
-        while lock_file.stat().st_mtime_ns == beat:
-            assert time.monotonic() < deadline, "no heartbeat"
-            time.sleep(0.05)
-    finally:
-        holder.kill()
-        holder.wait(timeout=60)
-    lock = run_dir_without_fcntl.OutputLock(output_dir)
-    deadline = time.monotonic() + 10
-    while True:  # Windows frees a dead process's locks shortly after it ends, not with it
-        try:
-            (note,) = lock.acquire()
-            break
-        except refused:
-            assert time.monotonic() < deadline, "the killed holder's lock was not freed"
-            time.sleep(0.1)
-    assert "was left by a run that is gone (host " in note and f"pid {holder.pid}," in note, note
-    lock.release()
-    assert lock_file.read_bytes() == b""
-
 
 @pytest.fixture
 def windows_renames(monkeypatch: pytest.MonkeyPatch) -> list[str]:

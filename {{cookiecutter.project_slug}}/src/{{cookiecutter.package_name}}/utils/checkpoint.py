@@ -29,13 +29,12 @@ from typing import Any
 
 import accelerate
 import torch
-import yaml
 from accelerate import Accelerator
 from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from .config import TrainConfig, run_defining_fields, save_config, yaml_problem
+from .config import TrainConfig, save_config
 from .durable import TEMPORARY_PREFIX
 from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
@@ -68,6 +67,8 @@ EXPORT_MANIFEST = "checksums.json"
 NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
 # Exported models: folders replaced as a whole, never file by file, each verified by its checksums.json.
 EXPORTS = ("model", "best_model")
+# Loop-state keys of earlier versions, skipped when read: their checkpoints still resume.
+RETIRED_KEYS = ("data_changes",)
 
 
 @dataclass
@@ -101,10 +102,8 @@ class LoopState:
     # from the model it builds: their SHA-256 ("" if none are frozen) and the model they came from.
     frozen_sha256: str = ""
     frozen_from: str = ""
-    # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash), and
-    # each change of it that continue_on_new_data let a resume through ("step N: what changed").
+    # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash).
     data_fingerprint: dict[str, str] = field(default_factory=dict)
-    data_changes: list[str] = field(default_factory=list)
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:
@@ -161,16 +160,14 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
         files: dict[str, dict[str, Any]] = record["files"]
-        LoopState(**record["loop_state"])
+        loop_state(record)
     except FileNotFoundError:
         return f"no {LOOP_STATE_FILE}: the save did not finish"
     except TypeError as error:  # a field this version does not know
         return f"{LOOP_STATE_FILE} was written by another version of this project ({error})"
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, AttributeError) as error:
         return f"{LOOP_STATE_FILE} is damaged ({error!r})"
-    if "seal" not in record:
-        return f"{LOOP_STATE_FILE} has no seal: written by an earlier version of this project"
-    if record["seal"] != seal(record):
+    if record.get("seal") != seal(record):
         return f"{LOOP_STATE_FILE} does not match its seal: it was edited after the save"
     return files_problem(path, files, contents, "the save")
 
@@ -184,9 +181,7 @@ def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool
             return f"{name} is missing"
         if file.stat().st_size != expected["bytes"]:
             return f"{name} has {file.stat().st_size} bytes, {expected['bytes']} were written"
-        if CHECKSUM not in expected:
-            return f"{name} has no {CHECKSUM} checksum: written by another version of this project"
-        if contents and file_xxh3(file) != expected[CHECKSUM]:
+        if contents and file_xxh3(file) != expected.get(CHECKSUM):
             return f"{name} does not match its checksum: its contents changed after {after}"
     return None
 
@@ -242,7 +237,11 @@ def is_run_file(name: str) -> bool:
 
 
 def read_loop_state(path: Path) -> LoopState:
-    return LoopState(**json.loads((path / LOOP_STATE_FILE).read_text())["loop_state"])
+    return loop_state(json.loads((path / LOOP_STATE_FILE).read_text()))
+
+
+def loop_state(record: dict[str, Any]) -> LoopState:
+    return LoopState(**{key: value for key, value in record["loop_state"].items() if key not in RETIRED_KEYS})
 
 
 def save_checkpoint(
@@ -324,24 +323,16 @@ def export_model(
         shutil.rmtree(staging)
     accelerator.wait_for_everyone()
     try:
-        if hasattr(task, "export"):
-            state_dict = accelerator.get_state_dict(model)  # on every process: gathers a sharded model
-            if accelerator.is_main_process:
-                state_dict = in_export_dtype(state_dict, config.export_dtype)
-                task.export(accelerator.unwrap_model(model), state_dict, staging, config)
-        elif config.export_dtype != "auto":
-            state_dict = accelerator.get_state_dict(model)
-            if accelerator.is_main_process:
-                staging.mkdir(parents=True)
-                weights = in_export_dtype(clean_state_dict_for_safetensors(state_dict), config.export_dtype)
-                save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        else:
-            accelerator.save_model(model, staging)
+        state_dict = accelerator.get_state_dict(model)  # on every process: gathers a sharded model
+        if accelerator.is_main_process and hasattr(task, "export"):
+            weights = in_export_dtype(state_dict, config.export_dtype)
+            task.export(accelerator.unwrap_model(model), weights, staging, config)
+        elif accelerator.is_main_process:
+            staging.mkdir(parents=True)
+            weights = in_export_dtype(clean_state_dict_for_safetensors(state_dict), config.export_dtype)
+            save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
     except WRITE_ERRORS as error:
         raise write_error(staging, error) from error
-    # Every process looks into the staging folder inside save_model: none may still be there when the
-    # main process renames it (rank 1 of 2 CPU processes once failed with FileNotFoundError).
-    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
             save_config(config, staging / "config.yaml", durable=False)
@@ -384,22 +375,6 @@ def export_problem(folder: Path) -> str | None:
     if unknown := sorted(present - set(files) - {EXPORT_MANIFEST}):
         return f"{unknown[0]} is not in its {EXPORT_MANIFEST}"
     return files_problem(folder, files, True, "the export")
-
-
-def changed_settings(config_yaml: str, config: TrainConfig) -> str:
-    """The run-defining fields whose value in a saved config.yaml differs from `config` ("" if none)."""
-    try:
-        saved = yaml.safe_load(config_yaml)
-    except yaml.YAMLError as error:
-        return f"its config.yaml cannot be read: {yaml_problem(error)}"
-    if not isinstance(saved, dict):
-        return "its config.yaml is not a mapping"
-    changes = [
-        f"{name} {saved.get(name)!r} -> {getattr(config, name)!r}"
-        for name in run_defining_fields(config)
-        if saved.get(name) != getattr(config, name)
-    ]
-    return ", ".join(changes)
 
 
 def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:

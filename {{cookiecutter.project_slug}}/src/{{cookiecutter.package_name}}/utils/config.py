@@ -60,9 +60,6 @@ class RunConfig:
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
     seed: int = setting(42, "seeds the weights, dropout, the data split and the data order")
-    resume: str = session(
-        "auto", "auto: continue from the newest valid checkpoint in output_dir, if any; never: start fresh"
-    )
     # e.g. Google Drive while output_dir is the session's fast local disk (Colab). A failing copy is
     # reported and retried; it never stops training.
     mirror_dir: str = session(
@@ -71,8 +68,7 @@ class RunConfig:
     # Run folders (an earlier session's output, a mirror, an upload), a few levels deep. Kaggle: its
     # inputs; Colab: the project's folder on Drive.
     import_from: str = session("", "where to look for newer copies of this run to continue ('': nowhere)")
-    # "Cannot continue": other settings, no readable checkpoint, or resume: never. Nothing is deleted
-    # either way.
+    # "Cannot continue": other settings or data, or no readable checkpoint. Nothing is deleted either way.
     start_over: bool = session(
         False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
     )
@@ -87,15 +83,10 @@ class RunConfig:
 
 @dataclass
 class DataConfig:
-    """The data: how it is loaded, and whether a run may continue on other data."""
+    """The data: how it is loaded."""
 
     num_workers: int = session(
         -1, "DataLoader worker processes (0: load in the training process; -1: 2 for a stream, else 0)"
-    )
-    # A resume on data other than the checkpoint's is refused, naming the first file that differs
-    # (utils/fingerprint.py); this continues it on purpose, and the checkpoints record the change.
-    continue_on_new_data: bool = session(
-        False, "continue a run whose data changed since its checkpoint (false: refuse, naming the file)"
     )
 
 
@@ -181,7 +172,6 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("time_budget", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for no limit"),
         ("keep_checkpoints", lambda v: v > 0, "> 0"),
         ("fp16_skip_patience", lambda v: v > 0, "> 0"),
-        ("resume", lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto, never or a checkpoint path"),
     ]
 
 
@@ -273,7 +263,7 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
 
 # Fields of earlier versions, skipped in a file: every config.yaml that a run or an export saved holds
 # every field, and what these controlled is gone, so old runs and exports still load.
-REMOVED_FIELDS = ("check_disk_space", "auto_batch_size")
+REMOVED_FIELDS = ("check_disk_space", "auto_batch_size", "continue_on_new_data", "resume")
 
 
 def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:

@@ -46,12 +46,7 @@ def write_atomically(path: Path, data: str | bytes, durable: bool = True) -> Non
 
 def fsync_path(path: Path) -> None:
     """Flush a file's contents, or a folder's entries (its renames), to the disk."""
-    flags = os.O_RDONLY
-    if os.name == "nt":  # no folder opens there (NTFS journals renames), and a flush needs a writable file
-        if Path(path).is_dir():
-            return
-        flags = os.O_RDWR | os.O_BINARY
-    fd = os.open(path, flags)
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

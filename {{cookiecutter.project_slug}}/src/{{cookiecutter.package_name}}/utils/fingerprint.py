@@ -1,6 +1,6 @@
 """What a run trains and evaluates on, as a fingerprint that every checkpoint keeps (its loop state, sealed):
 a resume on other data stops with one line naming the first file that differs, was added or was removed
-(utils/start.py), unless `continue_on_new_data`, which the checkpoint then records.
+(utils/start.py).
 
 Each dataset (train, eval) is fingerprinted by the first of these that applies, without asking the task:
 - it, or an object it holds (one attribute down), has `fingerprint()` -> {name: description}: its own
@@ -21,7 +21,6 @@ Measured cost: the template's bench/fingerprint.py.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,11 +32,6 @@ import xxhash
 
 PLAIN = (str, bytes, int, float, bool, Path)
 SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ where the dataset has it
-
-
-def fingerprint_digest(entries: dict[str, str]) -> str:
-    """The XXH3-128 of a fingerprint's entries: one value for a run's history."""
-    return xxhash.xxh3_128_hexdigest(json.dumps(entries, sort_keys=True).encode())
 
 
 def data_fingerprint(train_set: Any, eval_set: Any) -> dict[str, str]:

@@ -32,7 +32,6 @@ import accelerate
 import torch
 
 from .durable import write_atomically
-from .fingerprint import fingerprint_digest
 from .hardware import detect_platform
 
 HISTORY_FILE = "history.json"
@@ -105,8 +104,6 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id)
         sessions = merge(sessions, read_sessions(Path(config.output_dir) / HISTORY_FILE, state.run_id))
     current = session_record(accelerator, config, state.step, len(sessions) + 1)
-    # What it trains on (utils/fingerprint.py): other data got here only through continue_on_new_data.
-    current["data"] = fingerprint_digest(state.data_fingerprint) if state.data_fingerprint else ""
     history = History(state.run_id, sessions, current, enabled)
     if enabled and sessions:
         previous = sessions[-1]
@@ -233,11 +230,6 @@ def differences(before: Record, now: Record) -> list[str]:
             )
             lines.append(f"{says} {_on(before[name])} -> {_on(now[name])}: {why}: {NOT_EXACT}")
     lines += _version_changes(before.get("versions", {}), now["versions"])
-    if before.get("data") and now.get("data") and before["data"] != now["data"]:
-        lines.append(
-            f"data changed (fingerprint {before['data'][:12]} -> {now['data'][:12]}, let through by "
-            "continue_on_new_data): the steps from here train on other data: one run, two datasets"
-        )
     if "task_sha256" in before and before["task_sha256"] != now["task_sha256"]:
         lines.append(
             f"task.py changed (sha256 {before['task_sha256'][:12]} -> {now['task_sha256'][:12]}): the data, "

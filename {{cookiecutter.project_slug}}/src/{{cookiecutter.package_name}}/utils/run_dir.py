@@ -1,9 +1,8 @@
 """The run's output folder: one run at a time, and nothing of an earlier run lost or mixed.
 
 - `OutputLock`: an exclusive lock on `<output_dir>/.lock`, taken by the main process before it writes
-  anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`; on Windows, which has
-  no fcntl, `LockFileEx` through filelock): it goes away with the process, even after kill -9 (or Task
-  Manager's End task). It is tested on a local disk; filesystems that share POSIX locks between
+  anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`): it goes away with
+  the process, even after kill -9. It is tested on a local disk; filesystems that share POSIX locks between
   machines (NFS v4, or v3 with lockd) should hold it across them, untested. Where locks are not shared
   between machines (NFS mounted `nolock`, Google Drive seen from two Colab sessions), the lock file's
   heartbeat (its modification time, renewed every 30 s) stops a second run while the first is alive.
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -36,12 +36,6 @@ from accelerate.utils import broadcast_object_list
 
 from .durable import TEMPORARY_PREFIX
 
-try:
-    import fcntl  # Linux, macOS
-except ImportError:  # Windows: the same lock through filelock (LockFileEx there), see _lock
-    fcntl = None
-    from filelock import lock_descriptor, unlock_descriptor
-
 LOCK_FILE = ".lock"
 SET_ASIDE = "set_aside"
 HEARTBEAT_S = 30.0
@@ -54,9 +48,6 @@ LEASE_RENEW_S = 30.0
 LEASE_SETTLE_S = 2.0
 # Less free space than this after a failed write: the disk was full (torch does not say so itself).
 FULL_BELOW_BYTES = 16 * 2**20
-# The holder's name follows one space: Windows's lock of byte 0 keeps others from reading that byte, so a
-# refused run there reads from byte 1 on (elsewhere from 0: json skips the space, and older files read).
-HOLDER_AT = 1
 
 
 class RunError(Exception):
@@ -97,12 +88,10 @@ class OutputLock:
 
     def acquire(self) -> list[str]:
         """Take the lock; return notes to print (a lock taken over from a dead run)."""
-        if self.output_dir.exists() and not self.output_dir.is_dir():
-            raise RunError(f"{self.name} {self.output_dir} is a file, not a folder: choose another one")
         try:
             self.created_dir = not self.output_dir.exists()
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             if error.errno in (errno.ENOSPC, errno.EDQUOT):
                 self._remove_created()
@@ -137,7 +126,7 @@ class OutputLock:
             notes.append(
                 f"note: {self.path} was left by a run that is gone ({_describe(previous)}): taking it over"
             )
-        text = b" " * HOLDER_AT + json.dumps(_holder()).encode()
+        text = json.dumps(_holder()).encode()
         try:
             os.lseek(fd, 0, os.SEEK_SET)
             os.write(fd, text)
@@ -187,9 +176,6 @@ class OutputLock:
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
             os.fsync(self._fd)
-        if fcntl is None:  # Windows frees a closed file's locks "when resources allow": free it now
-            with contextlib.suppress(OSError):
-                unlock_descriptor(self._fd)
         os.close(self._fd)  # closing drops the kernel lock
         self._fd = None
         self._remove_created()
@@ -326,8 +312,6 @@ def on_main(accelerator: Accelerator, decide: Callable[[], list[str]]) -> None:
 def _lock(fd: int) -> bool:
     """Lock `fd` at once: True, or False when another process holds it. OSError ENOLCK or ENOSYS: this
     filesystem or system cannot lock."""
-    if fcntl is None:
-        return lock_descriptor(fd, blocking=False)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
@@ -349,7 +333,7 @@ def _holder_named(fd: int) -> dict:
 
 def _read_holder(fd: int) -> dict:
     try:
-        os.lseek(fd, 0 if fcntl else HOLDER_AT, os.SEEK_SET)
+        os.lseek(fd, 0, os.SEEK_SET)
         text = os.read(fd, 4096).decode()
         holder = json.loads(text) if text.strip() else {}
     except (OSError, ValueError):

@@ -6,22 +6,14 @@ holding another run, or other settings, or other data, or checkpoints that canno
 with one line saying what to do; nothing that cannot be read is deleted (it is set aside,
 run_dir.set_aside).
 
-A run moves between sessions and platforms as a folder (an earlier session's output_dir attached as a
-Kaggle input, the Drive mirror of a Colab run, a remote store: utils/remote.py).
-Before deciding, the main process looks in `mirror_dir` and under `import_from` for copies of this run
-(`bring_in_newest_copy`): when one holds a newer checkpoint than output_dir, that checkpoint is copied in
-and verified against its checksums, with the run's other files (metrics, exported models, tracker logs);
-a copy that does not verify is skipped, and named. The run id in each checkpoint's loop state tells
-copies of one run from other runs: copies of one run are never merged (only the newest checkpoint that
-verifies is taken), and when two different runs could both be continued by this config, none is chosen:
-the error names them. A remote run folder is found in one listing; a checkpoint folder there without its
-loop_state.json is a publication that was cut off: it is named and skipped.
+Before deciding, the main process brings in the newest copy of this run that verifies, from mirror_dir
+or under import_from, local or remote (`bring_in_newest_copy`; docs/moving-runs.md says how and when).
+The run id in each checkpoint's loop state tells copies of one run from other runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -32,6 +24,7 @@ from typing import Any
 
 import fsspec
 import torch
+import yaml
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from fsspec.implementations.local import LocalFileSystem
@@ -41,7 +34,6 @@ from .checkpoint import (
     LOOP_STATE_FILE,
     STAGING_PREFIX,
     LoopState,
-    changed_settings,
     checkpoint_problem,
     checkpoint_root,
     checkpoint_step,
@@ -52,12 +44,11 @@ from .checkpoint import (
     newest_readable,
     read_loop_state,
 )
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
 from .fingerprint import first_difference
 from .remote import is_url, open_store
 from .run_dir import SET_ASIDE, RunError, earlier_outputs, set_aside
 
-NEW_DATA = "continue_on_new_data:"  # the note of a resume on other data, which check_data let through
 # Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
 # a run folder inside an uploaded project folder on Drive is 3 or 4.
 SEARCH_DEPTH = 5
@@ -69,12 +60,12 @@ def resume(
     frozen: tuple[str, str] = ("", ""),
     data: dict[str, str] | None = None,
 ) -> tuple[LoopState, Path | None]:
-    """Load the checkpoint `config.resume` asks for; return the loop state and where it came from.
+    """Load the checkpoint to continue, if any; return the loop state and where it came from.
 
     The main process decides, reading every checksum once, and may set files aside (`decide_start`);
     then every process loads the same checkpoint, or all stop with the same error. `frozen` is
     `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data`: the
-    data's fingerprint (main process), checked (check_data) and carried into the next checkpoints.
+    data's fingerprint (main process), checked (other_data) and carried into the next checkpoints.
     """
     decision: list[Any] = [None]
     if accelerator.is_main_process:
@@ -91,108 +82,61 @@ def resume(
     if path is None:
         accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
         state = LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1])
-        return keep_fingerprint(state, data), None
+    else:
+        state = load_everywhere(accelerator, path, frozen)
+    if data is not None:  # the checkpoint's (other_data checked it), or the first one recorded
+        state.data_fingerprint = dict(data)
+    return state, path
+
+
+def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str]) -> LoopState:
+    """Load checkpoint `path` on every process, or stop all of them with the same error."""
     saved = read_loop_state(path)
     if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
         raise RunError(
             f"checkpoint {path} continues a model whose frozen weights are "
             f"{describe_frozen(saved.frozen_sha256, saved.frozen_from)}, but the model built now has "
-            f"{describe_frozen(*frozen)}: {base_model_hint(config, saved.frozen_from, frozen[1])}, or choose "
+            f"{describe_frozen(*frozen)}: build the model on the base model it was trained from, or choose "
             "another --output_dir"
         )
-    problem, refused = None, None
+    problem: Exception | None = None
     try:
         state = load_checkpoint(accelerator, path)
-    except RunError as error:  # a registered object's own refusal (a stream's max_steps): said as it is
-        problem, refused = f"{error}", error
     except Exception as error:  # the checksums matched: a mismatch of code or versions, not of bytes
-        problem = f"{error!r}"
+        problem = error
     # Every process must leave with the same checkpoint loaded.
     failed = accelerator.reduce(torch.tensor(int(problem is not None), device=accelerator.device), "sum")
-    if refused is not None:
-        raise refused
+    if isinstance(problem, RunError):  # a registered object's own refusal (a stream's max_steps): as it is
+        raise problem
     if failed.item():
-        raise load_failure(path, problem or "on another process", any(n.startswith(NEW_DATA) for n in notes))
-    keep_fingerprint(state, data)
+        why = repr(problem) if problem else "on another process"
+        raise RunError(
+            f"checkpoint {path} is intact but could not be loaded ({why}): continue it with the code and "
+            "versions that wrote it (meta.json), or choose another --output_dir"
+        )
     # What else changed since the checkpoint was written (processes, batch split, versions) and what it
     # does to the numbers is printed by utils/history.py.
     accelerator.print(
         f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
         f"run {state.run_id or '(unnamed)'})"
     )
-    return state, path
-
-
-def load_failure(path: Path, problem: str, new_data: bool) -> RunError:
-    """Why an intact checkpoint did not load: the model built from new data (continue_on_new_data) does not
-    take its weights, or the code or versions differ from those that wrote it."""
-    if new_data:
-        return RunError(
-            f"checkpoint {path} does not fit the model built from the new data ({problem}): "
-            "continue_on_new_data continues only on data that builds the same model; give the run the data "
-            "it was trained on, or choose another --output_dir"
-        )
-    return RunError(
-        f"checkpoint {path} is intact but could not be loaded ({problem}): continue it with the code and "
-        "versions that wrote it (meta.json), or choose another --output_dir"
-    )
-
-
-def keep_fingerprint(state: LoopState, data: dict[str, str] | None) -> LoopState:
-    """Record `data` in the state its checkpoints will save, and a change that continue_on_new_data let
-    through (decide_start refused any other)."""
-    if data is not None:
-        if state.data_fingerprint and (change := first_difference(state.data_fingerprint, data)):
-            state.data_changes.append(f"step {state.step}: {change}")
-        state.data_fingerprint = dict(data)
     return state
 
 
-def data_change(path: Path | Copy, data: dict[str, str] | None, saved: dict | None = None) -> str | None:
-    """The first difference between the data a checkpoint was trained on (`saved`, else its loop state's)
-    and `data`; None if none, or if either is unknown (a checkpoint from before fingerprints)."""
+def other_data(path: Path | Copy, data: dict[str, str] | None, saved: dict | None = None) -> RunError | None:
+    """The refusal of checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) if it was trained
+    on other data than `data`; None if not, or if either is unknown (a checkpoint older than fingerprints)."""
     if data is None:
         return None
     if saved is None:
         saved = read_loop_state(path).data_fingerprint
-    return first_difference(saved, data) if saved else None
-
-
-def check_data(
-    path: Path | Copy, config: TrainConfig, data: dict[str, str] | None, saved: dict[str, str] | None = None
-) -> list[str]:
-    """Raise unless checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) was trained on
-    `data`; with continue_on_new_data, the note to print. Checkpoints from before fingerprints have none."""
-    if (change := data_change(path, data, saved)) is None:
-        return []
-    if change.startswith(("train samples ", "eval samples ")):  # samples built in memory: from which file?
-        named = [(field.name, getattr(config, field.name)) for field in dataclasses.fields(config)]
-        files = [f"{name}={value}" for name, value in named if _names_a_file(value)]
-        change += f", built from {', '.join(files)}" if files else ""
+    if not saved or (change := first_difference(saved, data)) is None:
+        return None
     where = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
-    if not config.continue_on_new_data:
-        raise RunError(
-            f"{where} was trained on other data: {change}. Nothing was changed: give the run the "
-            "data it was trained on, pass --continue_on_new_data true to continue on this data on purpose "
-            "(the checkpoints record it), or --start_over true to set the run aside and start over"
-        )
-    name = path.name if isinstance(path, Path) else str(path)
-    return [f"{NEW_DATA} continuing {name} on other data ({change}); recorded"]
-
-
-def _names_a_file(value: Any) -> bool:
-    return isinstance(value, str) and value != "" and Path(value).is_file()
-
-
-def base_model_hint(config: TrainConfig, *sources: str) -> str:
-    """How to build the model on the frozen weights a checkpoint continues: the config's own field that
-    names them where one does (the field that holds where either model came from), else task.py's."""
-    names = {Path(source).name for source in sources if source}
-    for option in dataclasses.fields(config):
-        value = getattr(config, option.name)
-        if isinstance(value, str) and value and (value in sources or Path(value).name in names):
-            return f"point {option.name} at the base model it was trained from"
-    return "build the model on the base model it was trained from (in task.py's build_model)"
+    return RunError(
+        f"{where} was trained on other data: {change}. Nothing was changed: give the run the data it was "
+        "trained on, choose another --output_dir, or pass --start_over true to set it aside and start over"
+    )
 
 
 def describe_frozen(sha256: str, source: str) -> str:
@@ -204,48 +148,29 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
 
     Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
     to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
-    Checkpoints newer than the one continued are set aside, never overwritten. A checkpoint of other
-    data than `data` is refused before anything is set aside (check_data).
+    Unreadable checkpoints newer than the one continued are set aside, never deleted. A checkpoint of
+    other data than `data` is refused before anything is set aside (other_data).
     """
     output_dir = Path(config.output_dir)
-    notes = bring_in_newest_copy(config, data) if config.resume == "auto" else []
+    notes = bring_in_newest_copy(config, data)
     checkpoints = list_checkpoints(output_dir)
-    if config.resume not in ("auto", "never"):
-        path = Path(config.resume)
-        if problem := checkpoint_problem(path):
-            raise ConfigError(f"resume={config.resume}: cannot resume from it: {problem}")
-        if changed := _changed_fields(path, config):
-            raise ConfigError(
-                f"resume={config.resume}: the checkpoint was trained with other settings ({changed}); "
-                "pass its settings to continue it (a run's settings are fixed for its whole length)"
-            )
-        notes += check_data(path, config, data)
-        if path.resolve().parent == checkpoint_root(output_dir).resolve():
-            newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
-            if newer:
-                folder = set_aside(newer, output_dir)
-                notes.append(f"set aside {len(newer)} checkpoint(s) newer than {path.name} to {folder}")
-            return path, notes
-        return path, notes + _clear_for_fresh_start(config, "to continue another folder's checkpoint in it")
-    if config.resume == "never":
-        return None, notes + _clear_for_fresh_start(config, "resume=never")
     unreadable: list[str] = []
     for path in reversed(checkpoints):
-        problem = checkpoint_problem(path)
-        if problem:
+        if problem := checkpoint_problem(path):
             unreadable.append(f"{path.name} ({problem})")
             notes.append(f"WARNING: skipping checkpoint {path}: {problem}")
             continue
-        if changed := _changed_fields(path, config):
+        if changed := changed_settings(path, config):
+            refusal: Exception | None = ConfigError(
+                f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
+                "continue it, choose another --output_dir, or pass --start_over true to set it aside"
+            )
+        else:
+            refusal = other_data(path, data)
+        if refusal:
             if not config.start_over:
-                raise ConfigError(
-                    f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
-                    "continue it, choose another --output_dir, or pass --start_over true to set it aside"
-                )
-            return None, notes + _clear_for_fresh_start(config, "other settings")
-        if config.start_over and not config.continue_on_new_data and data_change(path, data):
-            return None, notes + _clear_for_fresh_start(config, "other data")
-        notes += check_data(path, config, data)
+                raise refusal
+            return None, notes + _clear_for_fresh_start(config, "other settings" if changed else "other data")
         newer = [other for other in checkpoints if checkpoint_step(other) > checkpoint_step(path)]
         if newer:
             folder = set_aside(newer, output_dir)
@@ -274,7 +199,7 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
         return []
     saved = output_dir / "config.yaml"
     unfinished = not list_checkpoints(output_dir) and not (output_dir / "model").exists()
-    if unfinished and saved.is_file() and not _changed_fields(output_dir, config):
+    if unfinished and saved.is_file() and not changed_settings(output_dir, config):
         note = f"note: {output_dir} holds this run stopped before its first checkpoint: starting it again"
         if outputs := [name for name in earlier if name != "config.yaml"]:
             folder = set_aside([output_dir / name for name in outputs], output_dir)
@@ -293,7 +218,9 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
     output_dir, when it is newer than output_dir's own; return what to print. Main process only. A copy
-    trained on other data than `data` is refused before it is brought in (check_data)."""
+    trained on other data than `data` is refused before it is brought in (other_data). Where output_dir
+    holds no checkpoint and no copy verifies, raise naming them: a fresh start would not be what was asked
+    for, and a rerun with a good copy must find output_dir as it was (the import wrote nothing there)."""
     places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
@@ -324,25 +251,10 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
             f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
             "--import_from <its folder>, or --import_from '' to start fresh"
         )
-    if not _import_newest(candidates, own, output_dir, notes, (config, data)) and own is not None:
-        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
-    return notes
-
-
-def _import_newest(
-    candidates: list[Copy],
-    own: tuple[int, str] | None,
-    output_dir: Path,
-    notes: list[str],
-    expected: tuple[TrainConfig, dict[str, str] | None],
-) -> bool:
-    """Import the newest of `candidates` that verifies (True), or none (False). Where output_dir holds no
-    checkpoint and none verifies, raise naming them: a fresh start would not be what was asked for, and a
-    rerun with a good copy must find output_dir as it was (the import wrote nothing there). A copy trained
-    on other data than `expected` (the config and the data's fingerprint) is refused first (check_data)."""
     failed = []
     for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
-        check_data(copy, *expected, copy.data_fingerprint)  # its note comes again once it is in
+        if error := other_data(copy, data, copy.data_fingerprint):
+            raise error
         if problem := copy.problem or import_copy(copy, output_dir, notes):
             notes.append(f"WARNING: skipping {copy}: {problem}")
             failed.append(f"{copy}: {problem}")
@@ -352,23 +264,34 @@ def _import_newest(
             f"continuing from {copy}: the newest copy of this run that verifies ({local}); its checkpoint, "
             f"metrics and exports were copied to {output_dir}"
         )
-        return True
+        return notes
     if failed and own is None:
         raise RunError(
             f"no copy of this run verifies, so none was brought in ({'; '.join(failed)}): nothing was "
             f"written to {output_dir}; give --import_from a good copy and rerun, or --import_from '' to "
             "start fresh"
         )
-    return False
+    if own is not None:
+        notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
+    return notes
 
 
-def _changed_fields(folder: Path, config: TrainConfig) -> str:
-    """The run-defining fields whose value in `folder`/config.yaml differs from `config` ("" if none)."""
+def changed_settings(saved: Path | str, config: TrainConfig) -> str:
+    """The run-defining fields whose value in a saved config.yaml (its text, or the folder that holds it)
+    differs from `config` ("" if none)."""
     try:
-        text = (folder / "config.yaml").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        return f"its config.yaml cannot be read: {error}"
-    return changed_settings(text, config)
+        values = yaml.safe_load(saved if isinstance(saved, str) else (saved / "config.yaml").read_bytes())
+    except (OSError, yaml.YAMLError) as error:
+        why = yaml_problem(error) if isinstance(error, yaml.YAMLError) else error
+        return f"its config.yaml cannot be read: {why}"
+    if not isinstance(values, dict):
+        return "its config.yaml is not a mapping"
+    changes = [
+        f"{name} {values.get(name)!r} -> {getattr(config, name)!r}"
+        for name in run_defining_fields(config)
+        if values.get(name) != getattr(config, name)
+    ]
+    return ", ".join(changes)
 
 
 @dataclass
@@ -478,7 +401,8 @@ def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
         if problem := checkpoint_problem(staging):
             _discard([staging], final.parent if made_root else None)
             return problem
-        names = _run_names(copy)
+        tops = [top.rstrip("/").rsplit("/", 1)[-1] for top in copy.store.ls(copy.path, detail=False)]
+        names = sorted(name for name in tops if is_run_file(name))  # what comes with the checkpoint
         exports = _stage_exports(copy, [name for name in names if name in EXPORTS], output_dir, notes)
         others = [name for name in names if name not in EXPORTS]
         # The run's other files (metrics up to at least this checkpoint, exports, tracker logs) replace
@@ -496,12 +420,6 @@ def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
         _discard([staging, *exports.values()], final.parent if made_root else None)
         return f"copying it failed ({type(error).__name__}: {error})"
     return None
-
-
-def _run_names(copy: Copy) -> list[str]:
-    """The top-level names of the copy's run folder that come with its checkpoint."""
-    tops = copy.store.ls(copy.path, detail=False)
-    return sorted(name for name in (top.rstrip("/").rsplit("/", 1)[-1] for top in tops) if is_run_file(name))
 
 
 def _stage_exports(copy: Copy, names: list[str], output_dir: Path, notes: list[str]) -> dict[str, Path]:

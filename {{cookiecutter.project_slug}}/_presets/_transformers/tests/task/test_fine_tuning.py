@@ -170,7 +170,7 @@ def test_a_resume_against_other_base_weights_is_refused_with_nothing_written(
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: checkpoint ") and "frozen weights are" in last, result.stderr[-2000:]
-    assert str(pretrained) in last and str(other) in last and "point pretrained_model at the base" in last
+    assert str(pretrained) in last and str(other) in last and "the base model it was trained" in last
     assert sorted(str(path) for path in output_dir.rglob("*")) == before
     assert read_metrics(output_dir) == read_metrics(references["lora"])
 

@@ -321,7 +321,7 @@ def test_an_image_replaced_between_sessions_is_named_and_nothing_is_written(tmp_
     result = run_training(output_dir, *args, check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: checkpoint ") and "--continue_on_new_data true" in line
+    assert line.startswith("error: checkpoint ") and "--start_over true" in line
     assert "trained on other data: train circle/000.png differs" in line
     after = {path: path.read_bytes() for path in output_dir.rglob("*") if path.is_file()}
     assert {path: data for path, data in after.items() if path.name != ".lock"} == {

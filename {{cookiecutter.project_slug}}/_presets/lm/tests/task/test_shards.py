@@ -7,7 +7,7 @@ guarantees of test_guarantees.py on the shard path, with 3 shards of a small cor
   1 process (a hop 2 -> 1);
 - shards prepared again from another text (another vocabulary, or the same characters in another order)
   stop a resume with one line naming the vocabulary or the first shard that differs, before anything is
-  written; continue_on_new_data continues on them, and the checkpoints record it.
+  written; start_over sets the run aside and starts over on them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.chars import WindowOrder
 from {{ cookiecutter.package_name }}.prepare import SEPARATOR
 from {{ cookiecutter.package_name }}.prepare import main as prepare
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints, read_loop_state
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
@@ -324,12 +324,12 @@ def test_a_vocabulary_other_than_the_checkpoints_is_blamed_on_the_data_before_an
         output_dir, "--data_file", str(tokens), "--max_steps", "4", "--checkpoint_every", "2", check=False
     )
     line = one_line_error(result, "was trained on other data: train vocabulary differs")
-    assert "code and versions" not in line and "--continue_on_new_data true" in line
+    assert "code and versions" not in line and "--start_over true" in line
     assert snapshot(output_dir) == before
 
 
 @pytest.mark.slow
-def test_shards_prepared_again_from_another_text_are_named_and_continued_or_set_aside_only_on_purpose(
+def test_shards_prepared_again_from_another_text_are_named_and_set_aside_only_on_purpose(
     tmp_path: Path,
 ) -> None:
     """The same characters (so the same vocabulary) in another order: the first shard differs."""
@@ -344,18 +344,11 @@ def test_shards_prepared_again_from_another_text_are_named_and_continued_or_set_
     line = one_line_error(run_training(output_dir, *args, check=False), "train shard_000000.bin differs")
     assert line.startswith(f"error: checkpoint {list_checkpoints(output_dir)[-1]} was trained on other data")
     assert snapshot(output_dir) == before
-    step_2 = list_checkpoints(output_dir)[0]
-    result = run_training(output_dir, *args, "--resume", str(step_2), "--continue_on_new_data", "true")
-    assert "continue_on_new_data: continuing step_00000002 on other data" in result.stdout
-    saved = read_loop_state(list_checkpoints(output_dir)[-1])
-    assert saved.step == 4 and [change.split(" (")[0] for change in saved.data_changes] == [
-        "step 2: train shard_000000.bin differs"
-    ]
-    # Or start over on the new data: the run is set aside whole.
-    prepare_again(tokens, text, ".txt")
+    # Start over on the new data, on purpose: the run is set aside whole.
     result = run_training(output_dir, *args, "--start_over", "true")
-    assert "start_over: moved the earlier run (" in result.stdout
-    assert read_loop_state(list_checkpoints(output_dir)[-1]).data_changes == []
+    assert "start_over: moved the earlier run (" in result.stdout and "starting fresh" in result.stdout
+    (aside,) = (output_dir / "set_aside").iterdir()
+    assert snapshot(aside) == before
 
 
 def interrupt(output_dir: Path, args: list[str], signal_number: int, after_step: int) -> int:

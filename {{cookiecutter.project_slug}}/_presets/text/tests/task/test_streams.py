@@ -8,7 +8,7 @@
 - a file that cannot be read stops the run with one line naming it (and the line), before anything is
   written;
 - a file edited or added between sessions stops the rerun with one line naming it, before anything is
-  written; continue_on_new_data continues on it, and the checkpoints record the change;
+  written;
 - a stream with a shuffle buffer (which cannot resume exactly) is refused in one line;
 - read in 2 worker processes, a run stopped three times in a row (SIGKILL, SIGTERM, SIGKILL) across both
   epoch boundaries ends bitwise equal to one never stopped, and so do 2 processes handed to 1; another
@@ -41,7 +41,6 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints, read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
@@ -491,7 +490,7 @@ def test_files_edited_or_added_between_sessions_are_named_and_nothing_is_written
     before = snapshot(output_dir)
     relabel_first_row(tmp_path / "files" / f"part1{suffix}")
     line = refused_in_one_line(run_training(output_dir, *args, check=False), f"train part1{suffix} differs")
-    assert "--continue_on_new_data true" in line
+    assert "--start_over true" in line
     assert snapshot(output_dir) == before
     if suffix == ".jsonl":  # today's datasets ends an added file's resume in an IndexError
         write_files(tmp_path / "original", suffix)
@@ -499,31 +498,6 @@ def test_files_edited_or_added_between_sessions_are_named_and_nothing_is_written
         shutil.copy(tmp_path / "original" / f"part2{suffix}", tmp_path / "files" / f"part3{suffix}")
         refused_in_one_line(run_training(output_dir, *args, check=False), f"train part3{suffix} was added")
         assert snapshot(output_dir) == before
-
-
-@pytest.mark.slow
-def test_continue_on_new_data_continues_on_purpose_and_the_checkpoints_record_it(tmp_path: Path) -> None:
-    files = write_files(tmp_path / "files", ".jsonl")
-    output_dir = tmp_path / "run"
-    args = ["--data_files", files, *CHANGING]
-    run_training(output_dir, *args)
-    relabel_first_row(tmp_path / "files" / "part0.jsonl")
-    step_2 = list_checkpoints(output_dir)[0]
-    assert step_2.name == "step_00000002"
-    # From step 2 (its later checkpoint is set aside): the steps after it train on the edited file.
-    result = run_training(output_dir, *args, "--resume", str(step_2), "--continue_on_new_data", "true")
-    assert "continue_on_new_data: continuing step_00000002 on other data (train part0.jsonl differs" in (
-        result.stdout
-    )
-    # The run's history names it too, as a change between two sessions (utils/history.py).
-    assert "history: data changed (fingerprint " in result.stdout
-    saved = read_loop_state(list_checkpoints(output_dir)[-1])
-    assert saved.step == 4
-    assert [change.split(" (")[0] for change in saved.data_changes] == ["step 2: train part0.jsonl differs"]
-    config = config_for(files, *CHANGING)
-    assert saved.data_fingerprint == data_fingerprint(*task.build_datasets(config))
-    # The run now goes on with the new data: the same command, without the switch, continues it.
-    assert run_training(output_dir, *args).returncode == 0
 
 
 @pytest.mark.slow
