@@ -195,7 +195,7 @@ def train(
                 scheduler.step()
             book.count(step_loss, skipped)  # the step, the position in the data, skipped fp16 steps
             book.log(scheduler)  # every log_every steps: train loss, and the stop and time votes
-            book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/, early stopping
+            book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/
             book.checkpoint(model, gradients)  # when due, for time, or before a stop; never of broken weights
             if book.end.now():  # done, stopping, or diverged
                 break

@@ -3,8 +3,8 @@
 Each session's record says where it ran (platform, host, device, precision, processes x per-device batch x
 accumulation), on what (the versions of Python, torch, Accelerate and of the task's libraries that are
 imported, the hashes of task.py and of the project's code) and which steps it trained: the step it started
-at, the last step it reached, and why it ended (done, max_steps reached, early stopping, time budget
-spent, stopped by a signal, diverged; none recorded: killed or crashed after its last checkpoint). The
+at, the last step it reached, and why it ended (done, max_steps reached, time budget spent, stopped by a
+signal, diverged; none recorded: killed or crashed after its last checkpoint). The
 history of every session travels inside every checkpoint (`history.json`, covered by the checkpoint's
 checksums and seal), so the mirror, a remote store and copies of the folder carry it and verify it;
 the run folder holds a readable copy (`<output_dir>/history.json`), rewritten atomically at the start of a
