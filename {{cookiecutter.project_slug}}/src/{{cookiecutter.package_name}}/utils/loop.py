@@ -1,19 +1,8 @@
 """The step's bookkeeping: what the training loop decides after each optimizer step, one method per concern.
 
-train.py builds one `Bookkeeping` before the loop, takes each epoch's batches from it (`epoch_batches`:
-its order, and after a resume the batches not yet seen), before each step `step_digest` (what is recorded
-of it, on the first step after a checkpoint: utils/exact.py) and, after every optimizer step, in order:
-`count` (the position in the data, fp16's skipped steps), `log` (the train loss, the stop and time votes),
-`evaluate` (metrics, best_model/), `checkpoint` (when due or asked for), then
-`end.now()` (whether the loop ends);
-after each epoch's batches, `after_epoch` (a stream's epoch ends there).
-Beside it: `TrainLoss` (the train loss, summed on the device and read back once per logging interval)
-and `Ending` (why training stops: a signal, the clock, the last step, or divergence: a
-non-finite loss, metric or weight). After the loop, `finish` says why it ended and leaves what the ending
-calls for. Diverged: one line naming the last good checkpoint (raised). Stopped by a signal: the
-checkpoint, exit 75. Stopped by the time budget: model/ too, exit 75. Done (the last step): the last
-evaluation and model/. A checkpoint still being written in the background
-(utils/persist.py) is published first, whatever the ending.
+train.py's loop calls `Bookkeeping`'s methods in the order it shows. Beside it: `TrainLoss` (the train loss,
+summed on the device and read back once per logging interval) and `Ending` (why training stops). After the
+loop, `finish` says why it ended and leaves what the ending calls for.
 """
 
 from __future__ import annotations

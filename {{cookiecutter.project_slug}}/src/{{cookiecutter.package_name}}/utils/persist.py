@@ -2,21 +2,11 @@
 
 The path of a checkpoint reads in one direction: the loop (utils/loop.py) -> `Persister` -> the store
 (checkpoint.py writes, checksums, fsyncs, seals and publishes; then the mirror, utils/mirror.py, copies).
-
-checkpoint_mode "background" (the default): at a checkpoint every process copies to CPU memory what
-Accelerate's `save_state` would write (the model's state dict with the same pre-save hooks, the optimizer,
-scheduler, scaler, samplers, registered objects such as a stream's position, its own RNG file) and training
-goes on; a thread of the main process writes those same files, under the same names, into the staging
-folder, which checkpoint.py then seals (loop_state.json last) and renames, as a synchronous save does. At
-most one save is in flight: the next checkpoint, a stop (signal, time, end of training, divergence) and the
-export wait for it first, so the CPU buffers of one staging (`Staging`) are written out before the next
-reuses them. Rotation happens only after a publish. The other processes write their RNG file
-(a few KB) at once into the staging folder, before the main process hands its part to the thread, so the
-thread never needs a collective. A failed background write is raised at the next wait, as a synchronous
-one would be at once. "sync" writes inside the loop (Accelerate's own save_state): for debugging and for
-comparison (bench/checkpoints.py). FSDP, DeepSpeed and XLA runs always save synchronously (their
-save_state writes formats of their own, collectively), and so do devices other than the CPU, CUDA and MPS
-(whose RNG states stage_state does not know).
+What checkpoint_mode "background" (the default) and "sync" do and cost: docs/resume.md, "Checkpoints in
+the background". Beyond it: the other processes write their RNG file (a few KB) into the staging folder
+at once, before the main process hands its part to the thread, so the thread never needs a collective;
+rotation happens only after a publish; devices other than the CPU, CUDA and MPS save synchronously too
+(stage_state knows no other RNG states).
 """
 
 from __future__ import annotations
