@@ -46,12 +46,6 @@ from .run_dir import write_error
 
 # A test hook: seconds the thread sleeps before each file it writes, so that a kill lands inside the write.
 PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"
-SYNC_ONLY = (
-    DistributedType.FSDP,
-    DistributedType.DEEPSPEED,
-    DistributedType.MEGATRON_LM,
-    DistributedType.XLA,
-)
 
 
 class Persister:
@@ -59,8 +53,12 @@ class Persister:
 
     def __init__(self, accelerator: Accelerator, config: TrainConfig, published: Callable[[], None]) -> None:
         self.accelerator, self.config, self.published = accelerator, config, published
+        # FSDP and DeepSpeed save formats of their own, collectively; stage_state knows the RNG states of
+        # the CPU, CUDA and MPS alone.
         self.background = (
-            config.checkpoint_mode == "background" and accelerator.distributed_type not in SYNC_ONLY
+            config.checkpoint_mode == "background"
+            and accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+            and accelerator.device.type in ("cpu", "cuda", "mps")
         )
         self.staging = Staging()
         # One thread of the main process writes; a save's error is raised by the next `wait`.
@@ -79,7 +77,6 @@ class Persister:
         """Save on every process (all call it at the same step); return the checkpoint's final path.
         `saved(path)` runs on the loop's thread once it is published: at once, or at a later `announce`
         or `wait` (in the background)."""
-        self.background = self.background and stageable(self.accelerator)
         if not self.background:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
@@ -188,13 +185,6 @@ class Worker:
             self.work()
             if closing:
                 return
-
-
-def stageable(accelerator: Accelerator) -> bool:
-    """Whether stage_state builds every file save_state would write here: on the CPU, a CUDA GPU or MPS
-    (whose RNG states it knows), without Accelerate's stateful dataloaders (a file of their own)."""
-    stateful = any(getattr(loader, "use_stateful_dataloader", False) for loader in accelerator._dataloaders)
-    return accelerator.device.type in ("cpu", "cuda", "mps") and not stateful
 
 
 class Staging:
