@@ -262,7 +262,6 @@ def finish(
     """Raise if training diverged; False if a signal or the clock stopped it (having left what a session
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
-    book.progress.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
