@@ -242,7 +242,8 @@ class Staging:
 
 def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, str, Any]]:
     """(file name, format, CPU copy) of what `accelerator.save_state` writes from this process: every file
-    on the main process, its own RNG file on the others. The same names and contents load_state reads.
+    on the main process, its own RNG file on the others. The same names and contents load_state reads (no
+    sampler file: save_state writes one for prepared iterable datasets only, which train.py has none of).
     The tensors are copied into `staging`'s buffers: what they held before is overwritten."""
     rng = {
         "step": accelerator.step,
@@ -268,25 +269,11 @@ def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, s
             name = f"{kind}{f'_{index}' if index else ''}.bin"
             staged.append((name, "torch", staging.copy(obj.state_dict(), name)))
     staging.end()
-    staged += _samplers(accelerator)
     if accelerator.scaler is not None:
         staged.append(("scaler.pt", "torch", _pickled(accelerator.scaler.state_dict())))
     for index, obj in enumerate(accelerator._custom_objects):
         staged.append((f"custom_checkpoint_{index}.pkl", "torch", _pickled(obj.state_dict())))
     return [*staged, own]
-
-
-def _samplers(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
-    """The seedable samplers of the prepared loaders, pickled as save_state pickles them (the objects)."""
-    from accelerate.data_loader import IterableDatasetShard, SeedableRandomSampler
-
-    staged = []
-    for index, loader in enumerate(accelerator._dataloaders):
-        if isinstance(loader.dataset, IterableDatasetShard):
-            sampler = loader.get_sampler()
-            if isinstance(sampler, SeedableRandomSampler):
-                staged.append((f"sampler{f'_{index}' if index else ''}.bin", "torch", _pickled(sampler)))
-    return staged
 
 
 def _pickled(value: Any) -> bytes:
