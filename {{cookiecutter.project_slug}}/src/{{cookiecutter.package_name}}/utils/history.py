@@ -11,9 +11,10 @@ the run folder holds a readable copy (`<output_dir>/history.json`), rewritten at
 session, at each checkpoint and at its end. That copy also knows the sessions whose end no checkpoint saw
 (a divergence, a session killed before its first checkpoint).
 
-At a resume every difference from the previous session is printed, one line each, with what it does to
-the numbers; then the first step says whether it is bit for bit the one the uninterrupted run took (each
-session records the step after each of its checkpoints: utils/exact.py), and the verdict is recorded.
+At a resume every difference from the previous session but its platform and host is printed, one line
+each, with what it does to the numbers; then the first step says whether it is bit for bit the one the
+uninterrupted run took (each session records the step after each of its checkpoints: utils/exact.py), and
+the verdict is recorded.
 """
 
 from __future__ import annotations
@@ -242,10 +243,6 @@ def differences(before: Record, now: Record) -> list[str]:
             f"the project's code changed (train.py or src/, sha256 {before['code_sha256'][:12]} -> "
             f"{now['code_sha256'][:12]}): the loop or the task's modules may compute differently"
         )
-    if moved := [
-        f"{key} {before[key]} -> {now[key]}" for key in ("platform", "host") if before[key] != now[key]
-    ]:
-        lines.append(f"{', '.join(moved)}: no effect on the numbers by itself")
     return lines
 
 
