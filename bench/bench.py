@@ -4,7 +4,7 @@
     python bench/bench.py --quick    # a few steps of everything (CI runs it so the script cannot rot)
 
 What is measured, all on one CPU process:
-1. optimizer steps per second of the generated train.py (progress bar, logging every 50 steps and
+1. optimizer steps per second of the generated train.py (progress lines, logging every 50 steps and
    the checkpoint check on; evaluation and checkpoint saves placed after the timed window) against a
    plain PyTorch loop with the same model, data, batch size, optimizer, schedule and gradient clipping,
    at a tiny and a realistic model size. Runs alternate between the two loops in one process;
@@ -424,7 +424,7 @@ def template_argv(
     project: Path, output_dir: Path, setup: Setup, augment: bool = False, workers: int = 0
 ) -> list[str]:
     # Evaluation and checkpoint saves fall after the last step (eval_every and checkpoint_every larger
-    # than the run): the timed window sees the step, the progress bar, logging and both checks.
+    # than the run): the timed window sees the step, the progress lines, logging and both checks.
     argv = [
         *("--config", str(project / "configs" / "local.yaml"), "--output_dir", str(output_dir)),
         *("--max_steps", str(setup.steps), "--num_epochs", "1000", "--num_workers", str(workers)),

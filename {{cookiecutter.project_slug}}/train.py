@@ -32,7 +32,6 @@ import errno
 import math
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -187,7 +186,7 @@ def train(
                 scheduler.step()
             book.count(step_loss, skipped)  # the step, the position in the data, skipped fp16 steps
             book.log(scheduler)  # every log_every steps: train loss, and the stop and time votes
-            book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/, early stopping
+            book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/
             book.checkpoint(model, gradients)  # when due, for time, or before a stop; never of broken weights
             if book.end.now():  # done, stopping, or diverged
                 break
@@ -435,16 +434,6 @@ if __name__ == "__main__":
         status = f"config error: {error}"
     except RunError as error:
         status = f"error: {error}"
-    except (RuntimeError, ConnectionResetError) as error:  # a loader worker that died (e.g. killed out of
-        # memory): PyTorch's words, or the socket it was handing a batch over, reset mid-transfer
-        reset = isinstance(error, ConnectionResetError) and "torch/utils/data/" in traceback.format_exc()
-        if "DataLoader worker (pid" not in str(error) and not reset:
-            raise
-        died = f"DataLoader worker died handing over a batch ({error})" if reset else str(error).strip()
-        status = (
-            f"error: {died} (out of memory? lower num_workers or per_device_batch_size); "
-            "rerun the same command to resume exactly from the last checkpoint"
-        )
     except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise

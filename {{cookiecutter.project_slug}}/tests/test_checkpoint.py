@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import (
+    RETIRED_KEYS,
     LoopState,
     _rotate,
     checkpoint_problem,
@@ -56,13 +57,13 @@ def test_rotation_removes_only_readable_checkpoints_older_than_the_latest(tmp_pa
 
 
 def test_a_loop_state_key_of_an_earlier_version_is_skipped(tmp_path: Path) -> None:
-    """A checkpoint of an earlier version holds `data_changes` (its continue_on_new_data's record): it still
-    reads and resumes; a key no version knew is refused."""
+    """A checkpoint of an earlier version holds keys of dropped features (continue_on_new_data's record,
+    early stopping's counters): it still reads and resumes; a key no version knew is refused."""
     path = fake_checkpoint(tmp_path, 2, valid=False)
-    for key in ("data_changes", "field_of_a_newer_version"):
+    for key in (*RETIRED_KEYS, "field_of_a_newer_version"):
         state = {"loop_state": {"step": 2, key: []}, "files": {}}
         (path / "loop_state.json").write_text(json.dumps({**state, "seal": seal(state)}))
-        if key == "data_changes":
+        if key in RETIRED_KEYS:
             assert checkpoint_problem(path) is None and read_loop_state(path).step == 2
     assert "written by another version" in checkpoint_problem(path)
 

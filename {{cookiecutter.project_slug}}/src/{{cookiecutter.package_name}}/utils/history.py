@@ -3,17 +3,18 @@
 Each session's record says where it ran (platform, host, device, precision, processes x per-device batch x
 accumulation), on what (the versions of Python, torch, Accelerate and of the task's libraries that are
 imported, the hashes of task.py and of the project's code) and which steps it trained: the step it started
-at, the last step it reached, and why it ended (done, max_steps reached, early stopping, time budget
-spent, stopped by a signal, diverged; none recorded: killed or crashed after its last checkpoint). The
+at, the last step it reached, and why it ended (done, max_steps reached, time budget spent, stopped by a
+signal, diverged; none recorded: killed or crashed after its last checkpoint). The
 history of every session travels inside every checkpoint (`history.json`, covered by the checkpoint's
 checksums and seal), so the mirror, a remote store and copies of the folder carry it and verify it;
 the run folder holds a readable copy (`<output_dir>/history.json`), rewritten atomically at the start of a
 session, at each checkpoint and at its end. That copy also knows the sessions whose end no checkpoint saw
 (a divergence, a session killed before its first checkpoint).
 
-At a resume every difference from the previous session is printed, one line each, with what it does to
-the numbers; then the first step says whether it is bit for bit the one the uninterrupted run took (each
-session records the step after each of its checkpoints: utils/exact.py), and the verdict is recorded.
+At a resume every difference from the previous session but its platform and host is printed, one line
+each, with what it does to the numbers; then the first step says whether it is bit for bit the one the
+uninterrupted run took (each session records the step after each of its checkpoints: utils/exact.py), and
+the verdict is recorded.
 """
 
 from __future__ import annotations
@@ -180,21 +181,15 @@ def read_sessions(path: Path, run_id: str) -> list[Record]:
 def merge(sessions: list[Record], folder_copy: list[Record]) -> list[Record]:
     """The checkpoint's sessions, completed by the run folder's copy: a session that went on after the
     checkpoint (its end, a divergence) and sessions that no checkpoint saw. Ordered by start."""
-    merged = {record.get("id") or str(index): record for index, record in enumerate(sessions)}
+    merged = {record["id"]: record for record in sessions}
     for record in folder_copy:
-        known = merged.get(record.get("id", ""))
-        if known is None or _reached(record) >= _reached(known):
-            merged[record.get("id", "")] = record
-    ordered = sorted(merged.values(), key=lambda record: str(record.get("started", "")))
+        known = merged.get(record["id"])
+        if known is None or record["end_step"] >= known["end_step"]:
+            merged[record["id"]] = record
+    ordered = sorted(merged.values(), key=lambda record: record["started"])
     for number, record in enumerate(ordered, 1):
-        if record.get("session") != "?":
-            record["session"] = number
+        record["session"] = number
     return ordered
-
-
-def _reached(record: Record) -> int:
-    step = record.get("end_step", 0)
-    return step if isinstance(step, int) else 0
 
 
 def unclean_end(record: Record) -> str:
@@ -213,39 +208,33 @@ def describe(record: Record) -> str:
 def differences(before: Record, now: Record) -> list[str]:
     """One line per difference between two sessions' records, with what it does to the numbers."""
     lines = [*_batch_change(before, now)]
-    if before.get("device") != now["device"]:
+    if before["device"] != now["device"]:
         why = f"other kernels round differently: {NOT_EXACT}"
-        lines.append(f"device {before.get('device')} -> {now['device']}: {why}")
-    if before.get("mixed_precision") != now["mixed_precision"]:
+        lines.append(f"device {before['device']} -> {now['device']}: {why}")
+    if before["mixed_precision"] != now["mixed_precision"]:
         lines.append(
-            f"mixed precision {before.get('mixed_precision')} -> {now['mixed_precision']}: the arithmetic "
+            f"mixed precision {before['mixed_precision']} -> {now['mixed_precision']}: the arithmetic "
             f"itself changed: {NOT_EXACT}"
         )
     for name, says in (("deterministic", "deterministic kernels"), ("compile", "torch.compile")):
-        if name in before and before[name] != now[name]:
+        if before[name] != now[name]:
             why = (
                 "on a GPU, some sums are then added in an order that varies"
                 if name == "deterministic"
                 else "compiled kernels fuse operations and round differently"
             )
             lines.append(f"{says} {_on(before[name])} -> {_on(now[name])}: {why}: {NOT_EXACT}")
-    lines += _version_changes(before.get("versions", {}), now["versions"])
-    if "task_sha256" in before and before["task_sha256"] != now["task_sha256"]:
+    lines += _version_changes(before["versions"], now["versions"])
+    if before["task_sha256"] != now["task_sha256"]:
         lines.append(
             f"task.py changed (sha256 {before['task_sha256'][:12]} -> {now['task_sha256'][:12]}): the data, "
             "model, loss or metrics may differ from the sessions before: one run, two experiments"
         )
-    elif "code_sha256" in before and before["code_sha256"] != now["code_sha256"]:
+    elif before["code_sha256"] != now["code_sha256"]:
         lines.append(
             f"the project's code changed (train.py or src/, sha256 {before['code_sha256'][:12]} -> "
             f"{now['code_sha256'][:12]}): the loop or the task's modules may compute differently"
         )
-    if moved := [
-        f"{key} {before[key]} -> {now[key]}"
-        for key in ("platform", "host")
-        if key in before and before[key] != now[key]
-    ]:
-        lines.append(f"{', '.join(moved)}: no effect on the numbers by itself")
     return lines
 
 
@@ -259,13 +248,11 @@ def _on(value: Any) -> str:
 def _batch_change(before: Record, now: Record) -> list[str]:
     names = {"processes": "processes", "per_device_batch": "per-device batch", "accumulation": "accumulation"}
     changed = [
-        f"{shown} {before[key]} -> {now[key]}"
-        for key, shown in names.items()
-        if key in before and before[key] != now[key]
+        f"{shown} {before[key]} -> {now[key]}" for key, shown in names.items() if before[key] != now[key]
     ]
     if not changed:
         return []
-    if before.get("per_device_batch") == now["per_device_batch"]:
+    if before["per_device_batch"] == now["per_device_batch"]:
         return [
             f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same sums in the "
             "same order and the same random numbers (they follow the samples), so bitwise as one "

@@ -1,19 +1,8 @@
 """The step's bookkeeping: what the training loop decides after each optimizer step, one method per concern.
 
-train.py builds one `Bookkeeping` before the loop, takes each epoch's batches from it (`epoch_batches`:
-its order, and after a resume the batches not yet seen), before each step `step_digest` (what is recorded
-of it, on the first step after a checkpoint: utils/exact.py) and, after every optimizer step, in order:
-`count` (the position in the data, fp16's skipped steps), `log` (the train loss, the stop and time votes),
-`evaluate` (metrics, best_model/, early stopping), `checkpoint` (when due or asked for), then
-`end.now()` (whether the loop ends);
-after each epoch's batches, `after_epoch` (a stream's epoch ends there).
-Beside it: `TrainLoss` (the train loss, summed on the device and read back once per logging interval)
-and `Ending` (why training stops: a signal, the clock, early stopping, the last step, or divergence: a
-non-finite loss, metric or weight). After the loop, `finish` says why it ended and leaves what the ending
-calls for. Diverged: one line naming the last good checkpoint (raised). Stopped by a signal: the
-checkpoint, exit 75. Stopped by the time budget: model/ too, exit 75. Done (the last step, early
-stopping): the last evaluation and model/. A checkpoint still being written in the background
-(utils/persist.py) is published first, whatever the ending.
+train.py's loop calls `Bookkeeping`'s methods in the order it shows. Beside it: `TrainLoss` (the train loss,
+summed on the device and read back once per logging interval) and `Ending` (why training stops). After the
+loop, `finish` says why it ended and leaves what the ending calls for.
 """
 
 from __future__ import annotations
@@ -112,7 +101,7 @@ class Bookkeeping:
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """At every eval_every steps (else at each epoch's end): metrics, best_model/, early stopping.
+        """At every eval_every steps (else at each epoch's end): metrics, best_model/.
         `forward` computes the metrics; `model` is what best_model/ exports (the same weights)."""
         state, config = self.state, self.config
         due = state.step % config.eval_every == 0 if config.eval_every else self.end_of_epoch
@@ -124,7 +113,6 @@ class Bookkeeping:
             return
         self.metrics = metrics
         track_best(self.accelerator, model, config, state, metrics)  # logged too
-        state.stopped_early = patience_over(self.accelerator, config, state)
         # A signal that came during the evaluation (minutes, on a large eval set) is acted on now.
         self.end.stopping = self.end.stopping or self.loss.total(float(bool(self.end.stop_request)))[1] > 0
 
@@ -145,13 +133,13 @@ class Bookkeeping:
         if self.end.diverged:
             return
         due = state.step % config.checkpoint_every == 0 or state.step == self.total_steps
-        if not (due or self.timed_checkpoint or self.end.stopping or state.stopped_early):
+        if not (due or self.timed_checkpoint or self.end.stopping):
             return
         # Never a checkpoint of broken weights: it would rotate the last good one out.
         if not weights_finite(accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
             return
-        more = state.step < self.steps_per_epoch * config.num_epochs and not state.stopped_early
+        more = state.step < self.steps_per_epoch * config.num_epochs
         if more and self.end.now() and not self.streamed:  # a stream's next batch is not read ahead
             batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
             self.check.probe(state.step, batch, gradients, model)
@@ -186,7 +174,7 @@ class Ending:
 
     def now(self) -> bool:
         """Whether the loop ends (checked after every step, and before every epoch)."""
-        return bool(self.diverged) or self.stopping or self.state.stopped_early or self.done()
+        return bool(self.diverged) or self.stopping or self.done()
 
     def done(self) -> bool:
         return self.state.step >= self.total_steps
@@ -199,8 +187,6 @@ class Ending:
             return "time budget spent"
         if self.stopping:
             return f"stopped by {self.stop_request.signal_name or 'a signal to another process'}"
-        if self.state.stopped_early:
-            return "early stopping"
         if self.done():
             return "max_steps reached" if 0 < self.max_steps < self.schedule_steps else "done"
         return ""
@@ -276,7 +262,6 @@ def finish(
     """Raise if training diverged; False if a signal or the clock stopped it (having left what a session
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
-    book.progress.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
@@ -319,11 +304,6 @@ def done(
     """Training is done: the last train loss, the last evaluation (unless that step had one), the exports."""
     accelerator, config, state = book.accelerator, book.config, book.state
     output_dir = Path(config.output_dir)
-    if state.stopped_early:
-        accelerator.print(
-            f"early stopping at step {state.step}: {state.evals_since_best} evaluations without a better "
-            f"{config.best_metric} than {state.best_value:.4f} (step {state.best_step})"
-        )
     if book.loss.batches:  # the last, partial logging interval
         loss_total = book.loss.total()[0]
         if not math.isfinite(loss_total):
@@ -403,16 +383,6 @@ def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
         yield ahead
 
 
-def patience_over(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> bool:
-    """Whether early stopping ends training at this evaluation, on every process alike: rank 0 decides
-    (the gathered metrics are the same everywhere anyway) and check_trigger, a collective, tells all."""
-    if not config.early_stopping_patience:
-        return False
-    if accelerator.is_main_process and state.evals_since_best >= config.early_stopping_patience:
-        accelerator.set_trigger()
-    return accelerator.check_trigger()
-
-
 @torch.no_grad()
 def evaluate(
     accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader, config: TrainConfig
@@ -436,18 +406,15 @@ def evaluate(
 def track_best(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, state: LoopState, metrics: dict
 ) -> None:
-    """Log the evaluation's `metrics`; export best_model/ when they beat the best so far, else count one
-    more evaluation without."""
+    """Log the evaluation's `metrics`; export best_model/ when they beat the best so far."""
     accelerator.log(metrics, step=state.step)
     state.last_eval_step = state.step
     value, best = metrics[config.best_metric], state.best_value
     if best is None or (value > best if config.METRIC_GOALS[config.best_metric] == "max" else value < best):
-        state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
+        state.best_value, state.best_step = value, state.step
         # Outside checkpoints/, so rotation never removes it; predict.py --model_dir <output_dir>/best_model.
         folder = Path(config.output_dir) / "best_model"
         export_model(accelerator, model, config, folder, {"step": state.step, **metrics})
-    else:
-        state.evals_since_best += 1
 
 
 def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:

@@ -2,21 +2,11 @@
 
 The path of a checkpoint reads in one direction: the loop (utils/loop.py) -> `Persister` -> the store
 (checkpoint.py writes, checksums, fsyncs, seals and publishes; then the mirror, utils/mirror.py, copies).
-
-checkpoint_mode "background" (the default): at a checkpoint every process copies to CPU memory what
-Accelerate's `save_state` would write (the model's state dict with the same pre-save hooks, the optimizer,
-scheduler, scaler, samplers, registered objects such as a stream's position, its own RNG file) and training
-goes on; a thread of the main process writes those same files, under the same names, into the staging
-folder, which checkpoint.py then seals (loop_state.json last) and renames, as a synchronous save does. At
-most one save is in flight: the next checkpoint, a stop (signal, time, end of training, divergence) and the
-export wait for it first, so the CPU buffers of one staging (`Staging`) are written out before the next
-reuses them. Rotation happens only after a publish. The other processes write their RNG file
-(a few KB) at once into the staging folder, before the main process hands its part to the thread, so the
-thread never needs a collective. A failed background write is raised at the next wait, as a synchronous
-one would be at once. "sync" writes inside the loop (Accelerate's own save_state): for debugging and for
-comparison (bench/checkpoints.py). FSDP, DeepSpeed and XLA runs always save synchronously (their
-save_state writes formats of their own, collectively), and so do devices other than the CPU, CUDA and MPS
-(whose RNG states stage_state does not know).
+What checkpoint_mode "background" (the default) and "sync" do and cost: docs/resume.md, "Checkpoints in
+the background". Beyond it: the other processes write their RNG file (a few KB) into the staging folder
+at once, before the main process hands its part to the thread, so the thread never needs a collective;
+rotation happens only after a publish; devices other than the CPU, CUDA and MPS save synchronously too
+(stage_state knows no other RNG states).
 """
 
 from __future__ import annotations
@@ -56,12 +46,6 @@ from .run_dir import write_error
 
 # A test hook: seconds the thread sleeps before each file it writes, so that a kill lands inside the write.
 PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"
-SYNC_ONLY = (
-    DistributedType.FSDP,
-    DistributedType.DEEPSPEED,
-    DistributedType.MEGATRON_LM,
-    DistributedType.XLA,
-)
 
 
 class Persister:
@@ -69,8 +53,12 @@ class Persister:
 
     def __init__(self, accelerator: Accelerator, config: TrainConfig, published: Callable[[], None]) -> None:
         self.accelerator, self.config, self.published = accelerator, config, published
+        # FSDP and DeepSpeed save formats of their own, collectively; stage_state knows the RNG states of
+        # the CPU, CUDA and MPS alone.
         self.background = (
-            config.checkpoint_mode == "background" and accelerator.distributed_type not in SYNC_ONLY
+            config.checkpoint_mode == "background"
+            and accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+            and accelerator.device.type in ("cpu", "cuda", "mps")
         )
         self.staging = Staging()
         # One thread of the main process writes; a save's error is raised by the next `wait`.
@@ -89,7 +77,6 @@ class Persister:
         """Save on every process (all call it at the same step); return the checkpoint's final path.
         `saved(path)` runs on the loop's thread once it is published: at once, or at a later `announce`
         or `wait` (in the background)."""
-        self.background = self.background and stageable(self.accelerator)
         if not self.background:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
@@ -200,13 +187,6 @@ class Worker:
                 return
 
 
-def stageable(accelerator: Accelerator) -> bool:
-    """Whether stage_state builds every file save_state would write here: on the CPU, a CUDA GPU or MPS
-    (whose RNG states it knows), without Accelerate's stateful dataloaders (a file of their own)."""
-    stateful = any(getattr(loader, "use_stateful_dataloader", False) for loader in accelerator._dataloaders)
-    return accelerator.device.type in ("cpu", "cuda", "mps") and not stateful
-
-
 class Staging:
     """The CPU buffers that hold a staged state, kept from one checkpoint to the next: a checkpoint neither
     allocates (and faults in) one checkpoint's size of memory again nor, from a CUDA GPU, copies through
@@ -262,7 +242,8 @@ class Staging:
 
 def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, str, Any]]:
     """(file name, format, CPU copy) of what `accelerator.save_state` writes from this process: every file
-    on the main process, its own RNG file on the others. The same names and contents load_state reads.
+    on the main process, its own RNG file on the others. The same names and contents load_state reads (no
+    sampler file: save_state writes one for prepared iterable datasets only, which train.py has none of).
     The tensors are copied into `staging`'s buffers: what they held before is overwritten."""
     rng = {
         "step": accelerator.step,
@@ -288,25 +269,11 @@ def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, s
             name = f"{kind}{f'_{index}' if index else ''}.bin"
             staged.append((name, "torch", staging.copy(obj.state_dict(), name)))
     staging.end()
-    staged += _samplers(accelerator)
     if accelerator.scaler is not None:
         staged.append(("scaler.pt", "torch", _pickled(accelerator.scaler.state_dict())))
     for index, obj in enumerate(accelerator._custom_objects):
         staged.append((f"custom_checkpoint_{index}.pkl", "torch", _pickled(obj.state_dict())))
     return [*staged, own]
-
-
-def _samplers(accelerator: Accelerator) -> list[tuple[str, str, Any]]:
-    """The seedable samplers of the prepared loaders, pickled as save_state pickles them (the objects)."""
-    from accelerate.data_loader import IterableDatasetShard, SeedableRandomSampler
-
-    staged = []
-    for index, loader in enumerate(accelerator._dataloaders):
-        if isinstance(loader.dataset, IterableDatasetShard):
-            sampler = loader.get_sampler()
-            if isinstance(sampler, SeedableRandomSampler):
-                staged.append((f"sampler{f'_{index}' if index else ''}.bin", "torch", _pickled(sampler)))
-    return staged
 
 
 def _pickled(value: Any) -> bytes:

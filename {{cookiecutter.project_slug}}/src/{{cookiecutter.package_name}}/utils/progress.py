@@ -1,58 +1,41 @@
-"""Training progress that fits where the output goes.
-
-On a terminal: a live tqdm bar. Anywhere else (a file, a SLURM .out, a Kaggle commit log, CI, `!python` in
-a notebook): a plain line now and then, since every redraw of a bar would land in the log as another
-carriage-return frame. Only the main process shows progress; the others keep quiet.
+"""Training progress as a plain line now and then, which reads the same on a terminal and in a log (a
+file, a SLURM .out, a Kaggle commit log, CI, `!python` in a notebook), where every redraw of a live bar
+would land as another carriage-return frame. Only the main process shows progress; the others keep quiet.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from typing import Any
 
-# Off a terminal: the first line once the speed means something, then one line every so often. A
+# The first line once the speed means something, then one line every so often. A
 # 12-hour SLURM job logs about 1,400 lines this way; a 10-second laptop run one or two.
 FIRST_LINE_AFTER_S = 5.0
 LINE_EVERY_S = 30.0
 
 
 class Progress:
-    """Counts optimizer steps and shows them; `write` prints an event line without breaking a live bar."""
+    """Counts optimizer steps and shows them; `write` prints an event line."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self.total, self.step, self.enabled = total, initial, enabled
         self.start_step, self.loss = initial, None
         self.started = self.last_line = time.monotonic()
         self.next_line = self.started + FIRST_LINE_AFTER_S
-        self.bar: Any = None
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm  # only where a bar is drawn
-
-            self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
 
     def update(self) -> None:
         """One optimizer step done: called at every step, so it does as little as it can."""
         self.step += 1
-        if self.bar is not None:
-            self.bar.update()
-        elif self.enabled and (self.step == self.total or time.monotonic() >= self.next_line):
+        if self.enabled and (self.step == self.total or time.monotonic() >= self.next_line):
             self.write(self.line())
             self.next_line = time.monotonic() + LINE_EVERY_S
 
     def set_loss(self, loss: float) -> None:
         """The mean train loss of the last logging interval (known at the logging sync only)."""
         self.loss = loss
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
     def write(self, line: str) -> None:
         """An event (a checkpoint, a stop): one line, from the main process only."""
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.write(line)
-        else:
+        if self.enabled:
             print(line, flush=True)
 
     def line(self) -> str:
@@ -68,10 +51,6 @@ class Progress:
             parts.append(f"elapsed {clock(elapsed)}")
             parts.append(f"ETA {clock((self.total - self.step) / rate)}")
         return "train: " + " | ".join(parts)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def clock(seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""Evaluation that does not depend on the process count, the best model, early stopping."""
+"""Evaluation that does not depend on the process count, the best model."""
 
 from __future__ import annotations
 
@@ -83,25 +83,6 @@ def test_best_model_holds_the_best_evaluation_and_outlives_rotation(tmp_path: Pa
     # Rotation keeps one checkpoint; best_model lives outside checkpoints/ and is never rotated.
     assert [path.name for path in (output_dir / "checkpoints").iterdir()] == ["step_00000060"]
     assert json.loads((output_dir / "model" / "export.json").read_text())["step"] == 60
-
-
-def test_early_stopping_stops_both_processes_at_the_same_step(tmp_path: Path) -> None:
-    """A learning rate too small to change any prediction: accuracy never improves after the first
-    evaluation (step 2), so with patience 2 training stops at step 6, on both processes."""
-    output_dir = tmp_path / "run"
-    args = ["--learning_rate", "1e-9", "--eval_every", "2", "--early_stopping_patience", "2"]
-    result = run_training(output_dir, *args, "--log_every", "2", processes=2)
-    assert "early stopping at step 6: 2 evaluations without a better eval/accuracy" in result.stdout
-    assert max(row["step"] for row in read_metrics(output_dir)) == 6
-    # Both processes took part in the checkpoint of step 6: each wrote its random state there.
-    checkpoint = output_dir / "checkpoints" / "step_00000006"
-    assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
-    assert json.loads((output_dir / "best_model" / "export.json").read_text())["step"] == 2
-    # Running the same command again does not train on: the run is over.
-    before = (output_dir / "metrics.jsonl").read_text()
-    rerun = run_training(output_dir, *args, "--log_every", "2", processes=2)
-    assert "early stopping at step 6" in rerun.stdout
-    assert (output_dir / "metrics.jsonl").read_text() == before
 
 
 def test_torch_compile_trains_and_exports_plain_weights(tmp_path: Path) -> None:

@@ -141,12 +141,12 @@ def test_a_stream_stopped_inside_an_epoch_resumes_bitwise(
 
 
 @pytest.mark.slow
-def test_a_loader_worker_killed_is_one_line_and_the_rerun_resumes_bitwise(
+def test_a_loader_worker_killed_ends_the_run_and_the_rerun_resumes_bitwise(
     jsonl_files: str, reference: Path, tmp_path: Path
 ) -> None:
     """A stream's loader worker killed with SIGKILL (as the kernel's out-of-memory killer does) after a
-    checkpoint: train.py ends with one line that says so and how to go on, no traceback; the rerun ends
-    bitwise equal to a run never stopped."""
+    checkpoint: train.py ends at once with PyTorch's error (not a hang); the rerun ends bitwise equal to a
+    run never stopped."""
     output_dir = tmp_path / "run"
     command, env = training_command(output_dir, "--data_files", jsonl_files, *STEPS)
     started = time.time()
@@ -157,9 +157,7 @@ def test_a_loader_worker_killed_is_one_line_and_the_rerun_resumes_bitwise(
     assert children, "no loader worker to kill"
     os.kill(int(children[0]), signal.SIGKILL)
     err = process.communicate(timeout=120)[1].decode()
-    assert process.returncode == 1 and "Traceback" not in err, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("error: DataLoader worker ") and "rerun the same command" in last, last
+    assert process.returncode == 1 and "Traceback" in err, err[-3000:]
     run_training(output_dir, "--data_files", jsonl_files, *STEPS)
     assert_same_run(output_dir, reference)
 
