@@ -204,30 +204,6 @@ def test_a_typo_in_metric_goals_is_refused_with_the_config(monkeypatch: pytest.M
         load_config([], PROJECT / "configs" / "local.yaml", task.Config)
 
 
-class Augmented(Dataset):
-    """This task's train set with a set_epoch, as a dataset with augmentation has."""
-
-    def __init__(self, inner: Dataset) -> None:
-        self.inner = inner
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.inner[index]
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-
-def test_a_wrapper_that_hides_set_epoch_is_warned_about(setup: tuple) -> None:
-    """Wrapped around the eval set, which has a length and an index whatever the train set is (a stream)."""
-    config, _, eval_set = setup
-    (warning,) = check_task(config, Subset(Augmented(eval_set), range(len(eval_set))), eval_set)
-    assert warning.startswith("the train set, a Subset, wraps a Augmented that has set_epoch")
-    assert check_task(config, Augmented(eval_set), eval_set) == []
-
-
 @pytest.mark.slow
 def test_train_py_checks_before_writing_and_check_task_alone(tmp_path: Path) -> None:
     """A per-sample loss stops train.py with one line before the output folder exists; `--check_task`

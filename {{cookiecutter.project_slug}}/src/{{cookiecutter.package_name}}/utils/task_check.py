@@ -87,7 +87,6 @@ def _check_training(
     config: TrainConfig, train_set: Dataset, eval_set: Dataset
 ) -> tuple[list[str], torch.nn.Module]:
     _check_sets(train_set, eval_set)
-    warnings = [hidden] if (hidden := _hidden_set_epoch(train_set)) else []
     train_batch = _first_batch(train_set, "training")
     eval_batch = _first_batch(eval_set, "eval")
     _rows(train_batch)
@@ -98,7 +97,7 @@ def _check_training(
         raise TaskError(
             f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
         )
-    warnings += _check_loss(model, train_batch)
+    warnings = _check_loss(model, train_batch)
     values = _check_eval_step(model, eval_batch, rows)
     _check_metrics(config, values)
     return warnings, model
@@ -264,22 +263,6 @@ def _rows(batch: Any) -> int:
             "each (train.py cuts micro-batches along the first dimension)"
         )
     return sizes.pop()[0]
-
-
-def _hidden_set_epoch(dataset: Dataset) -> str:
-    """A warning if the train set wraps a dataset with `set_epoch` (augmentation) but has none itself."""
-    if hasattr(dataset, "set_epoch"):
-        return ""
-    inner = [getattr(dataset, "dataset", None), *getattr(dataset, "datasets", [])]
-    for wrapped in inner:
-        if wrapped is not None and (hasattr(wrapped, "set_epoch") or _hidden_set_epoch(wrapped)):
-            return (
-                f"the train set, a {type(dataset).__name__}, wraps a {type(wrapped).__name__} that has "
-                "set_epoch (its augmentation changes each epoch) but has no set_epoch itself: train.py can "
-                "reach only the outer one, so the augmentation repeats every epoch; give the wrapper a "
-                "set_epoch(epoch) that calls the wrapped dataset's"
-            )
-    return ""
 
 
 # Running statistics of normalization layers: train.py makes them agree on any number of processes.
