@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.cli import check_contract
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.contract import check_contract
 from {{ cookiecutter.package_name }}.utils.durable import write_atomically
 from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
