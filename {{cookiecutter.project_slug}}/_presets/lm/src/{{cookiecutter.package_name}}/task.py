@@ -170,11 +170,11 @@ def build_model(config: Config) -> torch.nn.Module:
             f"embed_dim={config.embed_dim} must be divisible by num_heads={config.num_heads}: each head "
             "gets an equal share of the embedding"
         )
-    from .models.gpt import build_gpt
+    from .models.gpt import GPT
 
     tokenizer = corpus(config).tokenizer
     sizes = config.block_size, config.num_layers, config.num_heads, config.embed_dim, config.dropout
-    model = build_gpt(tokenizer.size, *sizes, config.tie_embeddings)
+    model = GPT(tokenizer.size, *sizes, config.tie_embeddings)
     keep_vocabulary(model, tokenizer.digest, config.data_file)
     return model
 
@@ -273,7 +273,7 @@ def read_prompts(path: Path, text: Corpus, source: str) -> list[dict[str, Any]]:
         if not line:
             continue
         try:
-            items.append({"index": len(items), "prompt": text.encode(line)})
+            items.append({"index": len(items), "prompt": text.tokenizer.encode(line)})
         except ValueError as error:
             raise ConfigError(f"{path}:{number}: {error} (the characters of {source})") from None
     if not items:
@@ -286,7 +286,7 @@ def predict(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Conf
     truly follows. One prompt at a time: its text then depends on neither the batch nor the process."""
     from .models.gpt import generate
 
-    text = corpus(config)
+    tokenizer = corpus(config).tokenizer
     rows = []
     for row, index in enumerate(batch["index"].tolist()):
         prompt = batch["prompt"][row, : batch["prompt_length"][row]]
@@ -299,9 +299,9 @@ def predict(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Conf
             config.top_k,
             sampling_generator(config.seed, index),
         )
-        out = {"prompt": text.decode(prompt), "completion": text.decode(written)}
+        out = {"prompt": tokenizer.decode(prompt), "completion": tokenizer.decode(written)}
         if "continuation" in batch:
-            out["true_continuation"] = text.decode(
+            out["true_continuation"] = tokenizer.decode(
                 batch["continuation"][row, : batch["continuation_length"][row]]
             )
         rows.append(out)
