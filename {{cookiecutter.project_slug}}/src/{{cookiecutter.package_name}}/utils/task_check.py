@@ -18,7 +18,6 @@ import contextlib
 import inspect
 import math
 import random
-import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -86,7 +85,6 @@ def _check_sets(train_set: Dataset, eval_set: Dataset) -> None:
 def _check_training(
     config: TrainConfig, train_set: Dataset, eval_set: Dataset
 ) -> tuple[list[str], torch.nn.Module]:
-    _check_sets(train_set, eval_set)
     train_batch = _first_batch(train_set, "training")
     eval_batch = _first_batch(eval_set, "eval")
     _rows(train_batch)
@@ -344,9 +342,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
     write nothing."""
     try:
         config = read_config(None)[0]
-        started = time.monotonic()
         train_set, eval_set = build_datasets(config)
-        built = time.monotonic()
         warnings = check_task(config, train_set, eval_set, predict_inputs=SAMPLES)
     except ConfigError as error:
         if isinstance(error, TaskError) and error.__cause__ is not None:
@@ -356,8 +352,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
         print(f"WARNING: {warning}")
     train_size = "a stream" if isinstance(train_set, IterableDataset) else f"{len(train_set)} samples"
     print(
-        f"task.py follows the contract: datasets of {train_size} and {len(eval_set)} samples built in "
-        f"{built - started:.2f} s, every function checked on {SAMPLES} samples in "
-        f"{time.monotonic() - built:.2f} s"
+        f"task.py follows the contract: datasets of {train_size} and {len(eval_set)} samples, every "
+        f"function checked on {SAMPLES} samples"
     )
     return 0

@@ -123,7 +123,7 @@ def metrics(values: dict[str, torch.Tensor], config: Config) -> dict[str, float]
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
     """The eval split with labels and the line of data/digits.csv that holds each, or the images of a CSV
     file: one image per line, 64 comma-separated pixel values 0..16 (8x8, row by row: data/digits.csv
-    without its last column, the digit); an optional header line (words, no numbers) is skipped."""
+    without its last column, the digit)."""
     import torch
     from torch.utils.data import TensorDataset
 
@@ -153,12 +153,7 @@ def predict(model: torch.nn.Module, batch: list[torch.Tensor], config: Config) -
 
 
 def read_pixels(path: Path) -> torch.Tensor:
-    """The images of a pixel CSV as model inputs; a ConfigError names the file, and the line of a bad row.
-
-    The first line is a header, and skipped, only if none of its cells is a number (a header is words):
-    a header-less file whose first row is malformed is refused like any other bad row, not silently cut
-    short, which would shift every following prediction's index.
-    """
+    """The images of a pixel CSV as model inputs; a ConfigError names the file, and the line of a bad row."""
     import numpy as np
     import torch
 
@@ -166,20 +161,14 @@ def read_pixels(path: Path) -> torch.Tensor:
 
     expected = f"a CSV file of {NUM_FEATURES} comma-separated pixel values 0..16 per line (8x8, row by row)"
     lines = read_input_lines(path, expected)
-    rows, first = [], True
+    rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        cells = [cell.strip() for cell in line.split(",")]
-        may_be_header, first = first, False
-        if may_be_header and not any(is_number(cell) for cell in cells):
-            continue  # the header line
         try:
-            values = [float(cell) for cell in cells]
+            values = [float(cell) for cell in line.split(",")]
         except ValueError:
-            hint = " (a first line is a header, and skipped, only if none of its cells is a number)"
-            hint = hint if may_be_header else ""
-            raise ConfigError(f"{path}:{number}: not a number in {line[:80]!r}{hint}") from None
+            raise ConfigError(f"{path}:{number}: not a number in {line[:80]!r}") from None
         if len(values) != NUM_FEATURES:
             raise ConfigError(
                 f"{path}:{number}: expected {NUM_FEATURES} comma-separated pixel values, got {len(values)}"
@@ -210,11 +199,3 @@ def read_input_lines(path: Path, expected: str) -> list[str]:
         ) from None
     except OSError as error:
         raise ConfigError(f"cannot read input file {path}: {error.strerror or error}") from None
-
-
-def is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
