@@ -59,7 +59,7 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
     "a collate that loss cannot read": (
         "collate",
         lambda samples: (original_collate(samples), "extra"),
-        "; its batch is what collate(samples) returned, a tuple of [",
+        "task.py's loss(model, batch) raised ",
     ),
     "a loss that calls the model's forward itself": (
         "loss",
@@ -76,7 +76,7 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         lambda model, batch: {
             name: value[:, None].repeat(1, 4) for name, value in original_eval_step(model, batch).items()
         },
-        "a tensor of shape [2]; return one name per column (",
+        "tensor of shape [2, 4] as ",
     ),
     "metrics without best_metric": (
         "metrics",

@@ -96,8 +96,6 @@ def check_contract(task: ModuleType) -> None:
                 f"task.py has no {name}: the contract wants a function {call} (the README's section on "
                 "your own task; a preset's task.py shows each)"
             )
-        if not callable(function):
-            raise ConfigError(f"task.py's {name} is a {type(function).__name__}: the contract wants {call}")
         try:
             signature = inspect.signature(function)
         except (TypeError, ValueError):  # a builtin or a C function: its arguments cannot be read

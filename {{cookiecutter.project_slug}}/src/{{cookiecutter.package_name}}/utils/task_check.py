@@ -5,11 +5,7 @@ A mistake in task.py otherwise ends in a traceback from deep inside train.py, so
 return). Here each function of the contract runs once, on two training and two eval samples and a freshly
 built model on the CPU, and a breach stops the run with one line: the function, what it returned, what
 the contract wants. An exception raised inside a task function is one line too: the function, the
-exception and the line of the project's code it came from.
-
-Every run does this before anything is written (a fraction of a second for the presets: one more
-`build_model`; the language model's `predict` writes text for a second), `predict` on one input of
-`predict_inputs`; after editing task.py, `python train.py --check_task` checks all of it alone, on two.
+exception and the line of the project's code it came from. When it runs: docs/own-task.md, "The task check".
 """
 
 from __future__ import annotations
@@ -111,7 +107,6 @@ def _check_loss(model: torch.nn.Module, train_batch: Any) -> list[str]:
         task.loss,
         TaskModel(model, model, training=True),
         train_batch,
-        about=_batch_note(train_batch),
     )
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         raise TaskError(
@@ -139,7 +134,6 @@ def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapp
             task.eval_step,
             TaskModel(model, model),
             eval_batch,
-            about=_batch_note(eval_batch),
         )
     if not isinstance(values, Mapping) or not values:
         raise TaskError(
@@ -148,14 +142,10 @@ def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapp
         )
     for name, value in values.items():
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows,):
-            several = isinstance(value, torch.Tensor) and value.dim() > 1 and len(value) == rows
-            way_out = f"; return one name per column ('{name}_0': {name}[:, 0], ...) or reduce each sample's "
             raise TaskError(
                 f"eval_step(model, batch) returned {_describe(value)} as {name!r} for a batch of {rows} "
                 f"samples: the contract wants one value per sample, a tensor of shape [{rows}]"
-                + (f"{way_out}values to one ({name}.mean(1))" if several else "")
             )
-
     return values
 
 
@@ -289,10 +279,9 @@ def _changed_buffers(model: torch.nn.Module, before: dict[str, torch.Tensor]) ->
     ]
 
 
-def _call(what: str, function: Callable[..., Any], *args: Any, about: str = "") -> Any:
+def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
     """`function(*args)`; an exception it raises becomes a TaskError naming the contract's function and the
-    line of the project's code it came from (`--check_task` prints the whole traceback too); `about` adds
-    what the function was given."""
+    line of the project's code it came from (`--check_task` prints the whole traceback too)."""
     try:
         return function(*args)
     except ConfigError:  # the task's own one-line errors (a missing data file) are already worded
@@ -304,14 +293,9 @@ def _call(what: str, function: Callable[..., Any], *args: Any, about: str = "") 
         where = f" at {Path(ours[-1].filename).relative_to(package.parent)}:{ours[-1].lineno}" if ours else ""
         text = (str(error).splitlines() or [""])[0]
         raise TaskError(
-            f"task.py's {what} raised {type(error).__name__}{where}: {text}{about} (in the task check on "
+            f"task.py's {what} raised {type(error).__name__}{where}: {text} (in the task check on "
             f"{SAMPLES} samples; python train.py --check_task shows the traceback)"
         ) from error
-
-
-def _batch_note(batch: Any) -> str:
-    """Where loss or eval_step fails on its batch, what collate made of it: the two must agree."""
-    return f"; its batch is what collate(samples) returned, {_describe(batch)}"
 
 
 def _describe(value: Any) -> str:
