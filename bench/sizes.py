@@ -41,7 +41,6 @@ ROOMS = {
                 "progress",
                 "tracking",
                 "task_check",
-                "contract",
                 "streams",
             )
         ),

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
-import difflib
 import io
 import json
 import os
@@ -26,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.cli import check_contract
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.contract import check_contract
 from {{ cookiecutter.package_name }}.utils.durable import write_atomically
 from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
@@ -87,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     check_contract(task)  # predict_inputs and predict there, taking what this file passes
     # Every check runs on every process, before any prediction: all stop alike, none waits. Those of the
     # command come first, before torch loads.
-    check_overrides(overrides)
+    if any(token.split("=")[0] == "--config" for token in overrides):
+        raise ConfigError(
+            "predict.py has no --config: the model is rebuilt from <model_dir>/config.yaml; pass "
+            "--model_dir for another model, or --field value to override one of its fields"
+        )
     model_dir = args.model_dir if args.model_dir is not None else default_model_dir()
     output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
     check_output(output, args.format, given=args.output is not None)
@@ -172,33 +174,6 @@ def eval_metrics(
     return task.metrics({name: torch.cat([values[name] for values in steps]) for name in steps[0]}, config)
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """The flags that are not predict.py's own must each name a config field (`--field value`); anything
-    else, --config included (the config is the model's own), is refused, naming the flags there are."""
-    names = {field.name for field in dataclasses.fields(task.Config)}
-    tokens = iter(overrides)
-    for token in tokens:
-        flag = token.split("=")[0]
-        if flag.startswith("--") and flag[2:] in names:
-            if "=" not in token:
-                next(tokens, None)  # its value (a missing one is load_config's to report)
-            continue
-        if flag == "--config":
-            raise ConfigError(
-                "predict.py has no --config: the model is rebuilt from <model_dir>/config.yaml; pass "
-                "--model_dir for another model, or --field value to override one of its fields"
-            )
-        if not token.startswith("-"):
-            raise ConfigError(f"unexpected argument {token!r}: pass an input file as --input {token}")
-        flags = [*OWN_FLAGS, *sorted(f"--{name}" for name in names)]
-        match = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
-        hint = f" (did you mean {match[0]!r}?)" if match else ""
-        raise ConfigError(
-            f"unknown argument {token!r}{hint}: predict.py takes {', '.join(OWN_FLAGS)}, and --field value "
-            "for a field of the model's config (python predict.py --help)"
-        )
-
-
 def default_model_dir() -> Path:
     """<output_dir>/model of the platform's config; a relative output_dir is taken from the project folder,
     as train.py takes it, so predict.py finds the model from any working directory. In a new Colab session
@@ -248,7 +223,7 @@ def model_config(model_dir: Path, overrides: list[str]) -> task.Config:
             f"{path} does not exist: pass --model_dir with a model folder exported by train.py "
             "(model.safetensors and config.yaml)"
         )
-    return load_config(overrides, path, task.Config)[0]
+    return load_config(overrides, path, task.Config, own_flags=OWN_FLAGS)[0]
 
 
 def load_model(config: task.Config, model_dir: Path, overrides: list[str]) -> torch.nn.Module:

@@ -82,14 +82,16 @@ def test_an_output_folder_is_refused_before_anything_is_loaded(tmp_path: Path) -
         (["--config", "configs/local.yaml"], "predict.py has no --config"),
         (["--config=configs/local.yaml"], "predict.py has no --config"),
         (["--inptu", "x.csv"], "unknown argument '--inptu' (did you mean '--input'?)"),
-        (["x.csv"], "unexpected argument 'x.csv': pass an input file as --input x.csv"),
+        (["x.csv"], "unknown argument 'x.csv'; each config field is a --field flag"),
     ],
     ids=["config", "config=", "typo", "positional"],
 )
 def test_a_flag_predict_py_does_not_have_is_refused_naming_its_flags(
     tmp_path: Path, args: list[str], expected: str
 ) -> None:
-    result = run_predict("--model_dir", str(tmp_path / "nowhere"), *args, check=False)
+    (tmp_path / "model").mkdir()  # its config.yaml is where the flags are read
+    shutil.copy(PROJECT / "configs" / "local.yaml", tmp_path / "model" / "config.yaml")
+    result = run_predict("--model_dir", str(tmp_path / "model"), *args, check=False)
     last = assert_one_line_error(result, expected)
     assert suggested_flags(last) <= PREDICT_FLAGS | CONFIG_FLAGS
 

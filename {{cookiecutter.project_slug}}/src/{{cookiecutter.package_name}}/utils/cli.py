@@ -4,17 +4,20 @@
 line's fields) and checks it without writing anything. `check_first` is what `python train.py` does
 first: --help, --check_task and a config error answer in seconds, not after PyTorch has loaded; otherwise
 it says what comes next, and train.main reads the config again (milliseconds).
+`check_contract` (train.py and predict.py): every function of task.py there, taking what they pass, so that
+a missing `predict_inputs` is not found after a whole run; what each returns is task_check.py's to check.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from .. import task
 from .config import ConfigError, TrainConfig, load_config
-from .contract import check_contract
 from .hardware import check_output_dir, detect_platform, foreign_paths_problem, main_process_of_launch
 from .remote import check_urls, is_url
 
@@ -53,3 +56,54 @@ def check_first(project: Path) -> None:
         sys.exit(f"config error: {error}")
     if main_process_of_launch():
         print(f"config {config_path} checked: loading PyTorch and Accelerate", flush=True)
+
+
+# Each function of the contract, as train.py and predict.py call it (README, "Bring your own task").
+FUNCTIONS = {
+    "build_datasets": ("config",),
+    "collate": ("samples",),
+    "build_model": ("config",),
+    "loss": ("model", "batch"),
+    "eval_step": ("model", "batch"),
+    "metrics": ("values", "config"),
+    "predict_inputs": ("config", "path"),
+    "predict": ("model", "batch", "config"),
+}
+# Optional: without them, model.safetensors holds the state dict (utils/checkpoint.py).
+OPTIONAL = {"export": ("model", "state_dict", "folder", "config"), "load_export": ("folder", "config")}
+
+
+def check_contract(task: ModuleType) -> None:
+    """Raise a ConfigError naming the first contract function that task.py lacks or that takes other
+    arguments than the contract passes; and if its Config is not a TrainConfig."""
+    config = getattr(task, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, TrainConfig)):
+        raise ConfigError(
+            f"task.py's Config is {'missing' if config is None else repr(config)}: the contract wants a "
+            "dataclass `Config(TrainConfig)`, TrainConfig's fields plus the task's"
+        )
+    if "__dataclass_fields__" not in vars(config):  # inherited only: its own fields would be plain attributes
+        raise ConfigError(
+            "task.py's Config is not a dataclass: put @dataclass on the line above `class Config(...)`"
+        )
+    for name, arguments in [*FUNCTIONS.items(), *OPTIONAL.items()]:
+        call = f"{name}({', '.join(arguments)})"
+        function = getattr(task, name, None)
+        if function is None:
+            if name in OPTIONAL:
+                continue
+            raise ConfigError(
+                f"task.py has no {name}: the contract wants a function {call} (the README's section on "
+                "your own task; a preset's task.py shows each)"
+            )
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):  # a builtin or a C function: its arguments cannot be read
+            continue
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            raise ConfigError(
+                f"task.py's {name}{signature} does not take the arguments of {call}, which is how train.py "
+                "and predict.py call it: give it those arguments, in this order"
+            ) from None

@@ -354,10 +354,13 @@ def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
 
 
 def load_config(
-    argv: list[str] | None, default_path: str | Path, config_class: type[TrainConfig]
+    argv: list[str] | None,
+    default_path: str | Path,
+    config_class: type[TrainConfig],
+    own_flags: tuple[str, ...] = (),
 ) -> tuple[TrainConfig, Path]:
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
-    flags."""
+    flags; `own_flags`: the caller's other flags (predict.py's), for the hint at an unknown one."""
     types = _field_types(config_class)
     parser = argparse.ArgumentParser(
         usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",
@@ -384,7 +387,7 @@ def load_config(
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0]
-        hint = _nearest(flag.lstrip("-").split("=")[0], types)
+        hint = _nearest(flag.split("=")[0], [*own_flags, *(f"--{name}" for name in types)])
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
     values = read_yaml(args.config, config_class)

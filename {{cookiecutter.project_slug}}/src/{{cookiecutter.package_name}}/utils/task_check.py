@@ -5,11 +5,7 @@ A mistake in task.py otherwise ends in a traceback from deep inside train.py, so
 return). Here each function of the contract runs once, on two training and two eval samples and a freshly
 built model on the CPU, and a breach stops the run with one line: the function, what it returned, what
 the contract wants. An exception raised inside a task function is one line too: the function, the
-exception and the line of the project's code it came from.
-
-Every run does this before anything is written (a fraction of a second for the presets: one more
-`build_model`; the language model's `predict` writes text for a second), `predict` on one input of
-`predict_inputs`; after editing task.py, `python train.py --check_task` checks all of it alone, on two.
+exception and the line of the project's code it came from. When it runs: docs/own-task.md, "The task check".
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import contextlib
 import inspect
 import math
 import random
-import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -86,8 +81,6 @@ def _check_sets(train_set: Dataset, eval_set: Dataset) -> None:
 def _check_training(
     config: TrainConfig, train_set: Dataset, eval_set: Dataset
 ) -> tuple[list[str], torch.nn.Module]:
-    _check_sets(train_set, eval_set)
-    warnings = [hidden] if (hidden := _hidden_set_epoch(train_set)) else []
     train_batch = _first_batch(train_set, "training")
     eval_batch = _first_batch(eval_set, "eval")
     _rows(train_batch)
@@ -98,7 +91,7 @@ def _check_training(
         raise TaskError(
             f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
         )
-    warnings += _check_loss(model, train_batch)
+    warnings = _check_loss(model, train_batch)
     values = _check_eval_step(model, eval_batch, rows)
     _check_metrics(config, values)
     return warnings, model
@@ -114,7 +107,6 @@ def _check_loss(model: torch.nn.Module, train_batch: Any) -> list[str]:
         task.loss,
         TaskModel(model, model, training=True),
         train_batch,
-        about=_batch_note(train_batch),
     )
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         raise TaskError(
@@ -142,7 +134,6 @@ def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapp
             task.eval_step,
             TaskModel(model, model),
             eval_batch,
-            about=_batch_note(eval_batch),
         )
     if not isinstance(values, Mapping) or not values:
         raise TaskError(
@@ -151,14 +142,10 @@ def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapp
         )
     for name, value in values.items():
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows,):
-            several = isinstance(value, torch.Tensor) and value.dim() > 1 and len(value) == rows
-            way_out = f"; return one name per column ('{name}_0': {name}[:, 0], ...) or reduce each sample's "
             raise TaskError(
                 f"eval_step(model, batch) returned {_describe(value)} as {name!r} for a batch of {rows} "
                 f"samples: the contract wants one value per sample, a tensor of shape [{rows}]"
-                + (f"{way_out}values to one ({name}.mean(1))" if several else "")
             )
-
     return values
 
 
@@ -266,22 +253,6 @@ def _rows(batch: Any) -> int:
     return sizes.pop()[0]
 
 
-def _hidden_set_epoch(dataset: Dataset) -> str:
-    """A warning if the train set wraps a dataset with `set_epoch` (augmentation) but has none itself."""
-    if hasattr(dataset, "set_epoch"):
-        return ""
-    inner = [getattr(dataset, "dataset", None), *getattr(dataset, "datasets", [])]
-    for wrapped in inner:
-        if wrapped is not None and (hasattr(wrapped, "set_epoch") or _hidden_set_epoch(wrapped)):
-            return (
-                f"the train set, a {type(dataset).__name__}, wraps a {type(wrapped).__name__} that has "
-                "set_epoch (its augmentation changes each epoch) but has no set_epoch itself: train.py can "
-                "reach only the outer one, so the augmentation repeats every epoch; give the wrapper a "
-                "set_epoch(epoch) that calls the wrapped dataset's"
-            )
-    return ""
-
-
 # Running statistics of normalization layers: train.py makes them agree on any number of processes.
 _NORM_STATS = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -308,10 +279,9 @@ def _changed_buffers(model: torch.nn.Module, before: dict[str, torch.Tensor]) ->
     ]
 
 
-def _call(what: str, function: Callable[..., Any], *args: Any, about: str = "") -> Any:
+def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
     """`function(*args)`; an exception it raises becomes a TaskError naming the contract's function and the
-    line of the project's code it came from (`--check_task` prints the whole traceback too); `about` adds
-    what the function was given."""
+    line of the project's code it came from (`--check_task` prints the whole traceback too)."""
     try:
         return function(*args)
     except ConfigError:  # the task's own one-line errors (a missing data file) are already worded
@@ -323,14 +293,9 @@ def _call(what: str, function: Callable[..., Any], *args: Any, about: str = "") 
         where = f" at {Path(ours[-1].filename).relative_to(package.parent)}:{ours[-1].lineno}" if ours else ""
         text = (str(error).splitlines() or [""])[0]
         raise TaskError(
-            f"task.py's {what} raised {type(error).__name__}{where}: {text}{about} (in the task check on "
+            f"task.py's {what} raised {type(error).__name__}{where}: {text} (in the task check on "
             f"{SAMPLES} samples; python train.py --check_task shows the traceback)"
         ) from error
-
-
-def _batch_note(batch: Any) -> str:
-    """Where loss or eval_step fails on its batch, what collate made of it: the two must agree."""
-    return f"; its batch is what collate(samples) returned, {_describe(batch)}"
 
 
 def _describe(value: Any) -> str:
@@ -361,9 +326,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
     write nothing."""
     try:
         config = read_config(None)[0]
-        started = time.monotonic()
         train_set, eval_set = build_datasets(config)
-        built = time.monotonic()
         warnings = check_task(config, train_set, eval_set, predict_inputs=SAMPLES)
     except ConfigError as error:
         if isinstance(error, TaskError) and error.__cause__ is not None:
@@ -373,8 +336,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
         print(f"WARNING: {warning}")
     train_size = "a stream" if isinstance(train_set, IterableDataset) else f"{len(train_set)} samples"
     print(
-        f"task.py follows the contract: datasets of {train_size} and {len(eval_set)} samples built in "
-        f"{built - started:.2f} s, every function checked on {SAMPLES} samples in "
-        f"{time.monotonic() - built:.2f} s"
+        f"task.py follows the contract: datasets of {train_size} and {len(eval_set)} samples, every "
+        f"function checked on {SAMPLES} samples"
     )
     return 0

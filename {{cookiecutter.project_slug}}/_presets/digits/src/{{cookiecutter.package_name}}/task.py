@@ -4,34 +4,8 @@ Digits: classify 8x8 handwritten digits (data/digits.csv) with a small MLP. To t
 this file and the data/ and models/ modules it calls; train.py and predict.py stay as they are, and so
 do exact resume, the same optimization on any number of processes and exact distributed evaluation.
 
-The contract (README, "Bring your own task"); every run checks it on two samples before it starts, and
-`python train.py --check_task` checks it alone:
-- `Config`: the run's config, TrainConfig's fields plus this task's, with its checks and its metrics
-  (METRIC_GOALS: "max" or "min" for each).
-- `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
-  it called before each epoch (maybe more than once): randomness in an item must be a function of
-  (seed, epoch, index). A wrapper around such a set (Subset, ConcatDataset) needs a `set_epoch` that
-  calls the wrapped set's, or the augmentation repeats every epoch.
-- `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
-  each with one row per sample (train.py cuts micro-batches along that first dimension).
-- `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
-  Parameters that do not require gradients are frozen: left out of the optimizer and of checkpoints,
-  which record a hash of them instead (a resume against other frozen weights is refused).
-- `loss(model, batch)`: the batch's mean loss, a scalar tensor. A batch padded to its longest sample
-  drops the columns that are padding in every row of the micro-batch it gets: 1 and N processes then
-  compute on the same shapes.
-- `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
-  gathers them from all processes, in dataset order, without the padding of the last uneven batch.
-  Each batch holds the same samples, in the same shape, on any number of processes (train.py fills the
-  last one up from the set's start and drops the fill), so 1 and N processes agree bit for bit.
-- `metrics(values, config)`: the eval metrics from those values over the whole eval set, reduced once;
-  `config` carries this task's fields (weights, thresholds).
-- `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
-  split (with its labels) when `path` is None.
-- `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
-- Optional, `export(model, state_dict, folder, config)` and `load_export(folder, config)`: how train.py
-  writes model/ and best_model/, and how predict.py reads them back; without them, model.safetensors
-  holds the state dict and predict.py loads it into `build_model(config)`.
+The contract, function by function: docs/own-task.md. Every run checks it on two samples before it
+starts, and `python train.py --check_task` checks it alone.
 """
 
 from __future__ import annotations
@@ -123,7 +97,7 @@ def metrics(values: dict[str, torch.Tensor], config: Config) -> dict[str, float]
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
     """The eval split with labels and the line of data/digits.csv that holds each, or the images of a CSV
     file: one image per line, 64 comma-separated pixel values 0..16 (8x8, row by row: data/digits.csv
-    without its last column, the digit); an optional header line (words, no numbers) is skipped."""
+    without its last column, the digit)."""
     import torch
     from torch.utils.data import TensorDataset
 
@@ -153,12 +127,7 @@ def predict(model: torch.nn.Module, batch: list[torch.Tensor], config: Config) -
 
 
 def read_pixels(path: Path) -> torch.Tensor:
-    """The images of a pixel CSV as model inputs; a ConfigError names the file, and the line of a bad row.
-
-    The first line is a header, and skipped, only if none of its cells is a number (a header is words):
-    a header-less file whose first row is malformed is refused like any other bad row, not silently cut
-    short, which would shift every following prediction's index.
-    """
+    """The images of a pixel CSV as model inputs; a ConfigError names the file, and the line of a bad row."""
     import numpy as np
     import torch
 
@@ -166,20 +135,14 @@ def read_pixels(path: Path) -> torch.Tensor:
 
     expected = f"a CSV file of {NUM_FEATURES} comma-separated pixel values 0..16 per line (8x8, row by row)"
     lines = read_input_lines(path, expected)
-    rows, first = [], True
+    rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        cells = [cell.strip() for cell in line.split(",")]
-        may_be_header, first = first, False
-        if may_be_header and not any(is_number(cell) for cell in cells):
-            continue  # the header line
         try:
-            values = [float(cell) for cell in cells]
+            values = [float(cell) for cell in line.split(",")]
         except ValueError:
-            hint = " (a first line is a header, and skipped, only if none of its cells is a number)"
-            hint = hint if may_be_header else ""
-            raise ConfigError(f"{path}:{number}: not a number in {line[:80]!r}{hint}") from None
+            raise ConfigError(f"{path}:{number}: not a number in {line[:80]!r}") from None
         if len(values) != NUM_FEATURES:
             raise ConfigError(
                 f"{path}:{number}: expected {NUM_FEATURES} comma-separated pixel values, got {len(values)}"
@@ -210,11 +173,3 @@ def read_input_lines(path: Path, expected: str) -> list[str]:
         ) from None
     except OSError as error:
         raise ConfigError(f"cannot read input file {path}: {error.strerror or error}") from None
-
-
-def is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True

@@ -85,8 +85,7 @@ def test_input_file_matches_the_model_in_process(single_run: tuple, tmp_path: Pa
     model_dir = single_run[0] / "model"
     pixels = first_images(7)  # 7 rows: 2 processes get unequal shares
     source = tmp_path / "pixels.csv"
-    header = ",".join(f"pixel_{i}" for i in range(64))  # the optional header line
-    np.savetxt(source, pixels, fmt="%d", delimiter=",", header=header, comments="")
+    np.savetxt(source, pixels, fmt="%d", delimiter=",")
     files = {n: tmp_path / f"{n}.csv" for n in (1, 2)}
     for processes, output in files.items():
         args = ["--model_dir", str(model_dir), "--input", str(source), "--output", str(output)]
@@ -148,14 +147,14 @@ def test_a_malformed_first_row_is_an_error_not_a_header(single_run: tuple, tmp_p
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("pixel_0,pixel_1\n", "{path}: no rows of pixel values; expected a CSV file of 64"),  # a header alone
-        ("1,2,x\n", "{path}:1: not a number in '1,2,x' (a first line is a header, and skipped, only if"),
+        ("\n\n", "{path}: no rows of pixel values; expected a CSV file of 64"),
+        ("1,2,x\n", "{path}:1: not a number in '1,2,x'"),
+        ("pixel_0,pixel_1\n", "{path}:1: not a number in 'pixel_0,pixel_1'"),  # no header: a bad row
         (",".join(["0"] * 63) + "\n", "{path}:1: expected 64 comma-separated pixel values, got 63"),
-        ("a,b\nc,d\n", "{path}:2: not a number in 'c,d'"),  # one header line at most
         (b"\xff\xfe0,1\n", "{path}: not a text file (byte 0xff at offset 0 is not UTF-8); expected a CSV"),
         (None, "input {path} is a folder; expected a CSV file of 64"),
     ],
-    ids=["header-only", "bad-first-row", "short-first-row", "two-headers", "utf-16", "folder"],
+    ids=["blank", "bad-first-row", "header", "short-first-row", "utf-16", "folder"],
 )
 def test_read_pixels_names_the_file_and_the_problem(
     tmp_path: Path, content: str | bytes | None, message: str
@@ -171,10 +170,7 @@ def test_read_pixels_names_the_file_and_the_problem(
         task.read_pixels(path)
 
 
-def test_read_pixels_skips_a_header_of_words_and_a_byte_order_mark(tmp_path: Path) -> None:
+def test_read_pixels_skips_blank_lines_and_a_byte_order_mark(tmp_path: Path) -> None:
     path = tmp_path / "pixels.csv"
-    header = ",".join(f"pixel_{i}" for i in range(64))
-    path.write_text("\ufeff" + header + "\n" + ",".join(["16"] * 64) + "\n\n" + ",".join(["0"] * 64) + "\n")
+    path.write_text("\ufeff" + ",".join(["16"] * 64) + "\n\n" + ",".join(["0"] * 64) + "\n")
     assert task.read_pixels(path).tolist() == [[1.0] * 64, [0.0] * 64]
-    path.write_text("\ufeff" + ",".join(["8"] * 64) + "\n")  # no header: the first row is data
-    assert task.read_pixels(path).tolist() == [[0.5] * 64]

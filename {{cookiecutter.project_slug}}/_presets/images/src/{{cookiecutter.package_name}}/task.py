@@ -5,34 +5,8 @@ with a small CNN. To train your own task, change this file and the data/ and mod
 train.py and predict.py stay as they are, and so do exact resume, the same optimization on any number of
 processes and exact distributed evaluation.
 
-The contract (README, "Bring your own task"); every run checks it on two samples before it starts, and
-`python train.py --check_task` checks it alone:
-- `Config`: the run's config, TrainConfig's fields plus this task's, with its checks and its metrics
-  (METRIC_GOALS: "max" or "min" for each).
-- `build_datasets(config)`: (train, eval) map-style datasets. A train set with `set_epoch(epoch)` has
-  it called before each epoch (maybe more than once): randomness in an item must be a function of
-  (seed, epoch, index). A wrapper around such a set (Subset, ConcatDataset) needs a `set_epoch` that
-  calls the wrapped set's, or the augmentation repeats every epoch.
-- `collate(samples)`: a batch: a tensor, a tuple/list or a mapping (dict, BatchEncoding) of tensors,
-  each with one row per sample (train.py cuts micro-batches along that first dimension).
-- `build_model(config)`: the network; the exported weights load back into `build_model(config)`.
-  Parameters that do not require gradients are frozen: left out of the optimizer and of checkpoints,
-  which record a hash of them instead (a resume against other frozen weights is refused).
-- `loss(model, batch)`: the batch's mean loss, a scalar tensor. A batch padded to its longest sample
-  drops the columns that are padding in every row of the micro-batch it gets: 1 and N processes then
-  compute on the same shapes.
-- `eval_step(model, batch)`: named tensors with one value per sample (shape [batch size]). train.py
-  gathers them from all processes, in dataset order, without the padding of the last uneven batch.
-  Each batch holds the same samples, in the same shape, on any number of processes (train.py fills the
-  last one up from the set's start and drops the fill), so 1 and N processes agree bit for bit.
-- `metrics(values, config)`: the eval metrics from those values over the whole eval set, reduced once;
-  `config` carries this task's fields (weights, thresholds).
-- `predict_inputs(config, path)`: what predict.py predicts: a dataset read from `path`, or the eval
-  split (with its labels) when `path` is None.
-- `predict(model, batch, config)`: one row (column -> value) per sample of a batch of predict_inputs.
-- Optional, `export(model, state_dict, folder, config)` and `load_export(folder, config)`: how train.py
-  writes model/ and best_model/, and how predict.py reads them back; without them, model.safetensors
-  holds the state dict and predict.py loads it into `build_model(config)`.
+The contract, function by function: docs/own-task.md. Every run checks it on two samples before it
+starts, and `python train.py --check_task` checks it alone.
 """
 
 from __future__ import annotations

@@ -277,23 +277,15 @@ class ShardWriter:
 
 
 class Progress:
-    """A tqdm bar over the input's bytes on a terminal; elsewhere (a log, CI) a plain line every 10 s and one
-    at the end."""
+    """A plain line every 10 s and one at the end: the same on a terminal and in a log (a SLURM .out)."""
 
     def __init__(self, label: str, total: int) -> None:
         self.label, self.total, self.done = label, total, 0
         self.started = self.next_line = time.monotonic()
-        self.bar: Any = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1000)
 
     def advance(self, count: int) -> None:
         self.done += count
-        if self.bar is not None:
-            self.bar.update(count)
-        elif time.monotonic() >= self.next_line and self.done < self.total:
+        if time.monotonic() >= self.next_line and self.done < self.total:
             self.next_line = time.monotonic() + 10
             self.print_line()
 
@@ -311,10 +303,7 @@ class Progress:
         return self
 
     def __exit__(self, *_: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        else:
-            self.print_line()
+        self.print_line()
 
 
 if __name__ == "__main__":

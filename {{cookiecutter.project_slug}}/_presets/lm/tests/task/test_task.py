@@ -39,7 +39,7 @@ def test_vocabulary_is_the_sorted_characters_of_the_text(tmp_path: Path) -> None
     text = task.data_path(config).read_text(encoding="utf-8")
     corpus = task.corpus(config)
     assert corpus.tokenizer.chars == "".join(sorted(set(text))) and corpus.tokenizer.size == 65
-    assert corpus.decode(corpus.ids) == text
+    assert corpus.tokenizer.decode(corpus.ids) == text
     # Rebuilt from a copy of the file (another process, another machine): the same ids.
     copy = tmp_path / "copy.txt"
     shutil.copyfile(task.data_path(config), copy)
@@ -116,13 +116,13 @@ def sample_in_process(model_dir: Path, prompts: list[str], *overrides: str) -> l
     model = task.build_model(config)
     model.load_state_dict(load_file(model_dir / "model.safetensors"))
     model.eval()
-    corpus = task.corpus(config)
+    tokenizer = task.corpus(config).tokenizer
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
             return [
-                task.predict(model, task.collate([{"index": i, "prompt": corpus.encode(p)}]), config)[0][
+                task.predict(model, task.collate([{"index": i, "prompt": tokenizer.encode(p)}]), config)[0][
                     "completion"
                 ]
                 for i, p in enumerate(prompts)

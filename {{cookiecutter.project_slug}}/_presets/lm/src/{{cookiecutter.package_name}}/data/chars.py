@@ -43,12 +43,6 @@ class Corpus:
     tokenizer: Any  # Chars, or shards.BytePairs for a folder prepared with --tokenizer bpe
     ids: Any  # the whole text as ids: an int64 tensor, or shards.TokenShards read through np.memmap
 
-    def encode(self, text: str) -> torch.Tensor:
-        return self.tokenizer.encode(text)
-
-    def decode(self, ids: torch.Tensor) -> str:
-        return self.tokenizer.decode(ids)
-
 
 def encode(vocab: str, text: str) -> torch.Tensor:
     """The ids of `text`; ValueError naming the first character that is not in `vocab` (sorted)."""

@@ -126,9 +126,9 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def open_shards(folder: Path, verify: bool = True) -> tuple[Any, TokenShards]:
-    """The tokenizer and the tokens of a prepared folder. Every shard's size is checked against meta.json
-    and, with `verify`, its SHA-256 (reads every shard once: about a second per GB)."""
+def open_shards(folder: Path) -> tuple[Any, TokenShards]:
+    """The tokenizer and the tokens of a prepared folder. Every shard's size and SHA-256 are checked against
+    meta.json (reads every shard once: about a second per GB)."""
     meta = read_meta(folder)
     again = f"prepare the folder again ({PREPARE})"
     shards = []
@@ -138,13 +138,11 @@ def open_shards(folder: Path, verify: bool = True) -> tuple[Any, TokenShards]:
         expected = entry["tokens"] * DTYPE.itemsize
         if size is None:
             raise DataError(f"shard {path} is missing; {again}")
-        if size == 0 or entry["tokens"] == 0:
-            raise DataError(f"shard {path} is empty (meta.json: {entry['tokens']} tokens); {again}")
         if size != expected:
             raise DataError(
                 f"shard {path} has {size} bytes, meta.json says {expected}: truncated or replaced; {again}"
             )
-        if verify and file_sha256(path) != entry["sha256"]:
+        if file_sha256(path) != entry["sha256"]:
             raise DataError(f"shard {path} does not match its checksum in meta.json: damaged; {again}")
         shards.append(Shard(path, entry["tokens"], entry["sha256"]))
     if not shards:

@@ -90,18 +90,6 @@ class GPT(nn.Module):
         return self.head(self.ln_final(self.blocks(x)))
 
 
-def build_gpt(
-    vocab_size: int,
-    block_size: int,
-    num_layers: int,
-    num_heads: int,
-    embed_dim: int,
-    dropout: float,
-    tie_embeddings: bool,
-) -> GPT:
-    return GPT(vocab_size, block_size, num_layers, num_heads, embed_dim, dropout, tie_embeddings)
-
-
 @torch.no_grad()
 def generate(
     model: nn.Module,
