@@ -70,10 +70,7 @@ def describe(dataset: Any, role: str) -> dict[str, str]:
 
 
 def vars_of(value: Any) -> dict[str, Any]:
-    try:
-        return dict(vars(value))
-    except TypeError:  # no __dict__ (slots, builtins)
-        return {}
+    return dict(getattr(value, "__dict__", {}))  # {} without one (slots, builtins)
 
 
 def stream_files(dataset: Any) -> list[Path]:
@@ -84,21 +81,14 @@ def stream_files(dataset: Any) -> list[Path]:
         if iterable is None:
             continue
         kwargs = getattr(iterable, "kwargs", None) or {}
-        for key in ("original_files", "base_files", "files"):  # the key differs between datasets versions
+        for key in ("original_files", "base_files", "files"):  # the key differs between file formats
             if key in kwargs:
-                files += [Path(str(file)) for file in flatten(kwargs[key]) if os.path.isfile(str(file))]
+                files += [Path(str(file)) for file in kwargs[key] if os.path.isfile(str(file))]
                 break
         pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
     for cache in getattr(dataset, "cache_files", None) or []:  # a map-style `datasets.Dataset`: arrow files
         files.append(Path(cache["filename"]))
     return list(dict.fromkeys(files))
-
-
-def flatten(value: Any) -> list[Any]:
-    # datasets 3 keeps each data file as a FilesIterable (it yields the file), datasets 4 and 5 a path too.
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "FilesIterable":
-        return [item for part in value for item in flatten(part)]
-    return [value]
 
 
 def attribute_files(dataset: Any) -> list[Path]:

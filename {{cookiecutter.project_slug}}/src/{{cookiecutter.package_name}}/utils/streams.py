@@ -159,7 +159,7 @@ class WorkerShare(IterableDataset):
                 self.part.load_state_dict(self.start)
         self.saved = None
         share = IterableDatasetShard(
-            _Rows(self.rows),
+            self.rows(),  # run at the first batch, when the state above is in place
             batch_size=self.per_process,
             drop_last=True,
             num_processes=self.processes,
@@ -177,16 +177,6 @@ class WorkerShare(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.saved = state
-
-
-class _Rows(IterableDataset):
-    """An iterable of the rows a function yields (IterableDatasetShard wants a dataset)."""
-
-    def __init__(self, rows: Callable[[], Iterator[Any]]) -> None:
-        self.rows = rows
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.rows()
 
 
 class StreamLoader:
@@ -275,8 +265,5 @@ class StreamLoader:
                     f"{getattr(self, name)}: rerun with --{name} {state.get(name, 0)}, or start another "
                     "output_dir"
                 )
-        if "loader" in state:
-            self.loader.load_state_dict(state["loader"])
-        else:  # written before workers: the stream's own position, read at the next iter()
-            self.loader.dataset.load_state_dict(state["stream"])
+        self.loader.load_state_dict(state["loader"])
         self.resumed = True
