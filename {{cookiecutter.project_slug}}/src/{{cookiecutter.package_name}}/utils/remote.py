@@ -21,7 +21,6 @@ This module imports no torch: train.py checks URLs before it loads torch.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -49,23 +48,15 @@ def protocol(url: str) -> str:
 
 def url_problem(url: str) -> str | None:
     """Why `url` cannot be used as a store, without touching the network; None if it can."""
-    from fsspec.registry import known_implementations, registry
+    from fsspec.registry import get_filesystem_class
 
-    name = protocol(url)
     if re.match(r"^[^/]*://[^/@]*:[^/@]*@", url):
         return "holds a credential: remove it from the URL and set it as a secret (see utils/remote.py)"
-    if name not in known_implementations and name not in registry:
-        return (
-            f"fsspec knows no protocol '{name}://': use a folder, or s3://, gs://, hf:// or another protocol "
-            "fsspec lists (fsspec.available_protocols())"
-        )
-    if name in registry:
-        return None
-    package = known_implementations[name]["class"].split(".")[0]
-    if importlib.util.find_spec(package) is None:
-        extra = STORE_EXTRAS.get(name)
-        install = f"pip install -e '.[{extra}]'" if extra else f"pip install {package}"
-        return f"{name}:// needs {package}, which is not installed: {install} (the launchers in scripts/ do)"
+    try:
+        get_filesystem_class(protocol(url))
+    except (ValueError, ImportError) as error:  # a protocol fsspec does not know; its package missing
+        extra = STORE_EXTRAS.get(protocol(url))
+        return f"{error}" + (f": pip install -e '.[{extra}]' (the launchers in scripts/ do)" if extra else "")
     return None
 
 

@@ -433,9 +433,9 @@ def test_two_sessions_never_hold_one_remote_run(s3: S3, monkeypatch: pytest.Monk
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("s3x://bucket/run", "fsspec knows no protocol 's3x://'"),
+        ("s3x://bucket/run", "Protocol not known: s3x"),
         ("s3://KEY:SECRET@bucket/run", "holds a credential"),
-        ("gs://bucket/run", "gs:// needs gcsfs, which is not installed: pip install -e '.[gcs]'"),
+        ("gs://bucket/run", "Please install gcsfs to access Google Storage: pip install -e '.[gcs]'"),
     ],
 )
 def test_a_url_that_cannot_work_is_refused_before_torch_loads(url: str, message: str, tmp_path: Path) -> None:
