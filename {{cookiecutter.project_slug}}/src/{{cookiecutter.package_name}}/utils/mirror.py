@@ -27,7 +27,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,15 +95,14 @@ class Mirror:
 
     def _claim(self, store: Store, run_id: str, start_over: bool) -> None:
         try:
-            with store_errors():
-                for note in store.lock.acquire():
-                    _say(note)
-                self._locked = True
-                held = store.held()
+            for note in store.lock.acquire():
+                _say(note)
+            self._locked = True
+            held = store.held()
         except FolderInUse:
             raise
-        except (OSError, RunError, MirrorError) as error:  # cannot write there now: the thread retries
-            self._report(str(error))
+        except Exception as error:  # cannot write there now (a store's own error types too): retried
+            self._report(_why(error))
             # What a folder holds may still be read: the end of the run then names that step, not "none".
             with contextlib.suppress(OSError):
                 if not store.remote and (held := store.held()) is not None and held[1] == run_id:
@@ -115,8 +114,7 @@ class Mirror:
                     f"mirror_dir {self.target} holds another run (run {held[1] or '(unnamed)'}, step "
                     f"{held[0]}): choose another mirror_dir, or pass --start_over true to set it aside"
                 )
-            with store_errors():
-                _say(f"start_over: moved the mirror's earlier run to {store.set_aside_earlier()}")
+            _say(f"start_over: moved the mirror's earlier run to {store.set_aside_earlier()}")
         self.newest_step = held[0] if held is not None and held[1] == run_id else -1
 
     def request(self) -> None:
@@ -145,30 +143,29 @@ class Mirror:
         store = self.store
         assert store is not None
         try:
-            with store_errors():  # a store's own error types (a lease's calls included) as a MirrorError
-                if isinstance(store.lock, RemoteLease):  # a lease can expire; a file lock cannot
-                    store.lock.check()
-                # Chosen before the other files are copied, so that the mirror's metrics reach at least this
-                # step. Inside the try: rotation may remove a checkpoint while it is looked at.
-                readable = [p for p in list_checkpoints(self.source) if checkpoint_problem(p, False) is None]
-                if not self._locked:
-                    store.lock.acquire()
-                    self._locked = True
-                for entry in sorted(self.source.iterdir()):
-                    if is_run_file(entry.name):
-                        store.copy_entry(entry)
-                if readable and checkpoint_step(readable[-1]) > self.newest_step:
-                    store.copy_checkpoint(readable[-1])
-                    self.newest_step = checkpoint_step(readable[-1])
-                    store.rotate(self.newest_step, self.keep)
+            if isinstance(store.lock, RemoteLease):  # a lease can expire; a file lock cannot
+                store.lock.check()
+            # Chosen before the other files are copied, so that the mirror's metrics reach at least this
+            # step. Inside the try: rotation may remove a checkpoint while it is looked at.
+            readable = [p for p in list_checkpoints(self.source) if checkpoint_problem(p, False) is None]
+            if not self._locked:
+                store.lock.acquire()
+                self._locked = True
+            for entry in sorted(self.source.iterdir()):
+                if is_run_file(entry.name):
+                    store.copy_entry(entry)
+            if readable and checkpoint_step(readable[-1]) > self.newest_step:
+                store.copy_checkpoint(readable[-1])
+                self.newest_step = checkpoint_step(readable[-1])
+                store.rotate(self.newest_step, self.keep)
         except FolderInUse as error:
             self._report(f"{error}; not mirroring until it is free")
             return
-        except (OSError, RunError, MirrorError) as error:
+        except Exception as error:  # a store's own error types (botocore's, aiohttp's, the Hub's) too
             if isinstance(error, OSError) and _vanished(error, self.source):
                 self._worker.wake()  # local rotation or an export replaced what was copied: again, newest
                 return
-            self._report(str(error))
+            self._report(_why(error))
             return
         if self._failing:
             self._failing = ""
@@ -211,8 +208,12 @@ class Store:
 
     def __init__(self, source: Path, target: str, again: Callable[[], None]) -> None:
         self.source, self.target, self.again = source, target, again
-        self.fs, self.root = LocalFileSystem(auto_mkdir=True), Path(target).absolute().as_posix()
-        self.lock: OutputLock | RemoteLease = OutputLock(target, "mirror_dir")
+        if self.remote:
+            self.fs, self.root = open_store(target)
+            self.lock: OutputLock | RemoteLease = RemoteLease(self.fs, self.root, target)
+        else:
+            self.fs, self.root = LocalFileSystem(auto_mkdir=True), Path(target).absolute().as_posix()
+            self.lock = OutputLock(target, "mirror_dir")
         self.copied: Snapshot = {}  # what was copied, as it was then
 
     def held(self) -> tuple[int, str] | None:
@@ -324,12 +325,6 @@ class RemoteStore(Store):
 
     remote = True
 
-    def __init__(self, source: Path, target: str, again: Callable[[], None]) -> None:
-        self.source, self.target, self.again = source, target, again
-        self.fs, self.root = open_store(target)
-        self.lock = RemoteLease(self.fs, self.root, target)
-        self.copied = {}
-
     def held(self) -> tuple[int, str] | None:
         sealed = remote_sealed(self.fs, self.root)
         return sealed[-1] if sealed else None
@@ -366,16 +361,9 @@ class RemoteStore(Store):
             self.fs.rm(path, recursive=True)
 
 
-@contextlib.contextmanager
-def store_errors() -> Iterator[None]:
-    """A store's own exception types (botocore's, aiohttp's, the Hub's) as a MirrorError, which the mirror
-    reports."""
-    try:
-        yield
-    except (OSError, RunError, MirrorError):
-        raise
-    except Exception as error:
-        raise MirrorError(f"{type(error).__name__}: {_first_line(error)}") from error
+def _why(error: Exception) -> str:
+    own = isinstance(error, OSError | RunError | MirrorError)  # these name what failed; a store's own may not
+    return str(error) if own else f"{type(error).__name__}: {_first_line(error)}"
 
 
 def snapshot(folder: Path) -> Snapshot:
