@@ -43,10 +43,6 @@ class JsonlTracker(GeneralTracker):
     def tracker(self) -> Path:
         return self.path
 
-    def store_init_configuration(self, values: dict) -> None:
-        # The resolved config is written to config.yaml; metrics.jsonl holds only events.
-        pass
-
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
