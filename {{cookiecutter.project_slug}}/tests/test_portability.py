@@ -33,6 +33,7 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from .conftest import PROJECT, read_metrics, wait_for_training
 from .task_settings import SIGNAL_RUN
 
+
 @pytest.fixture
 def windows_renames(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """os.replace and os.rename as on Windows: a folder cannot take the place of an existing path
