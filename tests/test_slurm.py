@@ -284,6 +284,8 @@ def test_two_tasks_of_one_node_preempted_resume_bitwise(
     job = single_node["two_tasks"].result()
     assert "run_slurm: processes: 2 (the job's tasks per node)" in job.log(), job.explain()
     assert "world size 2" in job.log()
+    # The batch process passed the stop on as SIGUSR1 and both processes saved a checkpoint at it.
+    assert "requeue: training stopped after a checkpoint (steps 0 -> " in job.log(), job.explain()
     assert_resumed_exactly(job, references["two"].result())
 
 
@@ -312,4 +314,5 @@ def test_two_nodes_preempted_resume_bitwise(two_nodes: Job, references: dict[str
     log = two_nodes.log()
     assert "run_slurm: nodes: 2 (1 process(es) per node, 2 in total)" in log, two_nodes.explain()
     assert "--machine_rank" in log and "world size 2" in log
+    assert "requeue: training stopped after a checkpoint (steps 0 -> " in log, two_nodes.explain()
     assert_resumed_exactly(two_nodes, references["two"].result())

@@ -362,12 +362,14 @@ def launch_here(platform: str, args: list[str]) -> None:
 
 class StepSignals:
     """Stop signals to the batch process (SLURM's --signal=B:USR1@N, a requeue's SIGTERM), passed on to
-    the running srun step, which passes them to every training process."""
+    the running srun step as SIGUSR1, which training takes as a stop. srun passes SIGUSR1 on to every task,
+    but answers a SIGTERM by killing them (SIGKILL: no checkpoint) and a lone SIGINT with a status report.
+    In a multi-process step, torch's launcher passes SIGUSR1 on from torch 2.10 (PET_SIGNALS_TO_HANDLE);
+    an older one dies of it, and the requeued job resumes from the last periodic checkpoint."""
 
     def __init__(self) -> None:
         self.received: str | None = None
         self.step: subprocess.Popen | None = None
-        self.processes = 1  # in the step, on every node
         for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
 
@@ -375,14 +377,7 @@ class StepSignals:
         self.received = self.received or signal.Signals(signum).name
         say("slurm", f"{signal.Signals(signum).name}: asking training to save a checkpoint and stop")
         if self.step is not None and self.step.poll() is None:
-            self.step.send_signal(step_signal(signum, self.processes))
-
-
-def step_signal(signum: int, processes: int) -> int:
-    """The signal the srun step gets for the one the batch process got: SIGTERM, which training takes as
-    it takes SIGUSR1, for a multi-process step (a torch launcher before 2.10 dies of SIGUSR1) and for a
-    SIGINT (srun would answer a single one with a status report, not a stop)."""
-    return signal.SIGTERM if signum == signal.SIGINT or processes > 1 else signum
+            self.step.send_signal(signal.SIGUSR1)
 
 
 def report_outcome(status: str, start_step: int, step: int) -> None:
@@ -422,7 +417,6 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     command, env, line = step_command(plan, port)
     if line:
         say("slurm", f"{line} (port {why})")
-    signals.processes = plan["nodes"] * plan["processes"]
 
     if signals.received:  # during start-up (pip, say): nothing ran, so the requeued job loses nothing
         status, outcome, why = 1, {}, f"{signals.received} arrived before training started"
