@@ -109,7 +109,7 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
     # Three sessions trained; the rerun of the finished run made no fourth, empty one.
     sessions = sorted((output_dir / "wandb").glob("offline-run-*"))
     assert len(sessions) == 3, sessions
-    (run_id,) = {path.name.rsplit("-", 1)[1] for path in sessions}
+    (run_id,) = {wandb_run_id(path) for path in sessions}
     held = wandb_offline_steps(output_dir / "wandb", run_id)
     assert {name: held[name] for name in expected} == {name: 30 for name in expected}
     # The upload command that the run prints finds every session: `wandb sync --dry-run` lists them.
@@ -172,7 +172,7 @@ def assert_settings_recorded_once(output_dir: Path, max_steps: int) -> None:
 {%- elif cookiecutter.tracker == "wandb" %}
     # One offline folder per session, named by its start time.
     sessions = sorted((output_dir / "wandb").glob("offline-run-*"))
-    assert len({path.name.rsplit("-", 1)[1] for path in sessions}) == 1, f"two wandb runs: {sessions}"
+    assert len({wandb_run_id(path) for path in sessions}) == 1, f"two wandb runs: {sessions}"
     metrics: dict[str, list[tuple[int, float]]] = {}
     for session in sessions:
         for step, items in wandb_session_history(session):
@@ -180,6 +180,12 @@ def assert_settings_recorded_once(output_dir: Path, max_steps: int) -> None:
                 if not name.startswith("_"):  # wandb's own: _step, _runtime, _timestamp
                     metrics.setdefault(name, []).append((step, value))
     return metrics
+
+
+def wandb_run_id(session: Path) -> str:
+    """The run id in a session's folder name, offline-run-<date>_<time>-<id>, which wandb ends with -1 (-2,
+    ...) where a session of the run started in the same second as the one before."""
+    return session.name.split("-")[3]
 
 
 def wandb_session_history(session: Path) -> list[tuple[int, dict[str, float]]]:
