@@ -153,9 +153,12 @@ def test_a_loader_worker_killed_ends_the_run_and_the_rerun_resumes_bitwise(
     process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_training(output_dir, process, since=started, step=6)
     wait_for_checkpoint(output_dir, process)
+    # Paused while its worker is killed: the few steps after the checkpoint cannot end the run first.
+    process.send_signal(signal.SIGSTOP)
     children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
     assert children, "no loader worker to kill"
     os.kill(int(children[0]), signal.SIGKILL)
+    process.send_signal(signal.SIGCONT)
     err = process.communicate(timeout=120)[1].decode()
     assert process.returncode == 1 and "Traceback" in err, err[-3000:]
     run_training(output_dir, "--data_files", jsonl_files, *STEPS)
