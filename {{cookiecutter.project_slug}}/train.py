@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
         print_start(accelerator, config, config_path, precision_why, threads)
         finished = train(accelerator, config, stop, lock, mirror, saver)
-        stop.ignore_from_now_on()
+        ignore_stop_signals(0)  # training is over: a late signal must not replace the exit status
     finally:
         # After a crash, an error while closing (a tracker's file on the same full disk) would hide it.
         failed = (Exception,) if sys.exc_info()[0] is not None else ()

@@ -46,11 +46,6 @@ class StopRequest:
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
 
-    def ignore_from_now_on(self) -> None:
-        """Training is over: a late signal can interrupt nothing worth saving, and letting it kill the
-        process would replace the exit status (and Python restores the default handlers at exit)."""
-        ignore_stop_signals(0)
-
     def __bool__(self) -> bool:
         return self.signal_name is not None
 
