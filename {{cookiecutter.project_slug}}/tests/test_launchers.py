@@ -404,8 +404,8 @@ def test_platform_launcher_refuses_elsewhere(
 
 
 def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -> None:
-    """A user's --mixed_precision/--config follow the launcher's (train.py keeps the last) and the
-    accelerate flag uses the user's precision, so both agree."""
+    """A user's --mixed_precision/--config follow the launcher's (train.py keeps the last), and the
+    precision the launcher passes to accelerate and train.py is the user's, so all agree."""
     user = ["--mixed_precision=bf16", "--config", "configs/local.yaml"]
     run = launch(
         tmp_path,
@@ -416,7 +416,7 @@ def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -
     )
     assert run.result.returncode == 0, run.explain()
     assert [record["argv"] for record in run.records] == [
-        launched(multi_gpu(2, "bf16")) + train("kaggle", "fp16", *user)
+        launched(multi_gpu(2, "bf16")) + train("kaggle", "bf16", *user)
     ]
     assert "precision: bf16 (your --mixed_precision; the hardware suggests fp16" in run.result.stdout
     assert "config: configs/local.yaml (your --config, instead of configs/kaggle.yaml)" in run.result.stdout
@@ -651,35 +651,29 @@ def test_slurm_outside_a_job_says_to_submit_it_with_sbatch(tmp_path: Path) -> No
 def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
     """Without SKIP_INSTALL: nothing is installed when pyproject.toml's dependencies for this system are
     satisfied; otherwise `pip install -e . torch==<the installed version>` (torch pinned), then the
-    launch. A remote mirror_dir adds its store's extra (s3:// -> .[s3]), and only then."""
+    launch."""
     project = tmp_path / "project"
     shutil.copytree(PROJECT / "scripts", project / "scripts")
     shutil.copytree(PROJECT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
     pyproject = (PROJECT / "pyproject.toml").read_text()
-    remote = ["--mirror_dir", "s3://bucket/run"]
-    for extra, missing, args, target in [
-        (None, None, [], "."),
-        ("tqdm>=999; sys_platform == 'no-such-system'", None, [], "."),  # for another system: not missing
-        ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1", [], "."),
-        ("tqdm>=999", "tqdm>=999 (installed: ", [], "."),
-        ("s3", "surely-not-an-s3-package", remote, ".[s3]"),
+    for extra, missing in [
+        (None, None),
+        ("tqdm>=999; sys_platform == 'no-such-system'", None),  # for another system: not missing
+        ("surely-not-an-installed-package>=1", "surely-not-an-installed-package>=1"),
+        ("tqdm>=999", "tqdm>=999 (installed: "),
     ]:
-        text = pyproject
-        if extra == "s3":
-            text = re.sub(r"^s3 = .*$", 's3 = ["surely-not-an-s3-package"]', pyproject, flags=re.MULTILINE)
-        elif extra:
-            text = pyproject.replace("dependencies = [\n", f'dependencies = [\n    "{extra}",\n', 1)
-        (project / "pyproject.toml").write_text(text)
+        text = pyproject.replace("dependencies = [\n", f'dependencies = [\n    "{extra}",\n', 1)
+        (project / "pyproject.toml").write_text(text if extra else pyproject)
         (tmp_path / "record.jsonl").unlink(missing_ok=True)
-        run = launch(tmp_path, str(project / "scripts" / "run_local.sh"), None, args, {})
+        run = launch(tmp_path, str(project / "scripts" / "run_local.sh"), None, [], {})
         assert run.result.returncode == 0, run.explain()
-        launched = train("local", "no", *args)
+        launched = train("local", "no")
         if missing is None:
             assert [record["argv"] for record in run.records] == [launched], run.explain()
             assert "install: nothing to do" in run.result.stdout
             continue
         pip, started = run.records
-        assert pip["argv"] == ["-m", "pip", "install", "-e", target, f"torch=={metadata.version('torch')}"]
+        assert pip["argv"] == ["-m", "pip", "install", "-e", ".", f"torch=={metadata.version('torch')}"]
         assert started["argv"] == launched
         assert f"install: missing {missing}" in run.result.stdout, run.explain()
         # pip's own lines stay out of the output (a notebook cell): one line says it ran, one that it is done
@@ -687,7 +681,7 @@ def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
         assert "install: running pip (its output is shown if it fails)" in run.result.stdout, run.explain()
         assert re.search(r"run_local: install: done in \d+ s\n", run.result.stdout), run.explain()
     script = str(project / "scripts" / "run_local.sh")
-    failing = launch(tmp_path, script, None, remote, {"FAKE_PIP_EXIT": "1"})  # pip's output, then one line
+    failing = launch(tmp_path, script, None, [], {"FAKE_PIP_EXIT": "1"})  # pip's output, then one line
     assert failing.result.returncode == 1, failing.explain()
     assert "Collecting package-59" in failing.result.stderr, failing.explain()
     assert "pip install failed" in failing.result.stderr.strip().splitlines()[-1], failing.explain()
@@ -737,8 +731,6 @@ def test_run_local_starts_two_cpu_processes_that_train_together(tmp_path: Path) 
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert "run_local: distributed: 2 CPU processes on gloo (ACCELERATE_USE_CPU=1)" in output
-    # The seconds before training's first line are announced: accelerate's start, then PyTorch's, once.
-    assert "run_local: launch: accelerate loads PyTorch, then starts 2 processes" in output
     assert output.count("checked: loading PyTorch and Accelerate") == 1, output[-5000:]
     assert "world size 2" in output, output[-5000:]
     assert (output_dir / "model" / "model.safetensors").is_file()

@@ -5,28 +5,7 @@ yourself from there (after `pip install -e .`):
 
     python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
 
-Extra arguments go to train.py, after the platform's config and precision (train.py keeps the last
-occurrence of a flag, so yours win). The steps, one printed line each:
-  1. platform: the launcher must run on its platform (Colab's and Kaggle's write to their own paths);
-     ANY_PLATFORM=1 runs it anywhere.
-  2. GPUs: from nvidia-smi, as train.py sees them (utils/hardware.py); a GPU below compute capability 7.0
-     (e.g. Kaggle's P100) is refused before anything is installed or started.
-  3. processes: NUM_PROCESSES, else on SLURM the job's tasks per node (--ntasks-per-node, --ntasks),
-     else one per GPU, else 1.
-  4. precision: bf16 when every GPU has compute capability >= 8.0, fp16 below, `no` on the CPU; a
-     --mixed_precision of yours wins.
-  5. NCCL settings (Kaggle's two T4s hang on peer-to-peer), the config, then missing dependencies are
-     installed with the installed torch pinned (Colab's and Kaggle's CUDA builds stay; SKIP_INSTALL=1:
-     never run pip), with the extra of a remote store that mirror_dir or import_from names (s3://: s3fs).
-  6. launch: one process is `python train.py ...` (signals reach it directly); several are
-     `accelerate launch --multi_gpu` on a free port (MAIN_PROCESS_PORT to choose one), forwarding stop
-     signals to every process, run inside this module (`python -m ...launch accelerate launch ...`) so
-     that a stop after a checkpoint exits 75 with train.py's line, not 1 with torch's traceback. CPU
-     processes form one gloo group (ACCELERATE_USE_CPU=1).
-On SLURM, inside a job (sbatch scripts/run_slurm.sh), training runs as an srun step and the job requeues
-itself when training stopped after a checkpoint (exit 75: a signal, or its time_budget) and made
-progress; outside a job it stops, saying to submit it with sbatch.
-
+What it decides, and the variables that change it: docs/platforms.md and docs/slurm.md.
 Standard library only: this runs before anything is installed.
 """
 
@@ -53,7 +32,6 @@ from .utils.hardware import (
     unsupported_gpu,
     wrong_platform,
 )
-from .utils.packages import STORE_EXTRAS
 from .utils.signals import EXIT_STOPPED
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
@@ -145,17 +123,12 @@ def last_flag_value(flag: str, args: list[str]) -> str | None:
     return found
 
 
-def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str, str]:
-    """(accelerate's --mixed_precision, the hardware's choice for train.py, the decision line)."""
+def choose_precision(gpus: list[Gpu], args: list[str]) -> tuple[str, str]:
+    """The mixed precision (a --mixed_precision of yours, else the hardware's), and the decision line."""
     hardware, reason = precision_for(gpus)
-    chosen = last_flag_value("--mixed_precision", args)
-    if chosen:
-        return (
-            chosen,
-            hardware,
-            f"precision: {chosen} (your --mixed_precision; the hardware suggests {hardware}: {reason})",
-        )
-    return hardware, hardware, f"precision: {hardware} ({reason})"
+    if chosen := last_flag_value("--mixed_precision", args):
+        reason = f"your --mixed_precision; the hardware suggests {hardware}: {reason}"
+    return chosen or hardware, f"precision: {chosen or hardware} ({reason})"
 
 
 def nccl_settings(platform: str, total_processes: int, gpus: list[Gpu]) -> tuple[dict[str, str], str]:
@@ -177,22 +150,9 @@ def train_args(platform: str, precision: str, args: list[str]) -> tuple[list[str
     return ["train.py", "--config", config, "--mixed_precision", precision, *args], line
 
 
-def store_extras(config: Path, args: list[str]) -> list[str]:
-    """The extras that the URLs in mirror_dir and import_from need (the last flag wins over the config)."""
-    text = config.read_text(encoding="utf-8") if config.is_file() else ""
-    extras = []
-    for name in ("mirror_dir", "import_from"):
-        in_config = re.findall(rf"^{name}:\s*['\"]?([^\s'\"#]*)", text, re.MULTILINE)
-        value = last_flag_value(f"--{name}", args) or (in_config[-1] if in_config else "")
-        protocol = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", value)
-        if protocol and (extra := STORE_EXTRAS.get(protocol.group(1).lower())) and extra not in extras:
-            extras.append(extra)
-    return extras
-
-
-def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """pyproject.toml's dependencies (and those of `extras`) that are not installed, or installed outside
-    their requirement. Reads package metadata only: nothing is imported, no CUDA is initialised."""
+def missing_dependencies(pyproject: Path) -> list[str]:
+    """pyproject.toml's dependencies that are not installed, or installed outside their requirement.
+    Reads package metadata only: nothing is imported, no CUDA is initialised."""
     from importlib import metadata
 
     # pip's own copies: nothing else may be installed yet.
@@ -203,12 +163,8 @@ def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = 
     except ImportError:  # Python 3.10
         from pip._vendor import tomli as tomllib
 
-    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
-    requirements = project["dependencies"] + [
-        requirement for extra in extras for requirement in project["optional-dependencies"][extra]
-    ]
     missing = []
-    for text in requirements:
+    for text in tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]:
         requirement = Requirement(text)
         if requirement.marker and not requirement.marker.evaluate():
             continue  # for another system
@@ -222,20 +178,20 @@ def missing_dependencies(pyproject: Path, extras: list[str] | tuple[str, ...] = 
     return missing
 
 
-def install_missing(platform: str, extras: list[str]) -> None:
-    """`pip install -e .[extras]` when a dependency is missing, with the installed torch pinned as one more
+def install_missing(platform: str) -> None:
+    """`pip install -e .` when a dependency is missing, with the installed torch pinned as one more
     requirement, so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
     if os.environ.get("SKIP_INSTALL") == "1":
         say(platform, "install: skipped (SKIP_INSTALL=1)")
         return
-    missing = missing_dependencies(Path("pyproject.toml"), extras)
+    missing = missing_dependencies(Path("pyproject.toml"))
     if not missing:
         say(platform, "install: nothing to do (every dependency of pyproject.toml is installed)")
         return
     say(platform, f"install: missing {'; '.join(missing)}")
     from importlib import metadata
 
-    command = [interpreter(), "-m", "pip", "install", "-e", f".[{','.join(extras)}]" if extras else "."]
+    command = [interpreter(), "-m", "pip", "install", "-e", "."]
     try:
         command.append(f"torch=={metadata.version('torch')}")
         say(platform, f"install: {shlex.join(command[2:])}: the installed torch stays")
@@ -245,7 +201,7 @@ def install_missing(platform: str, extras: list[str]) -> None:
             "install: torch is not installed, so pip installs its default build (install the torch "
             "build you want first to choose it)",
         )
-    # pip's own lines (some 60 for a store's extra) would bury the decisions in a notebook cell: they
+    # pip's own lines (dozens) would bury the decisions in a notebook cell: they
     # are shown only when it fails.
     say(platform, "install: running pip (its output is shown if it fails)")
     started = time.monotonic()
@@ -292,11 +248,6 @@ def accelerate_command(
     ]
 
 
-def starting_note(processes: int) -> str:
-    """What the seconds after a multi-process launch line go to, so that they are not silent."""
-    return f"launch: accelerate loads PyTorch, then starts {processes} processes (a few seconds)"
-
-
 def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str, str], str]:
     env = {"PET_SIGNALS_TO_HANDLE": FORWARDED_SIGNALS}
     if gpus:
@@ -317,16 +268,13 @@ def decide(platform: str, args: list[str]) -> dict:
     if platform == "slurm":
         nodes = int(os.environ.get("SLURM_NNODES", "1"))
         say(platform, f"nodes: {nodes} ({processes} process(es) per node, {processes * nodes} in total)")
-    precision, hardware_precision, line = choose_precision(gpus, args)
+    precision, line = choose_precision(gpus, args)
     say(platform, line)
     nccl_env, line = nccl_settings(platform, processes * nodes, gpus)
     say(platform, line)
-    command, line = train_args(platform, hardware_precision, args)
+    command, line = train_args(platform, precision, args)
     say(platform, line)
-    extras = store_extras(Path(last_flag_value("--config", args) or f"configs/{platform}.yaml"), args)
-    if extras:
-        say(platform, f"remote store: the extra {', '.join(extras)} of pyproject.toml (a URL in the config)")
-    install_missing(platform, extras)
+    install_missing(platform)
     return {
         "gpus": gpus,
         "processes": processes,
@@ -352,8 +300,6 @@ def launch_here(platform: str, args: list[str]) -> None:
         launcher = [interpreter(), "-m", f"{__package__}.launch"]
         command = launcher + accelerate_command(plan["processes"], plan["precision"], port) + plan["train"]
     say(platform, f"launch: {shlex.join(command)}")
-    if plan["processes"] > 1:
-        say(platform, starting_note(plan["processes"]))
     os.execvpe(command[0], command, env)
 
 
@@ -421,7 +367,7 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     if signals.received:  # during start-up (pip, say): nothing ran, so the requeued job loses nothing
         status, outcome, why = 1, {}, f"{signals.received} arrived before training started"
     else:
-        status, outcome = run_step(command, {**os.environ, **plan["env"], **env}, signals, plan)
+        status, outcome = run_step(command, {**os.environ, **plan["env"], **env}, signals)
         if outcome.get("status") == "finished" or (status == 0 and not outcome):
             say("slurm", "done: training finished")
             return 0
@@ -446,14 +392,12 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     return status or 1
 
 
-def run_step(command: list[str], env: dict[str, str], signals: StepSignals, plan: dict) -> tuple[int, dict]:
+def run_step(command: list[str], env: dict[str, str], signals: StepSignals) -> tuple[int, dict]:
     """Run the srun step; its exit status and what train.py's main process reported ({} if nothing)."""
     with tempfile.TemporaryDirectory(prefix="launch-") as folder:
         outcome = Path(folder) / "outcome.json"
         env[OUTCOME_FILE] = str(outcome)
         say("slurm", f"launch: {shlex.join(command)}")
-        if plan["nodes"] * plan["processes"] > 1:
-            say("slurm", starting_note(plan["nodes"] * plan["processes"]))
         signals.step = subprocess.Popen(command, env=env)
         status = signals.step.wait()
         return status, json.loads(outcome.read_text()) if outcome.exists() else {}

@@ -1,13 +1,10 @@
 """Optional packages (a task's Pillow or transformers, a remote store's s3fs or gcsfs): a missing one stops
-the run. Standard library only: the launcher reads STORE_EXTRAS before anything is installed."""
+the run."""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-
-# The extra of pyproject.toml that installs a remote store's package, by URL protocol (utils/remote.py).
-STORE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 
 
 def require(module: str, requirement: str) -> ModuleType:

@@ -2,8 +2,8 @@
 
     --mirror_dir s3://bucket/runs/run1   --import_from hf://datasets/<you>/runs   --mirror_dir gs://bucket/x
 
-A URL's package is an optional extra of this project, installed by the launchers when the config names
-such a URL: s3:// needs s3fs (`pip install -e '.[s3]'`), gs:// gcsfs (`.[gcs]`); hf:// comes with
+A URL's package is an optional extra of this project, to install before a run that names such a URL:
+s3:// needs s3fs (`pip install -e '.[s3]'`), gs:// gcsfs (`.[gcs]`); hf:// comes with
 huggingface_hub, which Accelerate already needs. Anything else fsspec knows works once its package is
 installed; a protocol fsspec does not know is refused with one line (before, `s3://bucket/run` became a
 local folder named `s3:`).
@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, TrainConfig
-from .packages import STORE_EXTRAS
 
 # The secrets each protocol's package reads from the environment.
 SECRETS = {
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"),
     "hf": ("HF_TOKEN",),
 }
+# The extra of pyproject.toml that installs a protocol's package.
+STORE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
@@ -56,7 +57,7 @@ def url_problem(url: str) -> str | None:
         get_filesystem_class(protocol(url))
     except (ValueError, ImportError) as error:  # a protocol fsspec does not know; its package missing
         extra = STORE_EXTRAS.get(protocol(url))
-        return f"{error}" + (f": pip install -e '.[{extra}]' (the launchers in scripts/ do)" if extra else "")
+        return f"{error}" + (f": pip install -e '.[{extra}]'" if extra else "")
     return None
 
 
