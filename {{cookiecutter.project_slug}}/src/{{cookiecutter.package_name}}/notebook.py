@@ -10,10 +10,6 @@ the command's terminal, waits 0.2 s, then kills it (SIGHUP, SIGINT, SIGKILL; IPy
 first interrupt reaches training as one SIGINT and the cell waits until training has saved its
 checkpoint and exited; a later interrupt only says so. Restarting the kernel still kills it.
 
-A stop (the stop button, a signal from elsewhere, a time budget) returns normally, so that "Run all"
-goes on to the result cells, which show what the run has so far (`show_metrics`, `show_predictions`): one
-line where there is nothing yet, never an error.
-
 Standard library only: this runs in the notebook's kernel, before anything is installed.
 """
 
@@ -66,11 +62,8 @@ def run_training(platform: str, *args: str) -> int:
             while said < interrupts:  # each interrupt since the last chunk, said before it
                 said += 1
                 print(
-                    "\ninterrupt: training saves a checkpoint, then stops"
-                    if said == 1
-                    else "\ninterrupt: already stopping, waiting for the checkpoint to be saved. To kill "
-                    "training without it, restart the kernel: the run continues from its previous "
-                    "checkpoint.",
+                    "\ninterrupt: training saves a checkpoint, then stops (to stop it without one, restart "
+                    "the kernel: the run continues from its previous checkpoint)",
                     flush=True,
                 )
             sys.stdout.write(decoder.decode(chunk))
