@@ -16,9 +16,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-# The oldest GPU current PyTorch CUDA wheels ship kernels for (Volta); a P100 (6.0) fails with "no kernel
-# image is available".
-MIN_COMPUTE_CAPABILITY = (7, 0)
 QUERY = ["--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]
 
 
@@ -112,15 +109,14 @@ def query_gpus() -> tuple[list[Gpu], str]:
 
 
 def unsupported_gpu(gpus: list[Gpu]) -> str | None:
-    """Why one of `gpus` cannot run current PyTorch CUDA wheels (compute capability below the minimum)."""
-    minimum = MIN_COMPUTE_CAPABILITY
+    """Why one of `gpus` cannot run current PyTorch CUDA wheels: they ship kernels for compute capability
+    7.0 (Volta) and newer only."""
     for gpu in gpus:
-        if gpu.compute_capability < minimum:
+        if gpu.compute_capability < (7, 0):
             major, minor = gpu.compute_capability
             return (
-                f"{gpu.name} has compute capability {major}.{minor}; current PyTorch CUDA wheels need "
-                f"{minimum[0]}.{minimum[1]} or newer, so training would fail with 'no kernel image is "
-                "available'"
+                f"{gpu.name} has compute capability {major}.{minor}; current PyTorch CUDA wheels need 7.0 or "
+                "newer, so training would fail with 'no kernel image is available'"
             )
     return None
 
