@@ -37,12 +37,6 @@ def test_the_optimizer_asks_for_lomo_once_per_run(monkeypatch: pytest.MonkeyPatc
     assert not torch.equal(model.weight, before), "the optimizer stopped stepping"
 
 
-def test_an_accelerate_without_the_check_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(accelerate.optimizer, "is_lomo_available")
-    cache_lomo_check()
-    assert not hasattr(accelerate.optimizer, "is_lomo_available")
-
-
 def gradients_after(accumulation: int, fast: bool, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     """The gradients of two micro-batches through Accelerator.backward, clipped (to a norm they exceed)
     through Accelerator.clip_grad_norm_, and their norm before; with or without the fixes."""

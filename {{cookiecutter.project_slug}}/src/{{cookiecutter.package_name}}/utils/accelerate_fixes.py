@@ -34,10 +34,10 @@ def cache_lomo_check() -> None:
     Accelerate's `AcceleratedOptimizer.step` calls `is_lomo_available()` on every step, and each call
     searches sys.path with importlib: about 0.9 ms per step on a 2-core CPU, a third of a small
     model's step. Installing a package halfway through a run could not change this run's optimizer,
-    so the cached answer is the right one. Versions of Accelerate without the check are left alone.
+    so the cached answer is the right one.
     """
-    check = getattr(accelerate.optimizer, "is_lomo_available", None)
-    if check is not None and not hasattr(check, "cache_info"):
+    check = accelerate.optimizer.is_lomo_available
+    if not hasattr(check, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(check)
 
 
@@ -134,8 +134,8 @@ def read_fsdp_flag_once() -> None:
     XLA only. The launcher sets the variable before the process starts, so it cannot change within a run.
     """
     state_class = accelerate.state.GradientState
-    original = getattr(state_class, "is_xla_gradients_synced", None)
-    if not isinstance(original, property) or getattr(original.fget, "reads_the_flag_once", False):
+    original = state_class.is_xla_gradients_synced
+    if getattr(original.fget, "reads_the_flag_once", False):
         return
     fsdp = parse_flag_from_env("ACCELERATE_USE_FSDP", default=False)
 
