@@ -1,4 +1,4 @@
-"""Optional packages (a task's Pillow or transformers, a remote store's s3fs or gcsfs): a missing one stops
+"""Optional packages (a task's Pillow or transformers, a streamed loader's torchdata): a missing one stops
 the run."""
 
 from __future__ import annotations
