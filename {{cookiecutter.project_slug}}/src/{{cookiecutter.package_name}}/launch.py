@@ -201,8 +201,7 @@ def install_missing(platform: str) -> None:
             "install: torch is not installed, so pip installs its default build (install the torch "
             "build you want first to choose it)",
         )
-    # pip's own lines (dozens) would bury the decisions in a notebook cell: they
-    # are shown only when it fails.
+    # pip's own lines (dozens) would bury the decisions in a notebook cell: shown only when it fails.
     say(platform, "install: running pip (its output is shown if it fails)")
     started = time.monotonic()
     installed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
