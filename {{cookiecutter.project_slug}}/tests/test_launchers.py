@@ -40,9 +40,9 @@ from .conftest import (
     wait_for_training,
 )
 
-T4 = "Tesla T4, 7.5, 15360 MiB"
-A100 = "NVIDIA A100-SXM4-80GB, 8.0, 81920 MiB"
-P100 = "Tesla P100-PCIE-16GB, 6.0, 16384 MiB"
+T4 = "Tesla T4, 7.5"
+A100 = "NVIDIA A100-SXM4-80GB, 8.0"
+P100 = "Tesla P100-PCIE-16GB, 6.0"
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 SRC = str(PROJECT / "src")
 # The environment variables a recorder reports; any not listed in an expectation must be unset.
@@ -139,7 +139,7 @@ def write_tool(directory: Path, name: str, code: str) -> None:
 def fake_nvidia_smi(directory: Path, gpus: list[str]) -> None:
     """nvidia-smi answering only the launchers' query with one CSV line per GPU; anything else fails."""
     lines = "".join(f"{gpu}\n" for gpu in gpus)
-    query = "--query-gpu=name,compute_cap,memory.total --format=csv,noheader"
+    query = "--query-gpu=name,compute_cap --format=csv,noheader"
     script = directory / "nvidia-smi"
     script.write_text(
         f'#!/bin/sh\nif [ "$*" != "{query}" ]; then echo "unexpected: $*" >&2; exit 2; fi\n'

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-QUERY = ["--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"]
+QUERY = ["--query-gpu=name,compute_cap", "--format=csv,noheader"]
 
 
 def main_process_of_launch() -> bool:
@@ -70,11 +70,10 @@ def foreign_paths_problem(paths: dict[str, str], config_path: str) -> str | None
 class Gpu:
     name: str
     compute_capability: tuple[int, int]
-    memory_mib: int
 
     def __str__(self) -> str:
         major, minor = self.compute_capability
-        return f"{self.name} (compute {major}.{minor}, {self.memory_mib} MiB)"
+        return f"{self.name} (compute {major}.{minor})"
 
 
 def query_gpus() -> tuple[list[Gpu], str]:
@@ -94,10 +93,9 @@ def query_gpus() -> tuple[list[Gpu], str]:
     for line in result.stdout.splitlines():
         if not line.strip():
             continue
-        name, capability, memory = (part.strip() for part in line.split(","))
+        name, capability = (part.strip() for part in line.split(","))
         major, minor = capability.split(".")
-        memory_mib = memory.split()[0] if memory else ""
-        gpus.append(Gpu(name, (int(major), int(minor)), int(memory_mib) if memory_mib.isdigit() else 0))
+        gpus.append(Gpu(name, (int(major), int(minor))))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     # Indices select among nvidia-smi's GPUs; GPU UUIDs (which this query does not list) keep them all.
     if visible is not None and all(part.strip().isdigit() for part in visible.split(",") if part.strip()):
