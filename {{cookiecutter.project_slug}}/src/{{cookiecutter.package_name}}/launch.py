@@ -307,10 +307,8 @@ def launch_here(platform: str, args: list[str]) -> None:
 
 class StepSignals:
     """Stop signals to the batch process (SLURM's --signal=B:USR1@N, a requeue's SIGTERM), passed on to
-    the running srun step as SIGUSR1, which training takes as a stop. srun passes SIGUSR1 on to every task,
-    but answers a SIGTERM by killing them (SIGKILL: no checkpoint) and a lone SIGINT with a status report.
-    In a multi-process step, torch's launcher passes SIGUSR1 on from torch 2.10 (PET_SIGNALS_TO_HANDLE);
-    an older one dies of it, and the requeued job resumes from the last periodic checkpoint."""
+    the running srun step as SIGUSR1: srun passes that on to every task, but kills them on a SIGTERM and
+    answers a lone SIGINT with a status report (docs/slurm.md)."""
 
     def __init__(self) -> None:
         self.received: str | None = None
