@@ -1,15 +1,9 @@
 """Checkpoints that survive kills: Accelerate's `save_state` plus the loop's position, published atomically.
 
-Layout of `<output_dir>/checkpoints/step_<N>/`: what `save_state` writes (model, optimizer, scheduler,
-grad scaler, sampler, one RNG file per process), `config.yaml`, `meta.json` (platform, versions, time)
-and `loop_state.json`, written last, which also lists the size and checksum (XXH3-128) of every other file
-and is sealed by a SHA-256 of its own contents. Everything is written into a hidden staging folder that is
-renamed to `step_<N>` once complete, so a `step_<N>` folder is always whole; the checksums and the seal
-catch files damaged or edited afterwards (a resume checks them all).
-
-Nothing that cannot be read is deleted: rotation removes only readable checkpoints older than the one
-this run has just written, and unreadable ones met on resume are set aside (start.py, run_dir.set_aside).
-Which checkpoint a run continues is decided in start.py; this module writes, verifies and reads one.
+`<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes, `config.yaml`, `meta.json` and
+`loop_state.json`, written last: the size and XXH3-128 checksum of every other file, sealed by a SHA-256
+of itself; staged in a hidden folder, then renamed (docs/resume.md, "Kills and crashes"). Which
+checkpoint a run continues is decided in start.py; this module writes, verifies and reads one.
 """
 
 from __future__ import annotations
@@ -157,17 +151,17 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
     """
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
-        files: dict[str, dict[str, Any]] = record["files"]
         loop_state(record)
+        edited = record["seal"] != seal(record)
     except FileNotFoundError:
         return f"no {LOOP_STATE_FILE}: the save did not finish"
-    except TypeError as error:  # a field this version does not know
-        return f"{LOOP_STATE_FILE} was written by another version of this project ({error})"
-    except (OSError, ValueError, KeyError, AttributeError) as error:
+    except (TypeError, KeyError) as error:  # a field this version does not know, or lacks (the first: a seal)
+        return f"{LOOP_STATE_FILE} was written by another version of this project ({error!r})"
+    except (OSError, ValueError, AttributeError) as error:
         return f"{LOOP_STATE_FILE} is damaged ({error!r})"
-    if record.get("seal") != seal(record):
+    if edited:
         return f"{LOOP_STATE_FILE} does not match its seal: it was edited after the save"
-    return files_problem(path, files, contents, "the save")
+    return files_problem(path, record["files"], contents, "the save")
 
 
 def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool, after: str) -> str | None:
