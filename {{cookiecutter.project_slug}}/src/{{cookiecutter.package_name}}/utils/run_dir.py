@@ -1,17 +1,9 @@
 """The run's output folder: one run at a time, and nothing of an earlier run lost or mixed.
 
-- `OutputLock`: an exclusive lock on `<output_dir>/.lock`, taken by the main process before it writes
-  anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`): it goes away with
-  the process, even after kill -9. It is tested on a local disk; filesystems that share POSIX locks between
-  machines (NFS v4, or v3 with lockd) should hold it across them, untested. Where locks are not shared
-  between machines (NFS mounted `nolock`, Google Drive seen from two Colab sessions), the lock file's
-  heartbeat (its modification time, renewed every 30 s) stops a second run while the first is alive.
-- `RemoteLease`: the same for a run folder in an object store (mirror_dir s3://..., hf://...), which has
-  neither locks nor an atomic rename: a lease object, described at the class.
-- `earlier_outputs`: what an earlier run left in the folder.
-- `set_aside`: moves files into `<output_dir>/set_aside/<time>/`. The code deletes only what it has
-  superseded itself (older checkpoints of this run, its own unfinished writes); everything else it
-  moves there, and says so.
+`OutputLock` (a kernel lock on `<output_dir>/.lock` plus a heartbeat for filesystems that do not share
+locks between machines) and `RemoteLease` (the same for a folder in an object store) keep a second run
+out; `set_aside` moves what this run did not write itself into `<output_dir>/set_aside/<time>/`, never
+deleting it. docs/resume.md, "Never lose or mix a run", says what the user sees.
 """
 
 from __future__ import annotations
