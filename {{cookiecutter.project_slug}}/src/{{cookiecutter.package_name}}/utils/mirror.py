@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from accelerate.utils import broadcast_object_list
+from accelerate import PartialState
 from fsspec.implementations.local import LocalFileSystem
 
 from .checkpoint import (
@@ -68,15 +68,7 @@ class Mirror:
     def start(self, run_id: str, start_over: bool) -> None:
         """Take the mirror's lock and check that it holds no other run (every process raises the main one's
         refusal), then start copying. A mirror that cannot be written now is retried, not refused."""
-        outcome: list[Any] = [None]
-        if self.store is not None:
-            try:
-                self._claim(self.store, run_id, start_over)
-            except RunError as error:
-                outcome = [error]
-        outcome = broadcast_object_list(outcome)
-        if isinstance(outcome[0], RunError):
-            raise outcome[0]
+        on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over))
         if self.store is not None:
             self._worker.start()
 
@@ -184,7 +176,8 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
             raise RunError("; ".join(problems))
         return notes
 
-    on_main(accelerator, check)
+    for note in on_main(accelerator, check):
+        accelerator.print(note)
 
 
 class Store:

@@ -26,6 +26,7 @@ import psutil
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
+from .config import ConfigError
 from .durable import TEMPORARY_PREFIX
 
 LOCK_FILE = ".lock"
@@ -285,20 +286,19 @@ class RemoteLease:
                 self.fs.rm_file(self.path)
 
 
-def on_main(accelerator: Accelerator, decide: Callable[[], list[str]]) -> None:
-    """Run `decide` on the main process (take a lock, check a store) and print the notes it returns; every
-    process raises the main one's RunError."""
-    outcome: list[Any] = [[]]
+def on_main(accelerator: Accelerator, decide: Callable[[], Any]) -> Any:
+    """Run `decide` on the main process (take a lock, check a store, choose the checkpoint); return its result
+    on every process. Every process raises the main one's RunError or ConfigError."""
+    outcome: list[Any] = [None]
     if accelerator.is_main_process:
         try:
             outcome = [decide()]
-        except RunError as error:
+        except (ConfigError, RunError) as error:
             outcome = [error]
     outcome = broadcast_object_list(outcome)
-    if isinstance(outcome[0], RunError):
+    if isinstance(outcome[0], ConfigError | RunError):
         raise outcome[0]
-    for note in outcome[0]:
-        accelerator.print(note)
+    return outcome[0]
 
 
 def _lock(fd: int) -> bool:

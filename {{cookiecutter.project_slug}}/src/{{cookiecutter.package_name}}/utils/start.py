@@ -20,7 +20,6 @@ import fsspec
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
 from fsspec.implementations.local import LocalFileSystem
 
 from .checkpoint import (
@@ -41,7 +40,7 @@ from .checkpoint import (
 from .config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
 from .fingerprint import first_difference
 from .remote import is_url, open_store
-from .run_dir import SET_ASIDE, RunError, earlier_outputs, set_aside
+from .run_dir import SET_ASIDE, RunError, earlier_outputs, on_main, set_aside
 
 # Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
 # a run folder inside an uploaded project folder on Drive is 3 or 4.
@@ -61,16 +60,8 @@ def resume(
     `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data`: the
     data's fingerprint (main process), checked (other_data) and carried into the next checkpoints.
     """
-    decision: list[Any] = [None]
-    if accelerator.is_main_process:
-        try:
-            decision = [(*decide_start(config, data), uuid.uuid4().hex[:12])]
-        except (ConfigError, RunError) as error:
-            decision = [error]
-    decision = broadcast_object_list(decision)
-    if isinstance(decision[0], Exception):
-        raise decision[0]
-    path, notes, new_run_id = decision[0]
+    decided = on_main(accelerator, lambda: (*decide_start(config, data), uuid.uuid4().hex[:12]))
+    path, notes, new_run_id = decided
     for note in notes:
         accelerator.print(note)
     if path is None:
