@@ -92,14 +92,16 @@ class OutputLock:
             raise RunError(
                 f"cannot write to {self.name} {self.output_dir} ({error.strerror}): choose a writable one"
             ) from None
-        notes = []
+        notes, held_elsewhere, locked = [], False, True
         try:
-            held_elsewhere, locked = not _lock(fd), True
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
-            if error.errno not in (errno.ENOLCK, errno.ENOSYS):
+            held_elsewhere = error.errno in (errno.EACCES, errno.EAGAIN)
+            if not held_elsewhere and error.errno not in (errno.ENOLCK, errno.ENOSYS):
                 os.close(fd)
                 raise
-            held_elsewhere, locked = False, False
+            locked = held_elsewhere  # else this filesystem or system cannot lock
+        if not locked:
             notes.append(
                 f"WARNING: the filesystem of {self.output_dir} cannot lock files: only the heartbeat of "
                 f"{self.path} keeps a second run out"
@@ -299,18 +301,6 @@ def on_main(accelerator: Accelerator, decide: Callable[[], Any]) -> Any:
     if isinstance(outcome[0], ConfigError | RunError):
         raise outcome[0]
     return outcome[0]
-
-
-def _lock(fd: int) -> bool:
-    """Lock `fd` at once: True, or False when another process holds it. OSError ENOLCK or ENOSYS: this
-    filesystem or system cannot lock."""
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EACCES, errno.EAGAIN):
-            return False
-        raise
-    return True
 
 
 def _holder_named(fd: int) -> dict:

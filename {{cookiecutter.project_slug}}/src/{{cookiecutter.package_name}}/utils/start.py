@@ -20,7 +20,6 @@ import fsspec
 import torch
 import yaml
 from accelerate import Accelerator
-from fsspec.implementations.local import LocalFileSystem
 
 from .checkpoint import (
     EXPORTS,
@@ -314,13 +313,8 @@ def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
             store, root, depth = fsspec.filesystem("file"), str(Path(place).absolute()), SEARCH_DEPTH + 3
         store.invalidate_cache()
         files = store.find(root, maxdepth=depth) if store.isdir(root) else [root]
-        return _listed_copies(store, root, files, seen, notes)
     except (OSError, ValueError) as error:
         raise RunError(f"cannot look for copies of this run in {place}: {error}") from error
-
-
-def _listed_copies(store: Any, root: str, files: list[str], seen: set[str], notes: list[str]) -> list[Copy]:
-    """The checkpoints of the run folders among `files` (a listing of `root` in `store`)."""
     folders: dict[str, dict[str, set[str]]] = {}  # run folder -> checkpoint folder name -> files
     for path in files:
         parts = path[len(root) :].strip("/").split("/")
@@ -331,7 +325,7 @@ def _listed_copies(store: Any, root: str, files: list[str], seen: set[str], note
             folders.setdefault(run, {}).setdefault(parts[-2], set()).add(parts[-1])
     copies = []
     for run, checkpoints in sorted(folders.items()):
-        where = Path(run) if isinstance(store, LocalFileSystem) else store.unstrip_protocol(run)
+        where = store.unstrip_protocol(run) if is_url(place) else Path(run)
         if str(where) in seen:
             continue
         seen.add(str(where))
