@@ -1,9 +1,10 @@
 """Checkpoints that survive kills: Accelerate's `save_state` plus the loop's position, published atomically.
 
-`<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes, `config.yaml`, `meta.json` and
-`loop_state.json`, written last: the size and XXH3-128 checksum of every other file, sealed by a SHA-256
-of itself; staged in a hidden folder, then renamed (docs/resume.md, "Kills and crashes"). Which
-checkpoint a run continues is decided in start.py; this module writes, verifies and reads one.
+`<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes, `config.yaml`, the run's history
+(`history.json`: platform, versions, batch split) and `loop_state.json`, written last: the size and
+XXH3-128 checksum of every other file, sealed by a SHA-256 of itself; staged in a hidden folder, then
+renamed (docs/resume.md, "Kills and crashes"). Which checkpoint a run continues is decided in start.py;
+this module writes, verifies and reads one.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import accelerate
 import torch
 from accelerate import Accelerator
 from accelerate.utils.other import clean_state_dict_for_safetensors
@@ -33,7 +31,6 @@ from .durable import TEMPORARY_PREFIX
 from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
 from .fingerprint import file_xxh3
-from .hardware import detect_platform
 from .run_dir import LOCK_FILE, SET_ASIDE, set_aside, write_error
 
 # What a failed write of a checkpoint or an export raises: torch reports a full disk as a RuntimeError,
@@ -47,7 +44,6 @@ logging.getLogger("accelerate.utils.other").addFilter(
 )
 
 LOOP_STATE_FILE = "loop_state.json"
-META_FILE = "meta.json"
 STAGING_PREFIX = ".incomplete_"
 # The checksum of every file: XXH3-128. It guards against damage (a flipped bit, a truncated copy, a sync
 # that stopped half-way), not against an attacker, who could rewrite loop_state.json too; for that 128
@@ -262,7 +258,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
-            _publish(_meta(accelerator), config, state, staging, final, files or {})
+            _publish(config, state, staging, final, files or {})
         except OSError as error:
             raise write_error(staging, error) from error
         _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect, latest=final)
@@ -271,14 +267,9 @@ def save_checkpoint(
 
 
 def _publish(
-    meta: dict[str, Any],
-    config: TrainConfig,
-    state: LoopState,
-    staging: Path,
-    final: Path,
-    extra: dict[str, str | bytes],
+    config: TrainConfig, state: LoopState, staging: Path, final: Path, extra: dict[str, str | bytes]
 ) -> None:
-    """Seal the staging folder with `meta`, the loop state and every file's size and checksum; rename it.
+    """Seal the staging folder with the loop state and every file's size and checksum; rename it.
     Called by the process that saves (synchronous) or by the persister's thread (utils/persist.py)."""
     save_config(config, staging / "config.yaml", durable=False)
     for name, content in extra.items():  # the history's text, the compile cache's bytes
@@ -286,7 +277,6 @@ def _publish(
             (staging / name).write_bytes(content)
         else:
             (staging / name).write_text(content, encoding="utf-8")
-    _write_durably(staging / META_FILE, json.dumps(meta, indent=2))
     # The loop state is the seal: the files it vouches for are on disk before it.
     files = file_records(staging, [path for path in sorted(staging.iterdir()) if path.is_file()])
     record = {"loop_state": dataclasses.asdict(state), "files": files}
@@ -408,22 +398,6 @@ def check_weight_names(model: torch.nn.Module, file: Path) -> None:
     expected = set(state) - frozen_names(model)
     if missing := sorted(n for n in expected - saved if state[n].data_ptr() not in held):
         raise RuntimeError(f"{file} lacks trained weights of the model: {', '.join(missing[:5])}")
-
-
-def _meta(accelerator: Accelerator) -> dict[str, Any]:
-    return {
-        "platform": detect_platform(),
-        "world_size": accelerator.num_processes,
-        "distributed_type": str(accelerator.distributed_type),
-        "mixed_precision": accelerator.mixed_precision,
-        "device": str(accelerator.device),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "accelerate": accelerate.__version__,
-        },
-        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Path) -> None:

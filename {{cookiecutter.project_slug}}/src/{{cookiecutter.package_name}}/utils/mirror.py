@@ -57,10 +57,9 @@ class Mirror:
 
     def __init__(self, output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> None:
         self.source, self.target, self.keep = Path(output_dir), mirror_dir, keep
-        self.enabled = enabled and bool(mirror_dir)
         self._worker = Worker("mirror", self._sync, lambda: RETRY_S if self._failing else None)
         kind = RemoteStore if is_url(mirror_dir) else Store
-        self.store = kind(self.source, mirror_dir, again=self._worker.wake) if self.enabled else None
+        self.store = kind(self.source, mirror_dir, self._worker.wake) if enabled and mirror_dir else None
         self._locked = False
         self._failing = ""  # the error reported, until a copy works again
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
@@ -98,7 +97,7 @@ class Mirror:
 
     def request(self) -> None:
         """Copy what changed, soon; returns at once."""
-        if self.enabled:
+        if self.store is not None:
             self._worker.wake()
 
     def finish(self, wait_s: float = FINISH_TIMEOUT_S) -> None:

@@ -35,7 +35,6 @@ from .checkpoint import (
     STAGING_PREFIX,
     WRITE_ERRORS,
     LoopState,
-    _meta,
     _publish,
     _rotate,
     checkpoint_root,
@@ -99,7 +98,7 @@ class Persister:
         accelerator.wait_for_everyone()  # every process's file is in the staging folder: the thread seals
         if accelerator.is_main_process:
             snapshot = LoopState(**{k: copy.deepcopy(v) for k, v in vars(state).items()})
-            job = (staged, snapshot, protect, dict(files), staging, final, _meta(accelerator))
+            job = (staged, snapshot, protect, dict(files), staging, final)
             self._job = self._writer.submit(self._persist, *job)
         self._saved = lambda: saved(final)
         return final
@@ -133,14 +132,13 @@ class Persister:
         files: dict[str, str | bytes],
         staging: Path,
         final: Path,
-        meta: dict[str, Any],
     ) -> None:
         started = time.monotonic()
         try:
             self.staging.wait()  # the copies from a GPU run asynchronously
             for entry in staged:
                 _write_file(staging, *entry)
-            _publish(meta, self.config, state, staging, final, files)
+            _publish(self.config, state, staging, final, files)
             _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
         except WRITE_ERRORS as error:  # raised in the loop at the next wait, as a synchronous save would
             raise write_error(staging, error) from None

@@ -96,7 +96,7 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
         why = repr(problem) if problem else "on another process"
         raise RunError(
             f"checkpoint {path} is intact but could not be loaded ({why}): continue it with the code and "
-            "versions that wrote it (meta.json), or choose another --output_dir"
+            "versions that wrote it (its history.json), or choose another --output_dir"
         )
     # What else changed since the checkpoint was written (processes, batch split, versions) and what it
     # does to the numbers is printed by utils/history.py.
