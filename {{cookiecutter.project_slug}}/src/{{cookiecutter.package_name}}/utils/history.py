@@ -101,8 +101,7 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         previous = sessions[-1]
         changed = history.changes()
         summary = f"changed since session {previous['session']} ({describe(previous)})"
-        if not changed:
-            summary = f"nothing changed since session {previous['session']} ({describe(previous)})"
+        summary = summary if changed else f"nothing {summary}"
         print(f"history: session {current['session']} of run {state.run_id}; {summary}")
         for line in changed:
             print(f"history: {line}")
@@ -113,11 +112,9 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
 def session_record(accelerator: Any, config: Any, step: int, number: int) -> Record:
     """What this session is: where, on what and with which split of the global batch."""
     device = accelerator.device
-    name = str(device.type)
-    if device.type == "cuda":
+    name, versions = str(device.type), {"python": platform.python_version(), "torch": torch.__version__}
+    if device.type == "cuda":  # and the CUDA torch was built with: its kernels' own version
         name = f"cuda ({torch.cuda.get_device_name(device)})"
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    if device.type == "cuda":  # the CUDA torch was built with: its kernels' own version
         versions["cuda"] = str(torch.version.cuda)
     versions["accelerate"] = accelerate.__version__
     for module, shown in LIBRARIES:
