@@ -3,10 +3,8 @@
 The path of a checkpoint reads in one direction: the loop (utils/loop.py) -> `Persister` -> the store
 (checkpoint.py writes, checksums, fsyncs, seals and publishes; then the mirror, utils/mirror.py, copies).
 What checkpoint_mode "background" (the default) and "sync" do and cost: docs/resume.md, "Checkpoints in
-the background". Beyond it: the other processes write their RNG file (a few KB) into the staging folder
-at once, before the main process hands its part to the thread, so the thread never needs a collective;
-rotation happens only after a publish; devices other than the CPU, CUDA and MPS save synchronously too
-(stage_state knows no other RNG states).
+the background". The other processes write their RNG file into the staging folder at once, so the thread
+never needs a collective.
 """
 
 from __future__ import annotations
@@ -186,12 +184,9 @@ class Worker:
 
 
 class Staging:
-    """The CPU buffers that hold a staged state, kept from one checkpoint to the next: a checkpoint neither
-    allocates (and faults in) one checkpoint's size of memory again nor, from a CUDA GPU, copies through
-    pageable memory. From a GPU the buffers are page-locked and filled by asynchronous copies on the
-    training stream, which the loop's next kernels follow; the writer thread waits for them (`wait`).
-    torchtitan stages its asynchronous checkpoints the same way. The price: the buffers (one copy of the
-    saved state, as a staging makes anyway) stay allocated between checkpoints."""
+    """The CPU buffers that hold a staged state, kept from one checkpoint to the next (as torchtitan does);
+    from a GPU page-locked and filled by asynchronous copies on the training stream, which the writer
+    thread waits for (`wait`)."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}  # the last staging's, by file name and place in the file
