@@ -153,7 +153,8 @@ def train(
 
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
-    on_main(accelerator, lock.acquire)
+    for note in on_main(accelerator, lock.acquire):
+        accelerator.print(note)
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)

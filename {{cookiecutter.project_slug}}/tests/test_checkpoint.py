@@ -68,6 +68,15 @@ def test_a_loop_state_key_of_an_earlier_version_is_skipped(tmp_path: Path) -> No
     assert "written by another version" in checkpoint_problem(path)
 
 
+def test_a_loop_state_without_a_seal_is_named_as_another_versions(tmp_path: Path) -> None:
+    """The first version sealed nothing: its checkpoint is named as another version's, not as edited."""
+    path = fake_checkpoint(tmp_path, 2, valid=False)
+    (path / "loop_state.json").write_text(json.dumps({"loop_state": {"step": 2}, "files": {}}))
+    assert checkpoint_problem(path) == (
+        "loop_state.json was written by another version of this project (KeyError('seal'))"
+    )
+
+
 def test_rotation_keeps_everything_when_the_latest_is_unsound(tmp_path: Path) -> None:
     older = [fake_checkpoint(tmp_path, step, valid=True) for step in (1, 2)]
     latest = fake_checkpoint(tmp_path, 3, valid=True)

@@ -1,15 +1,10 @@
 """Checkpoints that survive kills: Accelerate's `save_state` plus the loop's position, published atomically.
 
-Layout of `<output_dir>/checkpoints/step_<N>/`: what `save_state` writes (model, optimizer, scheduler,
-grad scaler, sampler, one RNG file per process), `config.yaml`, `meta.json` (platform, versions, time)
-and `loop_state.json`, written last, which also lists the size and checksum (XXH3-128) of every other file
-and is sealed by a SHA-256 of its own contents. Everything is written into a hidden staging folder that is
-renamed to `step_<N>` once complete, so a `step_<N>` folder is always whole; the checksums and the seal
-catch files damaged or edited afterwards (a resume checks them all).
-
-Nothing that cannot be read is deleted: rotation removes only readable checkpoints older than the one
-this run has just written, and unreadable ones met on resume are set aside (start.py, run_dir.set_aside).
-Which checkpoint a run continues is decided in start.py; this module writes, verifies and reads one.
+`<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes, `config.yaml`, the run's history
+(`history.json`: platform, versions, batch split) and `loop_state.json`, written last: the size and
+XXH3-128 checksum of every other file, sealed by a SHA-256 of itself; staged in a hidden folder, then
+renamed (docs/resume.md, "Kills and crashes"). Which checkpoint a run continues is decided in start.py;
+this module writes, verifies and reads one.
 """
 
 from __future__ import annotations
@@ -19,15 +14,12 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import accelerate
 import torch
 from accelerate import Accelerator
 from accelerate.utils.other import clean_state_dict_for_safetensors
@@ -39,7 +31,6 @@ from .durable import TEMPORARY_PREFIX
 from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
 from .fingerprint import file_xxh3
-from .hardware import detect_platform
 from .run_dir import LOCK_FILE, SET_ASIDE, set_aside, write_error
 
 # What a failed write of a checkpoint or an export raises: torch reports a full disk as a RuntimeError,
@@ -53,7 +44,6 @@ logging.getLogger("accelerate.utils.other").addFilter(
 )
 
 LOOP_STATE_FILE = "loop_state.json"
-META_FILE = "meta.json"
 STAGING_PREFIX = ".incomplete_"
 # The checksum of every file: XXH3-128. It guards against damage (a flipped bit, a truncated copy, a sync
 # that stopped half-way), not against an attacker, who could rewrite loop_state.json too; for that 128
@@ -157,17 +147,17 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
     """
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
-        files: dict[str, dict[str, Any]] = record["files"]
         loop_state(record)
+        edited = record["seal"] != seal(record)
     except FileNotFoundError:
         return f"no {LOOP_STATE_FILE}: the save did not finish"
-    except TypeError as error:  # a field this version does not know
-        return f"{LOOP_STATE_FILE} was written by another version of this project ({error})"
-    except (OSError, ValueError, KeyError, AttributeError) as error:
+    except (TypeError, KeyError) as error:  # a field this version does not know, or lacks (the first: a seal)
+        return f"{LOOP_STATE_FILE} was written by another version of this project ({error!r})"
+    except (OSError, ValueError, AttributeError) as error:
         return f"{LOOP_STATE_FILE} is damaged ({error!r})"
-    if record.get("seal") != seal(record):
+    if edited:
         return f"{LOOP_STATE_FILE} does not match its seal: it was edited after the save"
-    return files_problem(path, files, contents, "the save")
+    return files_problem(path, record["files"], contents, "the save")
 
 
 def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool, after: str) -> str | None:
@@ -268,7 +258,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         try:
-            _publish(_meta(accelerator), config, state, staging, final, files or {})
+            _publish(config, state, staging, final, files or {})
         except OSError as error:
             raise write_error(staging, error) from error
         _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect, latest=final)
@@ -277,14 +267,9 @@ def save_checkpoint(
 
 
 def _publish(
-    meta: dict[str, Any],
-    config: TrainConfig,
-    state: LoopState,
-    staging: Path,
-    final: Path,
-    extra: dict[str, str | bytes],
+    config: TrainConfig, state: LoopState, staging: Path, final: Path, extra: dict[str, str | bytes]
 ) -> None:
-    """Seal the staging folder with `meta`, the loop state and every file's size and checksum; rename it.
+    """Seal the staging folder with the loop state and every file's size and checksum; rename it.
     Called by the process that saves (synchronous) or by the persister's thread (utils/persist.py)."""
     save_config(config, staging / "config.yaml", durable=False)
     for name, content in extra.items():  # the history's text, the compile cache's bytes
@@ -292,7 +277,6 @@ def _publish(
             (staging / name).write_bytes(content)
         else:
             (staging / name).write_text(content, encoding="utf-8")
-    _write_durably(staging / META_FILE, json.dumps(meta, indent=2))
     # The loop state is the seal: the files it vouches for are on disk before it.
     files = file_records(staging, [path for path in sorted(staging.iterdir()) if path.is_file()])
     record = {"loop_state": dataclasses.asdict(state), "files": files}
@@ -414,22 +398,6 @@ def check_weight_names(model: torch.nn.Module, file: Path) -> None:
     expected = set(state) - frozen_names(model)
     if missing := sorted(n for n in expected - saved if state[n].data_ptr() not in held):
         raise RuntimeError(f"{file} lacks trained weights of the model: {', '.join(missing[:5])}")
-
-
-def _meta(accelerator: Accelerator) -> dict[str, Any]:
-    return {
-        "platform": detect_platform(),
-        "world_size": accelerator.num_processes,
-        "distributed_type": str(accelerator.distributed_type),
-        "mixed_precision": accelerator.mixed_precision,
-        "device": str(accelerator.device),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "accelerate": accelerate.__version__,
-        },
-        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Path) -> None:

@@ -1,11 +1,9 @@
 """Files that are whole or absent: what a run writes outside its checkpoints goes through here.
 
-`write_atomically` writes a temporary file next to the target, flushes it to the disk, renames it over
-the target and flushes the folder, so that a kill -9 or a full disk at any moment leaves the old file or
-the new one, never an empty or half-written one (an empty config.yaml would refuse every rerun). A failed
-write removes its temporary file and raises OSError naming the target, so that the one-line error names
-the output folder and its free space (run_dir.write_error), not the working directory. `write_durably` is
-the same without the rename, for files in a staging folder that is itself renamed when complete.
+`write_atomically` writes a temporary file next to the target, flushes it and renames it over the target,
+so that a kill or a full disk leaves the old file or the new one; a failed write raises OSError naming the
+target (run_dir.write_error names its folder's free space). `write_durably` is the same without the rename,
+for files in a staging folder that is itself renamed when complete.
 """
 
 from __future__ import annotations

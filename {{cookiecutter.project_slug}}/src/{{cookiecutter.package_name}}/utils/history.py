@@ -1,20 +1,11 @@
 """A run's history: one record per session, so that nothing changes silently between sessions.
 
-Each session's record says where it ran (platform, host, device, precision, processes x per-device batch x
-accumulation), on what (the versions of Python, torch, Accelerate and of the task's libraries that are
-imported, the hashes of task.py and of the project's code) and which steps it trained: the step it started
-at, the last step it reached, and why it ended (done, max_steps reached, time budget spent, stopped by a
-signal, diverged; none recorded: killed or crashed after its last checkpoint). The
-history of every session travels inside every checkpoint (`history.json`, covered by the checkpoint's
-checksums and seal), so the mirror, a remote store and copies of the folder carry it and verify it;
-the run folder holds a readable copy (`<output_dir>/history.json`), rewritten atomically at the start of a
-session, at each checkpoint and at its end. That copy also knows the sessions whose end no checkpoint saw
-(a divergence, a session killed before its first checkpoint).
-
-At a resume every difference from the previous session but its platform and host is printed, one line
-each, with what it does to the numbers; then the first step says whether it is bit for bit the one the
-uninterrupted run took (each session records the step after each of its checkpoints: utils/exact.py), and
-the verdict is recorded.
+Each session's record (where and on what it ran, with which split of the batch, which steps it trained and
+why it ended: docs/resume.md, "The run's history") travels inside every checkpoint (`history.json`,
+covered by its checksums and seal); the run folder holds a copy, rewritten atomically at the start of a
+session, at each checkpoint and at its end, which also knows the sessions no checkpoint saw. At a resume
+every difference from the previous session but its platform and host is printed with what it does to the
+numbers; utils/exact.py then checks the first step.
 """
 
 from __future__ import annotations
@@ -110,8 +101,7 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         previous = sessions[-1]
         changed = history.changes()
         summary = f"changed since session {previous['session']} ({describe(previous)})"
-        if not changed:
-            summary = f"nothing changed since session {previous['session']} ({describe(previous)})"
+        summary = summary if changed else f"nothing {summary}"
         print(f"history: session {current['session']} of run {state.run_id}; {summary}")
         for line in changed:
             print(f"history: {line}")
@@ -122,11 +112,9 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
 def session_record(accelerator: Any, config: Any, step: int, number: int) -> Record:
     """What this session is: where, on what and with which split of the global batch."""
     device = accelerator.device
-    name = str(device.type)
-    if device.type == "cuda":
+    name, versions = str(device.type), {"python": platform.python_version(), "torch": torch.__version__}
+    if device.type == "cuda":  # and the CUDA torch was built with: its kernels' own version
         name = f"cuda ({torch.cuda.get_device_name(device)})"
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    if device.type == "cuda":  # the CUDA torch was built with: its kernels' own version
         versions["cuda"] = str(torch.version.cuda)
     versions["accelerate"] = accelerate.__version__
     for module, shown in LIBRARIES:
@@ -205,26 +193,28 @@ def describe(record: Record) -> str:
     return f"{record.get('platform', '?')}, steps {steps}, {ending}"
 
 
+# What a change of each of these does to the numbers: none keeps the run bitwise.
+ROUNDING = {
+    "device": "other kernels round differently",
+    "mixed_precision": "the arithmetic itself changed",
+    "deterministic": "on a GPU, some sums are then added in an order that varies",
+    "compile": "compiled kernels fuse operations and round differently",
+}
+NOT_EXACT = "not bitwise as one uninterrupted run from here on"
+
+
 def differences(before: Record, now: Record) -> list[str]:
     """One line per difference between two sessions' records, with what it does to the numbers."""
     lines = [*_batch_change(before, now)]
-    if before["device"] != now["device"]:
-        why = f"other kernels round differently: {NOT_EXACT}"
-        lines.append(f"device {before['device']} -> {now['device']}: {why}")
-    if before["mixed_precision"] != now["mixed_precision"]:
-        lines.append(
-            f"mixed precision {before['mixed_precision']} -> {now['mixed_precision']}: the arithmetic "
-            f"itself changed: {NOT_EXACT}"
-        )
-    for name, says in (("deterministic", "deterministic kernels"), ("compile", "torch.compile")):
-        if before[name] != now[name]:
-            why = (
-                "on a GPU, some sums are then added in an order that varies"
-                if name == "deterministic"
-                else "compiled kernels fuse operations and round differently"
-            )
-            lines.append(f"{says} {_on(before[name])} -> {_on(now[name])}: {why}: {NOT_EXACT}")
-    lines += _version_changes(before["versions"], now["versions"])
+    for key, why in ROUNDING.items():
+        if before[key] != now[key]:
+            lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}: {NOT_EXACT}")
+    for name in sorted({*before["versions"], *now["versions"]}):
+        old, new = (record["versions"].get(name, "(none)") for record in (before, now))
+        if old != new:
+            why = f"its code may compute differently: {NOT_EXACT}"
+            why = "no effect by itself" if name == "python" else why
+            lines.append(f"{name} {old} -> {new}: {why}")
     if before["task_sha256"] != now["task_sha256"]:
         lines.append(
             f"task.py changed (sha256 {before['task_sha256'][:12]} -> {now['task_sha256'][:12]}): the data, "
@@ -236,13 +226,6 @@ def differences(before: Record, now: Record) -> list[str]:
             f"{now['code_sha256'][:12]}): the loop or the task's modules may compute differently"
         )
     return lines
-
-
-NOT_EXACT = "not bitwise as one uninterrupted run from here on"
-
-
-def _on(value: Any) -> str:
-    return "on" if value else "off"
 
 
 def _batch_change(before: Record, now: Record) -> list[str]:
@@ -263,22 +246,3 @@ def _batch_change(before: Record, now: Record) -> list[str]:
         f"rounding now differs from an uninterrupted run, and so do the random numbers (dropout: drawn per "
         f"micro-batch): {NOT_EXACT}"
     ]
-
-
-def _version_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
-    lines = []
-    for name in [*now, *(name for name in before if name not in now)]:
-        absent = "(none: not on a GPU)" if name == "cuda" else "(not imported)"
-        old, new = before.get(name, absent), now.get(name, absent)
-        if old == new:
-            continue
-        if name in ("torch", "cuda"):
-            why = f"its kernels may compute differently: numerics may differ, {NOT_EXACT}"
-        elif name == "accelerate":
-            why = "the library around the loop: checkpoints carry over, but numerics may differ"
-        elif name == "python":
-            why = "no effect on the numbers by itself (the libraries built for it may have one)"
-        else:
-            why = "a library of the task: its models, data or tokenization may compute differently"
-        lines.append(f"{name} {old} -> {new}: {why}")
-    return lines

@@ -1,24 +1,11 @@
 """A second copy of the run in a persistent folder (`mirror_dir`, e.g. Google Drive), kept in the background.
 
-Colab's Drive mount is a cache that uploads later and can drop mid-session: a checkpoint written straight
-into it may never arrive, and a slow upload would stall training. So output_dir is the session's local
-disk, and after every checkpoint is published (utils/persist.py hands it on) a thread of the main process
-(persist.Worker) copies what changed to the mirror: first
-the run's files (metrics, exports, tracker logs), then the newest checkpoint into a staging folder that is
-verified against the checkpoint's checksums and only then renamed. Training never waits for it, and a
-failing copy never stops it: the error is reported once, the copy retried every RETRY_S seconds and after
-each checkpoint, and its recovery reported. `finish` completes the copy at the end of training and after a
-stop signal. Resume (start.py) takes the newest checkpoint that verifies among output_dir and the mirror,
-so a checkpoint the mirror holds only in part (the runtime died mid-upload) is skipped, and named.
-
-A URL as mirror_dir (s3://, hf://, gs://, utils/remote.py) keeps the same promises (`RemoteStore`).
-Object stores cannot rename: a checkpoint is uploaded to a staging prefix, downloaded back and verified
-against its checksums (its bytes cross the network twice: the price of knowing the copy is whole), then
-published by copying it (server-side on S3 and GCS) to `checkpoints/step_<N>/` with loop_state.json, the
-seal that lists every file's checksum, copied last. A folder without it is a publication cut off, which
-resume skips and names. Exports are staged the same way; while one is published (a few server-side
-copies), its folder holds part of it. The remote run folder's lock is a lease (run_dir.RemoteLease).
-Rotation removes only copies that read back whole; an export is replaced only by a whole one.
+After every checkpoint a thread of the main process (persist.Worker) copies what changed: the run's files,
+then the newest checkpoint, staged and verified against its checksums before it is published. Training
+never waits for it and a failing copy never stops it (reported once, retried); `finish` completes it at the
+end. What this promises on Colab and through a store (s3://, hf://, gs://, `RemoteStore`, which cannot
+rename: it reads a copy back to verify it and publishes by server-side copies, loop_state.json last):
+docs/moving-runs.md.
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from accelerate.utils import broadcast_object_list
+from accelerate import PartialState
 from fsspec.implementations.local import LocalFileSystem
 
 from .checkpoint import (
@@ -70,10 +57,9 @@ class Mirror:
 
     def __init__(self, output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> None:
         self.source, self.target, self.keep = Path(output_dir), mirror_dir, keep
-        self.enabled = enabled and bool(mirror_dir)
         self._worker = Worker("mirror", self._sync, lambda: RETRY_S if self._failing else None)
         kind = RemoteStore if is_url(mirror_dir) else Store
-        self.store = kind(self.source, mirror_dir, again=self._worker.wake) if self.enabled else None
+        self.store = kind(self.source, mirror_dir, self._worker.wake) if enabled and mirror_dir else None
         self._locked = False
         self._failing = ""  # the error reported, until a copy works again
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
@@ -81,15 +67,7 @@ class Mirror:
     def start(self, run_id: str, start_over: bool) -> None:
         """Take the mirror's lock and check that it holds no other run (every process raises the main one's
         refusal), then start copying. A mirror that cannot be written now is retried, not refused."""
-        outcome: list[Any] = [None]
-        if self.store is not None:
-            try:
-                self._claim(self.store, run_id, start_over)
-            except RunError as error:
-                outcome = [error]
-        outcome = broadcast_object_list(outcome)
-        if isinstance(outcome[0], RunError):
-            raise outcome[0]
+        on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over))
         if self.store is not None:
             self._worker.start()
 
@@ -119,7 +97,7 @@ class Mirror:
 
     def request(self) -> None:
         """Copy what changed, soon; returns at once."""
-        if self.enabled:
+        if self.store is not None:
             self._worker.wake()
 
     def finish(self, wait_s: float = FINISH_TIMEOUT_S) -> None:
@@ -197,7 +175,8 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
             raise RunError("; ".join(problems))
         return notes
 
-    on_main(accelerator, check)
+    for note in on_main(accelerator, check):
+        accelerator.print(note)
 
 
 class Store:

@@ -3,10 +3,8 @@
 The path of a checkpoint reads in one direction: the loop (utils/loop.py) -> `Persister` -> the store
 (checkpoint.py writes, checksums, fsyncs, seals and publishes; then the mirror, utils/mirror.py, copies).
 What checkpoint_mode "background" (the default) and "sync" do and cost: docs/resume.md, "Checkpoints in
-the background". Beyond it: the other processes write their RNG file (a few KB) into the staging folder
-at once, before the main process hands its part to the thread, so the thread never needs a collective;
-rotation happens only after a publish; devices other than the CPU, CUDA and MPS save synchronously too
-(stage_state knows no other RNG states).
+the background". The other processes write their RNG file into the staging folder at once, so the thread
+never needs a collective.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from .checkpoint import (
     STAGING_PREFIX,
     WRITE_ERRORS,
     LoopState,
-    _meta,
     _publish,
     _rotate,
     checkpoint_root,
@@ -99,7 +96,7 @@ class Persister:
         accelerator.wait_for_everyone()  # every process's file is in the staging folder: the thread seals
         if accelerator.is_main_process:
             snapshot = LoopState(**{k: copy.deepcopy(v) for k, v in vars(state).items()})
-            job = (staged, snapshot, protect, dict(files), staging, final, _meta(accelerator))
+            job = (staged, snapshot, protect, dict(files), staging, final)
             self._job = self._writer.submit(self._persist, *job)
         self._saved = lambda: saved(final)
         return final
@@ -133,14 +130,13 @@ class Persister:
         files: dict[str, str | bytes],
         staging: Path,
         final: Path,
-        meta: dict[str, Any],
     ) -> None:
         started = time.monotonic()
         try:
             self.staging.wait()  # the copies from a GPU run asynchronously
             for entry in staged:
                 _write_file(staging, *entry)
-            _publish(meta, self.config, state, staging, final, files)
+            _publish(self.config, state, staging, final, files)
             _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
         except WRITE_ERRORS as error:  # raised in the loop at the next wait, as a synchronous save would
             raise write_error(staging, error) from None
@@ -188,12 +184,9 @@ class Worker:
 
 
 class Staging:
-    """The CPU buffers that hold a staged state, kept from one checkpoint to the next: a checkpoint neither
-    allocates (and faults in) one checkpoint's size of memory again nor, from a CUDA GPU, copies through
-    pageable memory. From a GPU the buffers are page-locked and filled by asynchronous copies on the
-    training stream, which the loop's next kernels follow; the writer thread waits for them (`wait`).
-    torchtitan stages its asynchronous checkpoints the same way. The price: the buffers (one copy of the
-    saved state, as a staging makes anyway) stay allocated between checkpoints."""
+    """The CPU buffers that hold a staged state, kept from one checkpoint to the next (as torchtitan does);
+    from a GPU page-locked and filled by asynchronous copies on the training stream, which the writer
+    thread waits for (`wait`)."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}  # the last staging's, by file name and place in the file

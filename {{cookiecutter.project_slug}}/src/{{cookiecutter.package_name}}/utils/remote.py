@@ -2,19 +2,11 @@
 
     --mirror_dir s3://bucket/runs/run1   --import_from hf://datasets/<you>/runs   --mirror_dir gs://bucket/x
 
-A URL's package is an optional extra of this project, to install before a run that names such a URL:
-s3:// needs s3fs (`pip install -e '.[s3]'`), gs:// gcsfs (`.[gcs]`); hf:// comes with
-huggingface_hub, which Accelerate already needs. Anything else fsspec knows works once its package is
-installed; a protocol fsspec does not know is refused with one line (before, `s3://bucket/run` became a
-local folder named `s3:`).
-
-Credentials are read as each package reads them, from the environment: AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for an S3-compatible store other than AWS: R2, MinIO...),
-HF_TOKEN; gcsfs uses Google's default credentials (on Colab: `google.colab.auth.authenticate_user()`).
-Names missing from the environment are looked up in Kaggle's secrets and in Colab's, and put into this
-process's environment, nowhere else: config.yaml, logs and checkpoints hold the URL only. Colab's secrets
-can be read only by the notebook's own kernel, so the notebook calls `export_secrets` in a cell before it
-starts training; the training processes inherit the environment.
+A URL's package is an optional extra, to install before a run that names such a URL (s3fs: `.[s3]`,
+gcsfs: `.[gcs]`; hf:// comes with huggingface_hub). Credentials are read as each package reads them, from
+the environment; names missing there are looked up in Kaggle's and Colab's secrets and put into this
+process's environment only (docs/moving-runs.md, "Through a remote store"). Colab's secrets can be read
+only by the notebook's own kernel: the notebook calls `export_secrets` before it starts training.
 
 This module imports no torch: train.py checks URLs before it loads torch.
 """

@@ -1,17 +1,9 @@
 """The run's output folder: one run at a time, and nothing of an earlier run lost or mixed.
 
-- `OutputLock`: an exclusive lock on `<output_dir>/.lock`, taken by the main process before it writes
-  anything there and held until it exits. The lock is the kernel's (`fcntl.lockf`): it goes away with
-  the process, even after kill -9. It is tested on a local disk; filesystems that share POSIX locks between
-  machines (NFS v4, or v3 with lockd) should hold it across them, untested. Where locks are not shared
-  between machines (NFS mounted `nolock`, Google Drive seen from two Colab sessions), the lock file's
-  heartbeat (its modification time, renewed every 30 s) stops a second run while the first is alive.
-- `RemoteLease`: the same for a run folder in an object store (mirror_dir s3://..., hf://...), which has
-  neither locks nor an atomic rename: a lease object, described at the class.
-- `earlier_outputs`: what an earlier run left in the folder.
-- `set_aside`: moves files into `<output_dir>/set_aside/<time>/`. The code deletes only what it has
-  superseded itself (older checkpoints of this run, its own unfinished writes); everything else it
-  moves there, and says so.
+`OutputLock` (a kernel lock on `<output_dir>/.lock` plus a heartbeat for filesystems that do not share
+locks between machines) and `RemoteLease` (the same for a folder in an object store) keep a second run
+out; `set_aside` moves what this run did not write itself into `<output_dir>/set_aside/<time>/`, never
+deleting it. docs/resume.md, "Never lose or mix a run", says what the user sees.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ import psutil
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
+from .config import ConfigError
 from .durable import TEMPORARY_PREFIX
 
 LOCK_FILE = ".lock"
@@ -99,14 +92,16 @@ class OutputLock:
             raise RunError(
                 f"cannot write to {self.name} {self.output_dir} ({error.strerror}): choose a writable one"
             ) from None
-        notes = []
+        notes, held_elsewhere, locked = [], False, True
         try:
-            held_elsewhere, locked = not _lock(fd), True
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
-            if error.errno not in (errno.ENOLCK, errno.ENOSYS):
+            held_elsewhere = error.errno in (errno.EACCES, errno.EAGAIN)
+            if not held_elsewhere and error.errno not in (errno.ENOLCK, errno.ENOSYS):
                 os.close(fd)
                 raise
-            held_elsewhere, locked = False, False
+            locked = held_elsewhere  # else this filesystem or system cannot lock
+        if not locked:
             notes.append(
                 f"WARNING: the filesystem of {self.output_dir} cannot lock files: only the heartbeat of "
                 f"{self.path} keeps a second run out"
@@ -293,32 +288,19 @@ class RemoteLease:
                 self.fs.rm_file(self.path)
 
 
-def on_main(accelerator: Accelerator, decide: Callable[[], list[str]]) -> None:
-    """Run `decide` on the main process (take a lock, check a store) and print the notes it returns; every
-    process raises the main one's RunError."""
-    outcome: list[Any] = [[]]
+def on_main(accelerator: Accelerator, decide: Callable[[], Any]) -> Any:
+    """Run `decide` on the main process (take a lock, check a store, choose the checkpoint); return its result
+    on every process. Every process raises the main one's RunError or ConfigError."""
+    outcome: list[Any] = [None]
     if accelerator.is_main_process:
         try:
             outcome = [decide()]
-        except RunError as error:
+        except (ConfigError, RunError) as error:
             outcome = [error]
     outcome = broadcast_object_list(outcome)
-    if isinstance(outcome[0], RunError):
+    if isinstance(outcome[0], ConfigError | RunError):
         raise outcome[0]
-    for note in outcome[0]:
-        accelerator.print(note)
-
-
-def _lock(fd: int) -> bool:
-    """Lock `fd` at once: True, or False when another process holds it. OSError ENOLCK or ENOSYS: this
-    filesystem or system cannot lock."""
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EACCES, errno.EAGAIN):
-            return False
-        raise
-    return True
+    return outcome[0]
 
 
 def _holder_named(fd: int) -> dict:

@@ -1,14 +1,8 @@
 """Where a run starts: fresh, or from which checkpoint (output_dir's own, or a newer copy found elsewhere).
 
-`resume` is train.py's one call: the main process decides (`decide_start`), every process loads the
-same checkpoint or all stop with the same error. The decision refuses rather than guesses: a folder
-holding another run, or other settings, or other data, or checkpoints that cannot be read, stops the run
-with one line saying what to do; nothing that cannot be read is deleted (it is set aside,
-run_dir.set_aside).
-
-Before deciding, the main process brings in the newest copy of this run that verifies, from mirror_dir
-or under import_from, local or remote (`bring_in_newest_copy`; docs/moving-runs.md says how and when).
-The run id in each checkpoint's loop state tells copies of one run from other runs.
+`resume` is train.py's one call: the main process decides (`decide_start`, after `bring_in_newest_copy`
+has looked in mirror_dir and import_from), every process loads the same checkpoint or all stop with the
+same error. What is refused and why: docs/resume.md ("Never lose or mix a run"), docs/moving-runs.md.
 """
 
 from __future__ import annotations
@@ -26,8 +20,6 @@ import fsspec
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list
-from fsspec.implementations.local import LocalFileSystem
 
 from .checkpoint import (
     EXPORTS,
@@ -47,7 +39,7 @@ from .checkpoint import (
 from .config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
 from .fingerprint import first_difference
 from .remote import is_url, open_store
-from .run_dir import SET_ASIDE, RunError, earlier_outputs, set_aside
+from .run_dir import SET_ASIDE, RunError, earlier_outputs, on_main, set_aside
 
 # Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
 # a run folder inside an uploaded project folder on Drive is 3 or 4.
@@ -67,16 +59,8 @@ def resume(
     `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data`: the
     data's fingerprint (main process), checked (other_data) and carried into the next checkpoints.
     """
-    decision: list[Any] = [None]
-    if accelerator.is_main_process:
-        try:
-            decision = [(*decide_start(config, data), uuid.uuid4().hex[:12])]
-        except (ConfigError, RunError) as error:
-            decision = [error]
-    decision = broadcast_object_list(decision)
-    if isinstance(decision[0], Exception):
-        raise decision[0]
-    path, notes, new_run_id = decision[0]
+    decided = on_main(accelerator, lambda: (*decide_start(config, data), uuid.uuid4().hex[:12]))
+    path, notes, new_run_id = decided
     for note in notes:
         accelerator.print(note)
     if path is None:
@@ -112,7 +96,7 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
         why = repr(problem) if problem else "on another process"
         raise RunError(
             f"checkpoint {path} is intact but could not be loaded ({why}): continue it with the code and "
-            "versions that wrote it (meta.json), or choose another --output_dir"
+            "versions that wrote it (its history.json), or choose another --output_dir"
         )
     # What else changed since the checkpoint was written (processes, batch split, versions) and what it
     # does to the numbers is printed by utils/history.py.
@@ -123,19 +107,21 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
     return state
 
 
-def other_data(path: Path | Copy, data: dict[str, str] | None, saved: dict | None = None) -> RunError | None:
-    """The refusal of checkpoint `path` (or a copy elsewhere, with its `saved` fingerprint) if it was trained
-    on other data than `data`; None if not, or if either is unknown (a checkpoint older than fingerprints)."""
-    if data is None:
+def other_data(path: Path | Copy, saved: dict[str, str], data: dict[str, str] | None) -> RunError | None:
+    """The refusal of checkpoint `path` (or a copy elsewhere), whose data fingerprint is `saved`, if it was
+    trained on other data than `data`; None if not, or if either is unknown (older than fingerprints)."""
+    if data is None or not saved or (change := first_difference(saved, data)) is None:
         return None
-    if saved is None:
-        saved = read_loop_state(path).data_fingerprint
-    if not saved or (change := first_difference(saved, data)) is None:
-        return None
-    where = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
+    if isinstance(path, Path):
+        return RunError(
+            f"checkpoint {path} was trained on other data: {change}. Nothing was changed: give the run the "
+            "data it was trained on, choose another --output_dir, or pass --start_over true to set it aside "
+            "and start over"
+        )
+    # The import finds the same copy again whatever output_dir or start_over: only its places avoid it.
     return RunError(
-        f"{where} was trained on other data: {change}. Nothing was changed: give the run the data it was "
-        "trained on, choose another --output_dir, or pass --start_over true to set it aside and start over"
+        f"the copy {path} was trained on other data: {change}. Nothing was changed: give the run the data "
+        "it was trained on, or a --mirror_dir and --import_from that do not hold this copy ('' for none)"
     )
 
 
@@ -166,7 +152,7 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
                 "continue it, choose another --output_dir, or pass --start_over true to set it aside"
             )
         else:
-            refusal = other_data(path, data)
+            refusal = other_data(path, read_loop_state(path).data_fingerprint, data)
         if refusal:
             if not config.start_over:
                 raise refusal
@@ -217,7 +203,9 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 
 def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None) -> list[str]:
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
-    output_dir, when it is newer than output_dir's own; return what to print. Main process only. A copy
+    output_dir, when it is newer than output_dir's own; return what to print. Main process only. Where
+    output_dir holds none, the newest of any run with these settings (with the same data, runs are bitwise
+    alike: the note names the one continued). A copy
     trained on other data than `data` is refused before it is brought in (other_data). Where output_dir
     holds no checkpoint and no copy verifies, raise naming them: a fresh start would not be what was asked
     for, and a rerun with a good copy must find output_dir as it was (the import wrote nothing there)."""
@@ -244,16 +232,9 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
                 notes.append(f"not continuing {copy}: another run; output_dir holds run {own[1] or '?'}")
             elif own is None or copy.step > own[0]:
                 candidates.append(copy)
-    readable = [copy for copy in candidates if not copy.problem]
-    if own is None and len(runs := {copy.run_id for copy in readable}) > 1:
-        found = "; ".join(str(copy) for copy in sorted(readable, key=lambda copy: -copy.step))
-        raise ConfigError(
-            f"{len(runs)} different runs with this config could be continued: {found}. Choose one with "
-            "--import_from <its folder>, or --import_from '' to start fresh"
-        )
     failed = []
     for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
-        if error := other_data(copy, data, copy.data_fingerprint):
+        if error := other_data(copy, copy.data_fingerprint, data):
             raise error
         if problem := copy.problem or import_copy(copy, output_dir, notes):
             notes.append(f"WARNING: skipping {copy}: {problem}")
@@ -261,8 +242,8 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
             continue
         local = f"output_dir's newest is step {own[0]}" if own else "output_dir holds no checkpoint"
         notes.append(
-            f"continuing from {copy}: the newest copy of this run that verifies ({local}); its checkpoint, "
-            f"metrics and exports were copied to {output_dir}"
+            f"continuing from {copy}: the newest copy with these settings that verifies ({local}); its "
+            f"checkpoint, metrics and exports were copied to {output_dir}"
         )
         return notes
     if failed and own is None:
@@ -332,13 +313,8 @@ def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
             store, root, depth = fsspec.filesystem("file"), str(Path(place).absolute()), SEARCH_DEPTH + 3
         store.invalidate_cache()
         files = store.find(root, maxdepth=depth) if store.isdir(root) else [root]
-        return _listed_copies(store, root, files, seen, notes)
     except (OSError, ValueError) as error:
         raise RunError(f"cannot look for copies of this run in {place}: {error}") from error
-
-
-def _listed_copies(store: Any, root: str, files: list[str], seen: set[str], notes: list[str]) -> list[Copy]:
-    """The checkpoints of the run folders among `files` (a listing of `root` in `store`)."""
     folders: dict[str, dict[str, set[str]]] = {}  # run folder -> checkpoint folder name -> files
     for path in files:
         parts = path[len(root) :].strip("/").split("/")
@@ -349,7 +325,7 @@ def _listed_copies(store: Any, root: str, files: list[str], seen: set[str], note
             folders.setdefault(run, {}).setdefault(parts[-2], set()).add(parts[-1])
     copies = []
     for run, checkpoints in sorted(folders.items()):
-        where = Path(run) if isinstance(store, LocalFileSystem) else store.unstrip_protocol(run)
+        where = store.unstrip_protocol(run) if is_url(place) else Path(run)
         if str(where) in seen:
             continue
         seen.add(str(where))

@@ -512,4 +512,5 @@ def test_a_copy_trained_on_other_data_is_refused_before_it_is_brought_in(tmp_pat
     relabel_first_row(tmp_path / "files" / "part2.jsonl")
     line = refused_in_one_line(run_training(output_dir, *args, check=False), "train part2.jsonl differs")
     assert line.startswith(f"error: the copy {mirror} (step 4, run ")
+    assert "--start_over" not in line and "a --mirror_dir and --import_from that do not hold" in line
     assert snapshot(output_dir) == {}  # the lock file alone: no checkpoint brought in
