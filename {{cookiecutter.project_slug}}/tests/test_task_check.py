@@ -32,7 +32,7 @@ def test_this_task_follows_the_contract_and_the_random_streams_are_kept(setup: t
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    assert check_task(*setup) == []
+    assert check_task(*setup, predict_inputs=2) == []
     assert torch.equal(torch.rand(3), expected)  # the run's weights and dropout are as without the check
 
 

@@ -34,14 +34,18 @@ class TaskError(ConfigError):
     """A breach of task.py's contract, in one line."""
 
 
-def check_task(config: TrainConfig, train_set: Dataset, eval_set: Dataset) -> list[str]:
+def check_task(
+    config: TrainConfig, train_set: Dataset, eval_set: Dataset, predict_inputs: int = 1
+) -> list[str]:
     """Run task.py's functions on a few samples; raise TaskError on a breach, return warnings to print.
-    `predict` too: training does not use it, but a wrong return found now is not found by predict.py after
-    the whole run. The random streams (torch, Python, NumPy) are left as they were: the run trains as
-    without the check."""
+
+    `predict_inputs`: how many of them `predict` gets. Training does not use it, but a wrong return found
+    now is not found by predict.py after the whole run.
+    The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check.
+    """
     with _kept_random_state():
         warnings, model = _check_training(config, train_set, eval_set)
-        _check_predict(config, model.eval())
+        _check_predict(config, model.eval(), predict_inputs)
         return warnings
 
 
@@ -166,14 +170,14 @@ def _check_metrics(config: TrainConfig, values: Mapping) -> None:
         )
 
 
-def _check_predict(config: TrainConfig, model: torch.nn.Module) -> None:
+def _check_predict(config: TrainConfig, model: torch.nn.Module, samples: int) -> None:
     inputs = _call("predict_inputs(config, None)", task.predict_inputs, config, None)
     if not (hasattr(inputs, "__len__") and hasattr(inputs, "__getitem__")) or len(inputs) == 0:
         raise TaskError(
             f"predict_inputs(config, None) returned {_describe(inputs)}: the contract wants the eval split, "
             "a map-style dataset that is not empty"
         )
-    count = min(SAMPLES, len(inputs))
+    count = min(samples, len(inputs))
     batch = _call("collate(items of predict_inputs)", task.collate, [inputs[i] for i in range(count)])
     with torch.no_grad():
         check_rows(_call("predict(model, batch, config)", task.predict, model, batch, config), count)
@@ -323,7 +327,7 @@ def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, li
     try:
         config = read_config(None)[0]
         train_set, eval_set = build_datasets(config)
-        warnings = check_task(config, train_set, eval_set)
+        warnings = check_task(config, train_set, eval_set, predict_inputs=SAMPLES)
     except ConfigError as error:
         if isinstance(error, TaskError) and error.__cause__ is not None:
             traceback.print_exception(error.__cause__)
