@@ -354,10 +354,9 @@ def build_loaders(
             f"global_batch_size={config.global_batch_size} is larger than the training set ({len(train_set)})"
         )
     if len(eval_set) < accelerator.num_processes:  # gather_for_metrics needs a sample on every process
-        more = " (a larger eval_fraction)" if "eval_fraction" in vars(config) else ""  # a preset's field
         raise ConfigError(
             f"the eval split has {len(eval_set)} sample(s), fewer than the {accelerator.num_processes} "
-            f"process(es): give it more data{more}"
+            "process(es): give it more data"
         )
     for warning in check_task(config, train_set, eval_set):  # task.py's contract, on two samples
         accelerator.print(f"WARNING: {warning}")
