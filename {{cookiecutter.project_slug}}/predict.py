@@ -1,16 +1,10 @@
-"""Batch predictions from the exported model, on one process or many.
+"""Batch predictions from the exported model, on one process or many (docs/outputs.md).
 
     python predict.py [--model_dir outputs/<run>/model] [--input FILE] [--output p.csv] [--format jsonl]
-    accelerate launch --multi_gpu --num_machines 1 --num_processes 2 --mixed_precision no \\
-        --dynamo_backend no predict.py ...    # 2 GPUs; ACCELERATE_USE_CPU=1 in front: 2 CPU processes
 
 The model is rebuilt from `<model_dir>/config.yaml` and `<model_dir>/model.safetensors` with plain PyTorch,
-or read by the task's `load_export` (a Hugging Face folder); no checkpoint or Accelerate state is needed.
-What is read from --input, and what each row holds, is the task's (task.py: `predict_inputs`, `predict`);
-without --input the eval split is predicted, with labels, and the task's metrics over it (`eval_step`,
-`metrics`) are printed. Flags that name a config field (`--field value`) override the exported config,
-e.g. a sampling setting. The file is written once, by the main process, in input order, and is byte for
-byte the same on any number of processes.
+or read by the task's `load_export` (a Hugging Face folder). Without --input the eval split is predicted,
+with labels, and the task's metrics over it (`eval_step`, `metrics`) are printed.
 """
 
 from __future__ import annotations

@@ -6,23 +6,10 @@
 
 Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
 
-Phases: config -> accelerator -> seeding -> data -> model -> prepare -> resume -> loop -> export. The
-loop's body is the algorithm (forward and backward over the micro-batches in `step_gradients`, below;
-the optimizer and schedule steps), then one call per decision of utils/loop.py (count, log, evaluate,
-checkpoint, end). Everything about the task (data, batches, model, loss, metrics) comes from `task.py` in
-the package under src/: change that, not this loop; to change the loop itself, see the README's "Change
-the loop".
-
-Rerunning the same command continues from the newest valid checkpoint, exactly:
-the resumed run ends with the same weights and logs the same losses as one that was never stopped, and
-its first step prints whether it was bit for bit the uninterrupted run's (utils/exact.py).
-Exit status: 0 when training is done; 75 when it stopped after a checkpoint, on a signal or because its
-`time_budget` was nearly spent (then also with model/ exported, and the last line
-"stopped for time; run again to continue"); 1 with a one-line `config error:` or `error:` (a bad value,
-a folder in use or holding another run, a full disk, divergence). A time stop shares 75 (EX_TEMPFAIL)
-with a signal because both mean the same to whoever started the run: nothing is wrong, rerun the same
-command to continue. The SLURM launcher requeues on it when the run made progress, which a time stop
-always has (it is decided at a logging step, after at least one optimizer step of this session).
+Everything about the task (data, batches, model, loss, metrics) comes from `task.py` in the package under
+src/: change that, not this loop; to change the loop itself, see the README's "Change the loop". How a
+rerun continues exactly, and the exit statuses (0 done, 75 stopped after a checkpoint, 1 an error):
+docs/resume.md.
 """
 
 from __future__ import annotations
@@ -116,7 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         for warning in output_warnings:
             accelerator.print(f"WARNING: {warning}")
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
-        print_start(accelerator, config, config_path, precision_why, threads)
+        accelerator.print(  # the run's start line: where it runs, on what, in which precision and batches
+            f"platform {detect_platform()} | config {config_path} | world size {accelerator.num_processes} | "
+            f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
+            f"mixed precision {accelerator.mixed_precision} ({precision_why}) | per-device batch "
+            f"{config.per_device_batch_size} x {accelerator.num_processes} processes x "
+            f"{accelerator.gradient_accumulation_steps} accumulation = global batch "
+            f"{config.global_batch_size} | deterministic kernels {'on' if config.deterministic else 'off'} | "
+            f"CPU threads {threads} | output {Path(config.output_dir)}"
+        )
+        accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
         finished = train(accelerator, config, stop, lock, mirror, saver)
         ignore_stop_signals(0)  # training is over: a late signal must not replace the exit status
     finally:
@@ -264,22 +260,6 @@ def make_accelerator(config: TrainConfig, precision: str) -> Accelerator:
     )
 
 
-def print_start(
-    accelerator: Accelerator, config: TrainConfig, config_path: Path, precision_why: str, threads: str
-) -> None:
-    """The run's start line: where it runs, on what, in which precision, with which batches."""
-    accelerator.print(
-        f"platform {detect_platform()} | config {config_path} | world size {accelerator.num_processes} | "
-        f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
-        f"mixed precision {accelerator.mixed_precision} ({precision_why}) | "
-        f"per-device batch {config.per_device_batch_size} x {accelerator.num_processes} processes x "
-        f"{accelerator.gradient_accumulation_steps} accumulation = global batch {config.global_batch_size} | "
-        f"deterministic kernels {'on' if config.deterministic else 'off'} | CPU threads {threads} | "
-        f"output {Path(config.output_dir)}"
-    )
-    accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
-
-
 def resume_session(
     accelerator: Accelerator,
     config: TrainConfig,
@@ -375,10 +355,9 @@ def build_loaders(
             f"global_batch_size={config.global_batch_size} is larger than the training set ({len(train_set)})"
         )
     if len(eval_set) < accelerator.num_processes:  # gather_for_metrics needs a sample on every process
-        more = " (a larger eval_fraction)" if "eval_fraction" in vars(config) else ""  # a preset's field
         raise ConfigError(
             f"the eval split has {len(eval_set)} sample(s), fewer than the {accelerator.num_processes} "
-            f"process(es): give it more data{more}"
+            "process(es): give it more data"
         )
     for warning in check_task(config, train_set, eval_set):  # task.py's contract, on two samples
         accelerator.print(f"WARNING: {warning}")

@@ -135,7 +135,7 @@ def printed_metrics(stdout: str) -> dict[str, float]:
     return {name: float(value) for name, value in pairs}
 
 
-# The fields of train.py's start line, in order (print_start): `platform local | config ... | world size 1 |
+# The fields of train.py's start line, in order (main): `platform local | config ... | world size 1 |
 # distributed NO | device cpu | ...`.
 START_FIELDS = (
     "platform", "config", "world size", "distributed", "device", "mixed precision", "per-device batch",

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from {{ cookiecutter.package_name }}.utils import progress as progress_module
-from {{ cookiecutter.package_name }}.utils.progress import Progress, clock
+from {{ cookiecutter.package_name }}.utils.progress import Progress
 
 
 class Clock:
@@ -35,14 +35,14 @@ def test_off_a_terminal_plain_lines_come_at_intervals_with_step_loss_speed_and_e
         fake_time.now += 0.2
         progress.update()
     assert capsys.readouterr().out == ""
-    progress.set_loss(0.4321)
+    progress.loss = 0.4321
     for _ in range(20):  # 5 s after the start: the first line
         fake_time.now += 0.2
         progress.update()
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "\r" not in out
     assert re.fullmatch(
-        r"train: step 125/400 \(31%\) \| loss 0\.4321 \| 5\.0 steps/s \| elapsed 0:05 \| ETA 0:55\n", out
+        r"train: step 125/400 \(31%\) \| loss 0\.4321 \| 5\.0 steps/s \| elapsed 5\.0s \| ETA 55s\n", out
     ), out
     for _ in range(100):  # 20 s more: still inside the 30 s interval
         fake_time.now += 0.2
@@ -63,8 +63,7 @@ def test_slow_steps_are_shown_in_seconds_per_step(fake_time: Clock) -> None:
     progress = Progress(total=10, initial=0, enabled=True)
     fake_time.now += 40.0
     progress.update()
-    assert "| 40.0 s/step | elapsed 0:40 | ETA 6:00" in progress.line()
-    assert clock(3 * 3600 + 62) == "3:01:02"
+    assert "| 40.0 s/step | elapsed 40s | ETA 6m00s" in progress.line()
 
 
 def test_processes_other_than_the_main_one_print_nothing(

@@ -70,8 +70,8 @@ class LoopState:
     # Counted over all processes together, so the position in the data survives a change of world size.
     epoch_samples: int = 0
     samples_seen: int = 0
-    # The train loss summed since the last log, one entry per process, so that the next logged
-    # loss is the same as in an uninterrupted run.
+    # The train loss summed since the last log over all processes, and its micro-batches (earlier: per
+    # process), so that the next logged loss is the same as in an uninterrupted run.
     loss_sums: list[float] = field(default_factory=list)
     loss_batches: int = 0
     # Size of metrics.jsonl at this step: a resumed run cuts off what was logged after it.

@@ -71,7 +71,25 @@ class Bookkeeping:
         """The train batches of the epoch in progress, in its order: after a resume, those not yet seen."""
         self.streamed = isinstance(train_set, IterableDataset)
         self.loader, self.train_set = train_loader, train_set  # the probe's next batch (checkpoint)
-        return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
+        state, accelerator = self.state, self.accelerator
+        train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
+        if self.streamed:  # a stream resumes from its own state (utils/streams.py)
+            yield from train_loader
+            state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
+            state.epoch_samples = 0
+            return
+        if hasattr(train_set, "set_epoch"):
+            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
+        batches = train_loader
+        if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
+            seen = state.epoch_samples // self.config.global_batch_size
+            batches = accelerator.skip_first_batches(train_loader, seen)
+            batches.set_epoch(state.epoch)
+        if accelerator.device.type == "cuda" and isinstance(batches, DataLoaderShard):
+            batches.device = None  # Accelerate would copy each batch when it is due, on the compute stream
+            yield from copied_ahead(batches, accelerator.device)
+        else:
+            yield from batches
 
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
         """One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients): then
@@ -194,19 +212,21 @@ class Ending:
 
 class TrainLoss:
     """The train loss since the last log, summed on the device and read back once per logging interval
-    (no host-device sync per step), with the votes that ride along. A checkpoint saves the window (each
-    process's sum and the micro-batch count): a resumed run logs the interval it stopped inside whole."""
+    (no host-device sync per step), with the votes that ride along. A checkpoint saves the window (the sum
+    over processes, the micro-batch count): a resumed run logs the interval it stopped inside whole."""
 
     def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress) -> None:
         self.accelerator, self.state, self.progress = accelerator, state, progress
-        own_sum, self.batches = own_loss_window(state.loss_sums, state.loss_batches, accelerator)
+        # The main process holds the window (earlier versions saved a sum and a count per process).
+        own_sum = sum(state.loss_sums) if accelerator.is_main_process else 0.0
+        self.batches = state.loss_batches * len(state.loss_sums)  # micro-batches, over all processes
         # float64 (MPS has none): float32 losses add up without rounding, however processes split them
         dtype = torch.float32 if accelerator.device.type == "mps" else torch.float64
         self.sum = torch.tensor(own_sum, device=accelerator.device, dtype=dtype)
 
     def add(self, step_loss: torch.Tensor) -> None:
         self.sum += step_loss
-        self.batches += self.accelerator.gradient_accumulation_steps
+        self.batches += self.accelerator.gradient_accumulation_steps * self.accelerator.num_processes
 
     def total(self, *votes: float) -> list[float]:
         """The loss summed over processes, then each of `votes` summed likewise: one sync for them all."""
@@ -231,8 +251,8 @@ class TrainLoss:
     def log(self, total: float, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Log the window's mean per micro-batch (`total`: its sum over processes), then start a new one."""
         if self.batches:
-            mean_loss = total / self.accelerator.num_processes / self.batches
-            self.progress.set_loss(mean_loss)
+            mean_loss = total / self.batches
+            self.progress.loss = mean_loss
             state = self.state
             self.accelerator.log(
                 {
@@ -247,8 +267,8 @@ class TrainLoss:
         self.batches = 0
 
     def save(self) -> None:
-        """Into the loop state, which the checkpoint saves: every process's sum, and the count."""
-        self.state.loss_sums = self.accelerator.gather(self.sum.reshape(1)).tolist()
+        """Into the loop state, which the checkpoint saves: the sum over processes, and the count."""
+        self.state.loss_sums = [self.total()[0]]
         self.state.loss_batches = self.batches
 
 
@@ -339,30 +359,6 @@ def done(
         report_outcome("finished", book.progress.start_step, state.step)
 
 
-def epoch_batches(
-    train_loader: Any, train_set: Any, state: LoopState, accelerator: Accelerator, config: TrainConfig
-) -> Iterator:
-    """The train batches of the epoch `state` is in, in its order: after a resume, those not yet seen."""
-    train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
-    if isinstance(train_set, IterableDataset):  # a stream resumes from its own state (utils/streams.py)
-        yield from train_loader
-        state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
-        state.epoch_samples = 0
-        return
-    if hasattr(train_set, "set_epoch"):
-        train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
-    batches = train_loader
-    if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
-        seen = state.epoch_samples // config.global_batch_size
-        batches = accelerator.skip_first_batches(train_loader, seen)
-        batches.set_epoch(state.epoch)
-    if accelerator.device.type == "cuda" and isinstance(batches, DataLoaderShard):
-        batches.device = None  # Accelerate would copy each batch when it is due, on the compute stream
-        yield from copied_ahead(batches, accelerator.device)
-    else:
-        yield from batches
-
-
 def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
     """`batches` (page-locked, on the host) on the GPU, each copied on a stream of its own while the step
     before it computes: batch k+1's copy is queued before step k's kernels and runs beside them.
@@ -430,17 +426,3 @@ def diverged_message(why: str, config: TrainConfig, last_saved: Path | None) -> 
         f"(now {config.learning_rate:g}) or raise warmup_steps, and train in a new --output_dir or pass "
         "--start_over true"
     )
-
-
-def own_loss_window(
-    loss_sums: list[float], loss_batches: float, accelerator: Accelerator
-) -> tuple[float, float]:
-    """This process's share of the loss window saved in a checkpoint: its loss sum and micro-batch count.
-    After a change of world size every process takes an equal share of the window's total, so that the
-    logged mean (total / processes / count) stays the mean over every micro-batch of the window."""
-    if len(loss_sums) == accelerator.num_processes:
-        return loss_sums[accelerator.process_index], loss_batches
-    if not loss_sums:
-        return 0.0, 0
-    processes = accelerator.num_processes
-    return sum(loss_sums) / processes, loss_batches * len(loss_sums) / processes

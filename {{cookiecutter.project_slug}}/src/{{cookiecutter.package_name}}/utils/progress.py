@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+from .timing import format_duration
+
 # The first line once the speed means something, then one line every so often. A
 # 12-hour SLURM job logs about 1,400 lines this way; a 10-second laptop run one or two.
 FIRST_LINE_AFTER_S = 5.0
@@ -18,7 +20,7 @@ class Progress:
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self.total, self.step, self.enabled = total, initial, enabled
-        self.start_step, self.loss = initial, None
+        self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
         self.started = self.last_line = time.monotonic()
         self.next_line = self.started + FIRST_LINE_AFTER_S
 
@@ -28,10 +30,6 @@ class Progress:
         if self.enabled and (self.step == self.total or time.monotonic() >= self.next_line):
             self.write(self.line())
             self.next_line = time.monotonic() + LINE_EVERY_S
-
-    def set_loss(self, loss: float) -> None:
-        """The mean train loss of the last logging interval (known at the logging sync only)."""
-        self.loss = loss
 
     def write(self, line: str) -> None:
         """An event (a checkpoint, a stop): one line, from the main process only."""
@@ -48,13 +46,6 @@ class Progress:
         if done and elapsed > 0:
             rate = done / elapsed
             parts.append(f"{rate:.1f} steps/s" if rate >= 1 else f"{1 / rate:.1f} s/step")
-            parts.append(f"elapsed {clock(elapsed)}")
-            parts.append(f"ETA {clock((self.total - self.step) / rate)}")
+            parts.append(f"elapsed {format_duration(elapsed)}")
+            parts.append(f"ETA {format_duration((self.total - self.step) / rate)}")
         return "train: " + " | ".join(parts)
-
-
-def clock(seconds: float) -> str:
-    """`1:02:03` for hours, `2:03` for less."""
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

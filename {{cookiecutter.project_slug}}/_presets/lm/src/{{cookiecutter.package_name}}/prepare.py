@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .data.token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, char_ids, file_sha256
-from .utils.progress import clock
+from .utils.timing import format_duration
 
 SEPARATOR = "\n\n"  # between two documents
 CHUNK_BYTES = 4 << 20  # read and tokenized at a time: the memory of a pass, whatever the corpus
@@ -294,9 +294,9 @@ class Progress:
         rate = self.done / elapsed
         share = 100 * self.done // max(1, self.total)
         parts = [f"{self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB ({share}%)", f"{rate / 1e6:.1f} MB/s"]
-        parts.append(f"elapsed {clock(elapsed)}")
+        parts.append(f"elapsed {format_duration(elapsed)}")
         if self.done < self.total and rate > 0:
-            parts.append(f"ETA {clock((self.total - self.done) / rate)}")
+            parts.append(f"ETA {format_duration((self.total - self.done) / rate)}")
         print(f"prepare: {self.label} " + " | ".join(parts), flush=True)
 
     def __enter__(self) -> Progress:

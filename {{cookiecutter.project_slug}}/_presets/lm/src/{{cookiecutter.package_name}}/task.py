@@ -230,17 +230,13 @@ def read_prompts(path: Path, text: Corpus, source: str) -> list[dict[str, Any]]:
     """The prompts of a file; a ConfigError names the file, and the line and character the model cannot
     read, or says why it is no text file of prompts."""
     expected = "a UTF-8 text file with one prompt per line"
-    if path.is_dir():
-        raise ConfigError(f"input {path} is a folder; expected {expected}")
-    if not path.is_file():
-        raise ConfigError(f"input file {path} does not exist")
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); expected {expected}"
         ) from None
-    except OSError as error:
+    except OSError as error:  # a missing file, a folder
         raise ConfigError(f"cannot read input file {path}: {error.strerror or error}") from None
     items = []
     for number, line in enumerate(lines, start=1):

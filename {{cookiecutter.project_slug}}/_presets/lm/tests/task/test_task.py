@@ -204,7 +204,7 @@ def test_a_bad_prompt_file_is_a_one_line_error_naming_it(
     source = tmp_path / "prompts.txt"
     expected = {
         "binary": f"{source}: not UTF-8 text (invalid start byte at byte 0); expected a UTF-8 text file",
-        "folder": f"input {source} is a folder; expected a UTF-8 text file with one prompt per line",
+        "folder": f"cannot read input file {source}: Is a directory",
         "empty": f"{source}: no prompts; expected a UTF-8 text file with one prompt per line",
     }[content]
     if content == "binary":

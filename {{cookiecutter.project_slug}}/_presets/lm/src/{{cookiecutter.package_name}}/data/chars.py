@@ -32,7 +32,8 @@ class Chars:
         self.digest = hashlib.sha256(chars.encode("utf-8")).hexdigest()
 
     def encode(self, text: str) -> torch.Tensor:
-        return encode(self.chars, text)
+        """The ids of `text`; ValueError naming the first character that is not in the vocabulary."""
+        return torch.from_numpy(char_ids(self.chars, text).astype(np.int64))
 
     def decode(self, ids: torch.Tensor) -> str:
         return "".join(self.chars[i] for i in ids.tolist())
@@ -44,17 +45,12 @@ class Corpus:
     ids: Any  # the whole text as ids: an int64 tensor, or shards.TokenShards read through np.memmap
 
 
-def encode(vocab: str, text: str) -> torch.Tensor:
-    """The ids of `text`; ValueError naming the first character that is not in `vocab` (sorted)."""
-    return torch.from_numpy(char_ids(vocab, text).astype(np.int64))
-
-
 @functools.lru_cache(maxsize=4)
 def load_corpus(path: Path) -> Corpus:
     """The file's vocabulary and ids, read once per process (train.py and predict.py ask several times)."""
     text = path.read_text(encoding="utf-8")
-    vocab = "".join(sorted(set(text)))
-    return Corpus(Chars(vocab), encode(vocab, text))
+    chars = Chars("".join(sorted(set(text))))
+    return Corpus(chars, chars.encode(text))
 
 
 def split_ids(ids: Any, eval_fraction: float) -> tuple[Any, Any]:

@@ -105,8 +105,7 @@ class TokenShards:
     def _map(self, index: int) -> np.memmap:
         if index not in self._maps:
             self._maps[index] = np.memmap(self.shards[index].path, dtype=DTYPE, mode="r")
-            if hasattr(mmap, "MADV_RANDOM"):  # not on Windows
-                self._maps[index].base.madvise(mmap.MADV_RANDOM)
+            self._maps[index].base.madvise(mmap.MADV_RANDOM)
         return self._maps[index]
 
     def __getstate__(self) -> dict[str, Any]:
