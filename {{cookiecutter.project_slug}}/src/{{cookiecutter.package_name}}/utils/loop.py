@@ -71,25 +71,7 @@ class Bookkeeping:
         """The train batches of the epoch in progress, in its order: after a resume, those not yet seen."""
         self.streamed = isinstance(train_set, IterableDataset)
         self.loader, self.train_set = train_loader, train_set  # the probe's next batch (checkpoint)
-        state, accelerator = self.state, self.accelerator
-        train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
-        if self.streamed:  # a stream resumes from its own state (utils/streams.py)
-            yield from train_loader
-            state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
-            state.epoch_samples = 0
-            return
-        if hasattr(train_set, "set_epoch"):
-            train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
-        batches = train_loader
-        if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
-            seen = state.epoch_samples // self.config.global_batch_size
-            batches = accelerator.skip_first_batches(train_loader, seen)
-            batches.set_epoch(state.epoch)
-        if accelerator.device.type == "cuda" and isinstance(batches, DataLoaderShard):
-            batches.device = None  # Accelerate would copy each batch when it is due, on the compute stream
-            yield from copied_ahead(batches, accelerator.device)
-        else:
-            yield from batches
+        return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
 
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
         """One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients): then
@@ -357,6 +339,30 @@ def done(
         accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
     if accelerator.is_main_process:
         report_outcome("finished", book.progress.start_step, state.step)
+
+
+def epoch_batches(
+    train_loader: Any, train_set: Any, state: LoopState, accelerator: Accelerator, config: TrainConfig
+) -> Iterator:
+    """The train batches of the epoch `state` is in, in its order: after a resume, those not yet seen."""
+    train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
+    if isinstance(train_set, IterableDataset):  # a stream resumes from its own state (utils/streams.py)
+        yield from train_loader
+        state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
+        state.epoch_samples = 0
+        return
+    if hasattr(train_set, "set_epoch"):
+        train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
+    batches = train_loader
+    if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
+        seen = state.epoch_samples // config.global_batch_size
+        batches = accelerator.skip_first_batches(train_loader, seen)
+        batches.set_epoch(state.epoch)
+    if accelerator.device.type == "cuda" and isinstance(batches, DataLoaderShard):
+        batches.device = None  # Accelerate would copy each batch when it is due, on the compute stream
+        yield from copied_ahead(batches, accelerator.device)
+    else:
+        yield from batches
 
 
 def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
