@@ -184,6 +184,18 @@ def test_a_config_class_without_dataclass_is_one_line(monkeypatch: pytest.Monkey
         check_contract(task)
 
 
+def test_a_check_that_raises_names_the_field_its_value_and_the_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checks = [*task.Config.CHECKS, ("per_device_batch_size", lambda v: 64 // (v - v) > 0, "> 0")]
+    monkeypatch.setattr(task.Config, "CHECKS", checks)
+    with pytest.raises(ConfigError) as caught:
+        load_config([], PROJECT / "configs" / "local.yaml", task.Config)
+    message = str(caught.value)
+    assert "per_device_batch_size=" in message and "raised ZeroDivisionError: integer division" in message
+    assert "\n" not in message
+
+
 def test_a_typo_in_metric_goals_is_refused_with_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """A typo, "maximum" for "max", would pick the worst evaluation as best_model/ and stop early wrongly."""
     best = task.Config.best_metric

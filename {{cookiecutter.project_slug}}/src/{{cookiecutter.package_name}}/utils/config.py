@@ -323,7 +323,14 @@ def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
     """Reject values of the right type but outside their range, naming where each came from."""
     for key, is_valid, expected in config.CHECKS:
         value, where = getattr(config, key), sources.get(key, "default")
-        if not is_valid(value):
+        try:
+            valid = is_valid(value)
+        except Exception as error:  # the task's own check (e.g. `64 // v` with 0)
+            raise ConfigError(
+                f"{where}: {key}={value!r}: its check in CHECKS raised {type(error).__name__}: {error}; give "
+                f"{key} a value it accepts, or make the check return False for it"
+            ) from None
+        if not valid:
             raise ConfigError(f"{where}: {key}={value!r} is invalid: it must be {expected}")
     for name, goal in config.METRIC_GOALS.items():
         if goal not in ("max", "min"):  # a typo would silently pick the worst model as best_model/
