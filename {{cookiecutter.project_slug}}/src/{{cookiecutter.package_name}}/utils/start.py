@@ -205,10 +205,10 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
     """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
     output_dir, when it is newer than output_dir's own; return what to print. Main process only. Where
     output_dir holds none, the newest of any run with these settings (with the same data, runs are bitwise
-    alike: the note names the one continued). A copy
-    trained on other data than `data` is refused before it is brought in (other_data). Where output_dir
-    holds no checkpoint and no copy verifies, raise naming them: a fresh start would not be what was asked
-    for, and a rerun with a good copy must find output_dir as it was (the import wrote nothing there)."""
+    alike: the note names the one continued). A copy trained on other data than `data` is refused before
+    it is brought in (other_data). Where output_dir holds no checkpoint and no copy verifies, raise naming
+    them: a fresh start would not be what was asked for, and a rerun with a good copy must find output_dir
+    as it was (the import wrote nothing there)."""
     places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
