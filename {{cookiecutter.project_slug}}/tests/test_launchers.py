@@ -689,12 +689,12 @@ def test_install_only_when_needed_and_keep_torch(tmp_path: Path) -> None:
 
 def test_documented_accelerate_launch_commands_give_every_setting() -> None:
     """`accelerate launch` warns (5 lines) about each of these it fills in with a default: the commands
-    in the README, in docs/ and in predict.py give them all, as the launchers do."""
-    pages = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md")), PROJECT / "predict.py"]
+    in the README and in docs/ give them all, as the launchers do."""
+    pages = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
     text = "\n".join(page.read_text() for page in pages)
     # A command line: optional VAR=value assignments, then accelerate launch, with its continuation lines.
     commands = re.findall(r"^ *(?:\w+=\S+ )*accelerate launch (?:.*\\\n)*.*", text, re.MULTILINE)
-    assert len(commands) >= 3, commands
+    assert commands, "no `accelerate launch` command found in the README or docs/: the pattern is stale"
     for command in commands:
         for flag in ("--num_processes", "--num_machines", "--mixed_precision", "--dynamo_backend"):
             assert flag in command, command
