@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import itertools
@@ -153,16 +154,27 @@ def test_a_loader_worker_killed_ends_the_run_and_the_rerun_resumes_bitwise(
     process = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_training(output_dir, process, since=started, step=6)
     wait_for_checkpoint(output_dir, process)
-    # Paused while its worker is killed: the few steps after the checkpoint cannot end the run first.
+    # Every worker is killed, and so are those of a later epoch as they start: the steps left may all be
+    # buffered already (an epoch is 7 steps), and the run must not finish on a new epoch's workers.
     process.send_signal(signal.SIGSTOP)
-    children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
-    assert children, "no loader worker to kill"
-    os.kill(int(children[0]), signal.SIGKILL)
+    assert kill_children(process.pid), "no loader worker to kill"
     process.send_signal(signal.SIGCONT)
+    while process.poll() is None:
+        kill_children(process.pid)
+        time.sleep(0.02)
     err = process.communicate(timeout=120)[1].decode()
     assert process.returncode == 1 and "Traceback" in err, err[-3000:]
     run_training(output_dir, "--data_files", jsonl_files, *STEPS)
     assert_same_run(output_dir, reference)
+
+
+def kill_children(pid: int) -> list[str]:
+    """SIGKILL every child process of `pid` (a stream's loader workers); their pids."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
+    return children
 
 
 def stop_session(output_dir: Path, args: list[str], stop: signal.Signals, step: int) -> int:
