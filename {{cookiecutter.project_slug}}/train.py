@@ -288,7 +288,7 @@ def resume_session(
     # What the last session compiled, before the first compiled call (every process): utils/compile_cache.py
     history.note("compile_cache", load_cache(config, accelerator.device, resumed_from))
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
-    start_trackers(accelerator, config, state, finished=state.step >= total_steps)
+    start_trackers(accelerator, config, state, finished=state.stopped_early or state.step >= total_steps)
     return Bookkeeping(
         accelerator, config, state, resumed_from, steps_per_epoch, total_steps, stop, clock, saver, history
     )

@@ -57,8 +57,8 @@ def test_rotation_removes_only_readable_checkpoints_older_than_the_latest(tmp_pa
 
 
 def test_a_loop_state_key_of_an_earlier_version_is_skipped(tmp_path: Path) -> None:
-    """A checkpoint of an earlier version holds keys of dropped features (continue_on_new_data's record,
-    early stopping's counters): it still reads and resumes; a key no version knew is refused."""
+    """A checkpoint of an earlier version holds keys of dropped features (continue_on_new_data's record): it
+    still reads and resumes; a key no version knew is refused."""
     path = fake_checkpoint(tmp_path, 2, valid=False)
     for key in (*RETIRED_KEYS, "field_of_a_newer_version"):
         state = {"loop_state": {"step": 2, key: []}, "files": {}}

@@ -96,6 +96,7 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
             f"best_metric: {BEST[:-1]}\n",
             rf"best_metric='{re.escape(BEST[:-1])}' is not one of .*did you mean '{re.escape(BEST)}'",
         ),
+        ("early_stopping_patience: -1\n", r"early_stopping_patience=-1 is invalid: it must be >= 0"),
         ("compile: maybe\n", r"compile must be bool, got 'maybe'"),
         ("learning_rate: .inf\n", r"config\.yaml: learning_rate must be a finite number, got inf"),
         ("learning_rate: inf\n", r"config\.yaml: learning_rate must be a finite number, got inf"),

@@ -58,7 +58,7 @@ NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
 # Exported models: folders replaced as a whole, never file by file, each verified by its checksums.json.
 EXPORTS = ("model", "best_model")
 # Loop-state keys of earlier versions, skipped when read: their checkpoints still resume.
-RETIRED_KEYS = ("data_changes", "evals_since_best", "stopped_early")
+RETIRED_KEYS = ("data_changes",)
 
 
 @dataclass
@@ -78,9 +78,11 @@ class LoopState:
     metrics_bytes: int = 0
     last_eval_step: int = -1
     skipped_in_a_row: int = 0  # fp16: optimizer steps the loss scaler skipped since the last real one
-    # Best value of config.best_metric so far, and its step: best_model/.
+    # Best value of config.best_metric so far, its step, and evaluations since: best_model/, early stopping.
     best_value: float | None = None
     best_step: int = -1
+    evals_since_best: int = 0
+    stopped_early: bool = False  # a rerun of an early-stopped run trains no further
     # The experiment tracker's run, which a resumed run continues ("" before the first one).
     tracker_run_id: str = ""
     # This training run's name for itself, drawn at its fresh start and kept by every checkpoint: copies of

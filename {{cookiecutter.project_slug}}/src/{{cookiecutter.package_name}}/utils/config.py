@@ -123,7 +123,8 @@ class CheckpointConfig:
     evaluation) and the exported model, all counted in optimizer steps."""
 
     eval_every: int = session(0, "evaluate every this many optimizer steps")
-    best_metric: str = setting("eval/loss", "the eval metric that picks best_model/")
+    best_metric: str = setting("eval/loss", "the eval metric that picks best_model/ and early stopping watches")
+    early_stopping_patience: int = session(0, "stop after this many evaluations without a better best_metric")
     checkpoint_every: int = session(100, "save a checkpoint every this many optimizer steps")
     # Caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.
     checkpoint_every_minutes: float = session(
@@ -163,6 +164,7 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("max_grad_norm", lambda v: v > 0, "> 0"),
         ("log_every", lambda v: v > 0, "> 0"),
         ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
+        ("early_stopping_patience", lambda v: v >= 0, ">= 0 (0 means never stop early)"),
         ("checkpoint_every", lambda v: v > 0, "> 0"),
         ("checkpoint_every_minutes", lambda v: v >= 0, ">= 0 (0 means only every checkpoint_every steps)"),
         ("time_budget", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for no limit"),
@@ -264,7 +266,6 @@ REMOVED_FIELDS = (
     "auto_batch_size",
     "continue_on_new_data",
     "resume",
-    "early_stopping_patience",
 )
 
 

@@ -101,7 +101,7 @@ class Bookkeeping:
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """At every eval_every steps (else at each epoch's end): metrics, best_model/.
+        """At every eval_every steps (else at each epoch's end): metrics, best_model/, early stopping.
         `forward` computes the metrics; `model` is what best_model/ exports (the same weights)."""
         state, config = self.state, self.config
         due = state.step % config.eval_every == 0 if config.eval_every else self.end_of_epoch
@@ -113,8 +113,11 @@ class Bookkeeping:
             return
         self.metrics = metrics
         track_best(self.accelerator, model, config, state, metrics)  # logged too
-        # A signal that came during the evaluation (minutes, on a large eval set) is acted on now.
-        self.end.stopping = self.end.stopping or self.loss.total(float(bool(self.end.stop_request)))[1] > 0
+        # A signal that came during the evaluation (minutes, on a large eval set) is acted on now. Early
+        # stopping rides on the same vote: every process stops after this step.
+        patience = config.early_stopping_patience and state.evals_since_best >= config.early_stopping_patience
+        votes = self.loss.total(float(bool(self.end.stop_request)), float(patience))
+        self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """After an epoch's batches. A stream's epoch ends where it runs out, known only after its last step
@@ -133,13 +136,13 @@ class Bookkeeping:
         if self.end.diverged:
             return
         due = state.step % config.checkpoint_every == 0 or state.step == self.total_steps
-        if not (due or self.timed_checkpoint or self.end.stopping):
+        if not (due or self.timed_checkpoint or self.end.stopping or state.stopped_early):
             return
         # Never a checkpoint of broken weights: it would rotate the last good one out.
         if not weights_finite(accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
             return
-        more = state.step < self.steps_per_epoch * config.num_epochs
+        more = state.step < self.steps_per_epoch * config.num_epochs and not state.stopped_early
         if more and self.end.now() and not self.streamed:  # a stream's next batch is not read ahead
             batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
             self.check.probe(state.step, batch, gradients, model)
@@ -174,7 +177,7 @@ class Ending:
 
     def now(self) -> bool:
         """Whether the loop ends (checked after every step, and before every epoch)."""
-        return bool(self.diverged) or self.stopping or self.done()
+        return bool(self.diverged) or self.stopping or self.state.stopped_early or self.done()
 
     def done(self) -> bool:
         return self.state.step >= self.total_steps
@@ -187,6 +190,8 @@ class Ending:
             return "time budget spent"
         if self.stopping:
             return f"stopped by {self.stop_request.signal_name or 'a signal to another process'}"
+        if self.state.stopped_early:
+            return "early stopping"
         if self.done():
             return "max_steps reached" if 0 < self.max_steps < self.schedule_steps else "done"
         return ""
@@ -337,6 +342,12 @@ def done(
         accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
     else:
         accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
+    if state.stopped_early:  # the last line: why training ended before its schedule did
+        accelerator.print(
+            f"stopped early at step {state.step}: {config.best_metric} has not improved for "
+            f"{state.evals_since_best} evaluations; best {state.best_value:.4f} at step {state.best_step}"
+            + (f", exported to {output_dir / 'best_model'}/" if best_kept else "")
+        )
     if accelerator.is_main_process:
         report_outcome("finished", book.progress.start_step, state.step)
 
@@ -408,15 +419,18 @@ def evaluate(
 def track_best(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, state: LoopState, metrics: dict
 ) -> None:
-    """Log the evaluation's `metrics`; export best_model/ when they beat the best so far."""
+    """Log the evaluation's `metrics`; export best_model/ when they beat the best so far, else count one
+    more evaluation without."""
     accelerator.log(metrics, step=state.step)
     state.last_eval_step = state.step
     value, best = metrics[config.best_metric], state.best_value
     if best is None or (value > best if config.METRIC_GOALS[config.best_metric] == "max" else value < best):
-        state.best_value, state.best_step = value, state.step
+        state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
         # Outside checkpoints/, so rotation never removes it; predict.py --model_dir <output_dir>/best_model.
         folder = Path(config.output_dir) / "best_model"
         export_model(accelerator, model, config, folder, {"step": state.step, **metrics})
+    else:
+        state.evals_since_best += 1
 
 
 def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:

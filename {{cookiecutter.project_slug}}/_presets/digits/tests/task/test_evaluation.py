@@ -1,9 +1,10 @@
-"""Evaluation that does not depend on the process count, the best model."""
+"""Evaluation that does not depend on the process count, the best model, early stopping."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import read_metrics, run_training
+from ..conftest import assert_same_run, read_metrics, run_training, sessions_of
 
 # A sitecustomize that writes the shapes of every batch eval_step is given, one line per batch, to
 # $EVAL_SHAPES.<rank>: what the kernels of a real run were asked to compute.
@@ -83,6 +84,56 @@ def test_best_model_holds_the_best_evaluation_and_outlives_rotation(tmp_path: Pa
     # Rotation keeps one checkpoint; best_model lives outside checkpoints/ and is never rotated.
     assert [path.name for path in (output_dir / "checkpoints").iterdir()] == ["step_00000060"]
     assert json.loads((output_dir / "model" / "export.json").read_text())["step"] == 60
+
+
+# A learning rate too small to change any prediction: accuracy never beats the first evaluation (step 2),
+# so with patience 2 training stops at step 6.
+EARLY = ["--learning_rate", "1e-9", "--eval_every", "2", "--early_stopping_patience", "2"]
+EARLY += ["--log_every", "2", "--checkpoint_every", "2"]
+
+
+def test_early_stopping_stops_every_process_at_the_same_step_after_a_resume_too(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    result = run_training(reference, *EARLY, processes=2)
+    best = json.loads((reference / "best_model" / "export.json").read_text())
+    assert best["step"] == 2
+    assert result.stdout.splitlines()[-1] == (
+        f"stopped early at step 6: eval/accuracy has not improved for 2 evaluations; best "
+        f"{best['eval/accuracy']:.4f} at step 2, exported to {reference / 'best_model'}/"
+    )
+    assert max(row["step"] for row in read_metrics(reference)) == 6
+    assert json.loads((reference / "model" / "export.json").read_text())["step"] == 6
+    # Both processes took part in the checkpoint of step 6: each wrote its random state there.
+    checkpoint = reference / "checkpoints" / "step_00000006"
+    assert (checkpoint / "random_states_0.pkl").is_file() and (checkpoint / "random_states_1.pkl").is_file()
+    assert sessions_of(reference)[-1]["ending"] == "early stopping"
+
+    # Killed after the checkpoint of step 4 (one evaluation without a better accuracy): the resumed run
+    # counts on from there and stops at the same step, with the same weights and metrics.
+    killed = tmp_path / "killed"
+    shutil.copytree(reference, killed)
+    for later in ("model", "history.json", "checkpoints/step_00000006"):
+        shutil.rmtree(killed / later) if (killed / later).is_dir() else (killed / later).unlink()
+    assert "step_00000004" in run_training(killed, *EARLY, processes=2).stdout
+    assert_same_run(killed, reference)
+
+    # 1 process up to step 4, then 2: the same stop.
+    hop = tmp_path / "hop"
+    run_training(hop, *EARLY, "--max_steps", "4")
+    assert "stopped early at step 6: eval/accuracy" in run_training(hop, *EARLY, processes=2).stdout
+    hopped = [(row["step"], row.get("eval/accuracy")) for row in read_metrics(hop)]
+    assert hopped == [(row["step"], row.get("eval/accuracy")) for row in read_metrics(reference)]
+
+    # Running the same command again does not train on: the run is over, and says so.
+    before = (hop / "metrics.jsonl").read_text()
+    rerun = run_training(hop, *EARLY)
+    assert rerun.stdout.splitlines()[-1].startswith("stopped early at step 6: eval/accuracy has not improved")
+    assert (hop / "metrics.jsonl").read_text() == before
+    assert [session["ending"] for session in sessions_of(hop)] == [
+        "max_steps reached",
+        "early stopping",
+        "early stopping",
+    ]
 
 
 def test_torch_compile_trains_and_exports_plain_weights(tmp_path: Path) -> None:
