@@ -25,7 +25,7 @@ from {{ cookiecutter.package_name }}.utils.config import (
     run_defining_fields,
 )
 
-from .conftest import PROJECT
+from .conftest import PROJECT, run_training
 from .task_settings import QUICK, SIGNAL_RUN
 
 BEST = task.Config().best_metric
@@ -65,13 +65,25 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", REMOVED_FIELDS)
 def test_a_field_of_an_earlier_version_in_a_saved_config_is_skipped(tmp_path: Path, name: str) -> None:
     """The config.yaml of every run and export saved before a field was removed holds it: it still loads,
-    as without that line; as a flag it is unknown."""
+    as without that line, with one warning naming it and what replaced it; as a flag it is unknown."""
     path = write(tmp_path, f"seed: 7\n{name}: true\n")
-    saved = load_config(["--config", str(path)], path, task.Config)[0]
+    notes: list[str] = []
+    saved = load_config(["--config", str(path)], path, task.Config, notes=notes)[0]
+    assert notes == [f"{path}: {name} no longer exists, skipped: {REMOVED_FIELDS[name]}"]
     path.write_text("seed: 7\n")
     assert saved == load_config(["--config", str(path)], path, task.Config)[0]
     with pytest.raises(ConfigError, match=rf"unknown argument '--{name}'"):
         load_config(["--config", str(path), f"--{name}", "false"], path, task.Config)
+
+
+def test_a_removed_field_is_one_warning_of_a_run_that_goes_on(tmp_path: Path) -> None:
+    """train.py reads its config twice (before torch loads, then in main): the warning is printed once."""
+    path = tmp_path / "old.yaml"
+    path.write_text((PROJECT / "configs" / "local.yaml").read_text() + "resume: auto\n")
+    result = run_training(tmp_path / "run", "--config", str(path), "--max_steps", "1")
+    warning = f"WARNING: {path}: resume no longer exists, skipped: {REMOVED_FIELDS['resume']}"
+    assert result.stdout.count("resume no longer exists") == 1 and warning in result.stdout.splitlines()
+    assert "done: 1 optimizer steps" in result.stdout
 
 
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:

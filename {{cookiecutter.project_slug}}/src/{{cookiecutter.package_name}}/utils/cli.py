@@ -23,10 +23,11 @@ from .remote import check_urls, is_url
 
 
 def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, Path, list[str]]:
-    """The run's config, its file, and warnings about its output_dir; a ConfigError says what is wrong."""
+    """The run's config, its file, and warnings (fields that no longer exist, its output_dir); a ConfigError
+    says what is wrong."""
     check_contract(task)  # every function of task.py there: a missing one is not found after training
-    where = detect_platform()
-    config, config_path = load_config(argv, project / "configs" / f"{where}.yaml", task.Config)
+    where, notes = detect_platform(), []
+    config, config_path = load_config(argv, project / "configs" / f"{where}.yaml", task.Config, notes=notes)
     paths = {name: getattr(config, name) for name in ("output_dir", "mirror_dir", "import_from")}
     if problem := foreign_paths_problem(paths, str(config_path)):
         raise ConfigError(problem)
@@ -37,10 +38,10 @@ def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, Pat
         config.mirror_dir = os.path.normpath(project / config.mirror_dir)
     check_urls(config, config_path)  # no network: a protocol that cannot work, a key inside a URL
     try:
-        output_warnings = check_output_dir(config.output_dir, where, config.mirror_dir)
+        notes += check_output_dir(config.output_dir, where, config.mirror_dir)
     except ValueError as error:
         raise ConfigError(f"{config_path}: {error}") from error
-    return config, config_path, output_warnings
+    return config, config_path, notes
 
 
 def check_first(project: Path) -> None:

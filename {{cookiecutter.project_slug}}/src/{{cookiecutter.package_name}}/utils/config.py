@@ -259,18 +259,18 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__}){hint}")
 
 
-# Fields of earlier versions, skipped in a file: every config.yaml that a run or an export saved holds
-# every field, and what these controlled is gone, so old runs and exports still load.
-REMOVED_FIELDS = (
-    "check_disk_space",
-    "auto_batch_size",
-    "continue_on_new_data",
-    "resume",
-)
+# Fields of earlier versions -> what replaced them. Every config.yaml that a run or an export saved holds
+# every field: such a file still loads, with one warning per field, as without it.
+REMOVED_FIELDS = {
+    "check_disk_space": "a full disk stops the run with one line, the last checkpoint kept",
+    "continue_on_new_data": "a resume on other data is refused: give the run's own data, or start_over: true",
+    "resume": "a run continues from its newest valid checkpoint; start_over: true starts it afresh",
+}
 
 
-def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
-    """The typed values set in a YAML config file; unknown keys and wrong types raise ConfigError."""
+def read_yaml(path: Path, config_class: type[TrainConfig], notes: list[str]) -> dict[str, Any]:
+    """The typed values set in a YAML config file; unknown keys and wrong types raise ConfigError. A field
+    that no longer exists is skipped, with a warning in `notes`."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
@@ -288,6 +288,7 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     values = {}
     for key, value in raw.items():
         if key in REMOVED_FIELDS:
+            notes.append(f"{path}: {key} no longer exists, skipped: {REMOVED_FIELDS[key]}")
             continue
         if key not in types:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
@@ -349,9 +350,11 @@ def load_config(
     default_path: str | Path,
     config_class: type[TrainConfig],
     own_flags: tuple[str, ...] = (),
+    notes: list[str] | None = None,
 ) -> tuple[TrainConfig, Path]:
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
-    flags; `own_flags`: the caller's other flags (predict.py's), for the hint at an unknown one."""
+    flags; `own_flags`: the caller's other flags (predict.py's), for the hint at an unknown one; `notes`
+    gets a warning for each field of the file that no longer exists."""
     types = _field_types(config_class)
     parser = argparse.ArgumentParser(
         usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",
@@ -381,7 +384,7 @@ def load_config(
         hint = _nearest(flag.split("=")[0], [*own_flags, *(f"--{name}" for name in types)])
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
-    values = read_yaml(args.config, config_class)
+    values = read_yaml(args.config, config_class, [] if notes is None else notes)
     sources = {key: str(args.config) for key in values}
     for name, kind in types.items():
         text = getattr(args, name)
