@@ -37,6 +37,7 @@ ROOMS = {
                 "cli",
                 "config",
                 "loop",
+                "memory",
                 "accelerate_fixes",
                 "progress",
                 "tracking",

@@ -57,6 +57,7 @@ from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_s
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish
+from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import (
     FINISH_TIMEOUT_S,
     STOP_WAIT_S,
@@ -144,7 +145,7 @@ def train(
     seed(config)  # --- seeding (seed, below)
 
     # --- data (build_loaders, below)
-    train_set, train_loader, eval_loader, steps_per_epoch, data = build_loaders(accelerator, config)
+    train_set, train_loader, eval_set, steps_per_epoch, data = build_loaders(accelerator, config)
     schedule_steps = config.max_steps if not steps_per_epoch else steps_per_epoch * config.num_epochs
 
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
@@ -154,6 +155,8 @@ def train(
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
+    fit_batch_size(accelerator, config, model, train_set)  # auto_batch_size: true (utils/memory.py)
+    eval_loader = eval_batches(accelerator, config, eval_set)  # per_device_batch_size as it is now
 
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
@@ -307,8 +310,8 @@ def seed(config: TrainConfig) -> None:
 
 def build_loaders(
     accelerator: Accelerator, config: TrainConfig
-) -> tuple[Dataset, DataLoader | StreamLoader, DataLoader, int, dict[str, str] | None]:
-    """The task's train set, the train and eval loaders, the number of optimizer steps in an epoch (0 for
+) -> tuple[Dataset, DataLoader | StreamLoader, Dataset, int, dict[str, str] | None]:
+    """The task's train set, the train loader, the eval set, the number of optimizer steps in an epoch (0 for
     a stream: its epoch ends when it runs out), and the data's fingerprint (on the main process).
 
     One train batch is one process's share of an optimizer step (per_device_batch_size x accumulation
@@ -336,19 +339,6 @@ def build_loaders(
             pin_memory=pin_memory,
             generator=torch.Generator().manual_seed(config.seed),
         )
-    # The last eval batch is filled up from the set's start, as Accelerate fills it on N processes, and
-    # gather_for_metrics drops the fill: eval_step sees the same batches on any process count, so no
-    # kernel computes a sample inside a batch of another shape (which may round it otherwise).
-    fill = -len(eval_set) % config.per_device_batch_size
-    eval_loader = DataLoader(
-        eval_set,
-        batch_size=config.per_device_batch_size,
-        sampler=[*range(len(eval_set)), *(i % len(eval_set) for i in range(fill))],
-        collate_fn=task.collate,
-        num_workers=loader_workers(config, streamed=False),
-        worker_init_fn=ignore_stop_signals,
-        pin_memory=pin_memory,
-    )
     steps_per_epoch = 0 if stream else len(train_set) // config.global_batch_size
     if steps_per_epoch == 0 and not stream:
         raise ConfigError(
@@ -363,7 +353,24 @@ def build_loaders(
         accelerator.print(f"WARNING: {warning}")
     # What it trains and evaluates on, which a resume must find unchanged (utils/fingerprint.py)
     data = data_fingerprint(train_set, eval_set) if accelerator.is_main_process else None
-    return train_set, train_loader, eval_loader, steps_per_epoch, data
+    return train_set, train_loader, eval_set, steps_per_epoch, data
+
+
+def eval_batches(accelerator: Accelerator, config: TrainConfig, eval_set: Dataset) -> DataLoader:
+    """The eval loader, in per-device batches. The last batch is filled up from the set's start, as
+    Accelerate fills it on N processes, and gather_for_metrics drops the fill: eval_step sees the same
+    batches on any process count, so no kernel computes a sample inside a batch of another shape (which may
+    round it otherwise)."""
+    fill = -len(eval_set) % config.per_device_batch_size
+    return DataLoader(
+        eval_set,
+        batch_size=config.per_device_batch_size,
+        sampler=[*range(len(eval_set)), *(i % len(eval_set) for i in range(fill))],
+        collate_fn=task.collate,
+        num_workers=loader_workers(config, streamed=False),
+        worker_init_fn=ignore_stop_signals,
+        pin_memory=accelerator.device.type == "cuda",
+    )
 
 
 def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: int) -> tuple:

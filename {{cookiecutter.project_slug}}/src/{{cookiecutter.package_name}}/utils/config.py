@@ -107,6 +107,9 @@ class OptimizationConfig:
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(
         "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
     )
+    auto_batch_size: bool = session(
+        False, "on out of memory, a smaller per_device_batch_size with more accumulation (same global batch)"
+    )
     compile: bool = session(False, "torch.compile the model (slow start, faster steps)")
     # An op that has no deterministic kernel stops the run with its name; false: reruns are equal up
     # to float rounding only.
@@ -123,7 +126,7 @@ class CheckpointConfig:
     evaluation) and the exported model, all counted in optimizer steps."""
 
     eval_every: int = session(0, "evaluate every this many optimizer steps")
-    best_metric: str = setting("eval/loss", "the eval metric that picks best_model/ and early stopping watches")
+    best_metric: str = setting("eval/loss", "the eval metric that picks best_model/ and drives early stopping")
     early_stopping_patience: int = session(0, "stop after this many evaluations without a better best_metric")
     checkpoint_every: int = session(100, "save a checkpoint every this many optimizer steps")
     # Caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.

@@ -26,7 +26,8 @@ window again (at most window - 1 rows read twice) and draws the same order. A `d
 stays refused: its contents are not in the saved state, so a resume would draw other samples.
 
 There is no length: an epoch ends when the stream runs out (each worker drops its last, partial global
-batch), and `max_steps` sets the length of training. The eval set stays map-style.
+batch), and `max_steps` sets the length of training. Not here: `auto_batch_size`. The eval set stays
+map-style.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def check_stream_settings(config: TrainConfig) -> None:
             "a streamed train set has no length to size training by num_epochs: set max_steps (optimizer "
             "steps; epochs then end when the stream runs out)"
         )
+    if config.auto_batch_size:  # its tries read samples by index
+        raise ConfigError("auto_batch_size needs a map-style train set: set per_device_batch_size instead")
 
 
 def shuffle_buffer(stream: IterableDataset) -> int:

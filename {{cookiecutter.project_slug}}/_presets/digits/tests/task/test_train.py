@@ -3,6 +3,9 @@ tests/test_guarantees.py)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,7 +14,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import last_eval, read_metrics, start_line
+from ..conftest import assert_same_run, last_eval, read_metrics, run_training, sessions_of, start_line
 
 pytestmark = pytest.mark.slow
 
@@ -59,3 +62,31 @@ def test_exported_model_reproduces_logged_accuracy_with_plain_pytorch(single_run
     with torch.no_grad():
         accuracy = (model(inputs).argmax(dim=-1) == labels).sum().item() / len(labels)
     assert accuracy == last_eval(output_dir)["eval/accuracy"]
+
+
+# A sitecustomize that makes task.loss run out of memory above $OOM_ABOVE samples, after its backward.
+OOM_HOOK = Path(__file__).parent / "oom_hook"
+
+
+def test_auto_batch_size_steps_down_and_trains_as_that_batch_given_by_hand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-device batch of 32 and one of 16 run out of memory, 8 fits: the run trains 8 x 8 and ends with
+    the very weights and metrics of a run given 8 by hand (the failed tries left nothing behind), and its
+    history records 8. On 2 processes all take the smallest size that fits any of them."""
+    args = ["--max_steps", "12", "--log_every", "4", "--eval_every", "6", "--mixed_precision", "no"]
+    run_training(tmp_path / "by_hand", *args, "--per_device_batch_size", "8")  # forked: no hook
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(OOM_HOOK), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OOM_ABOVE", "8")
+    searched = run_training(tmp_path / "searched", *args, "--auto_batch_size", "true")
+    line = "auto_batch_size: per-device batch 8 x 8 accumulation = global batch 64 (32, 16 ran out of memory)"
+    assert line in searched.stdout.splitlines()
+    assert_same_run(tmp_path / "searched", tmp_path / "by_hand")
+    assert sessions_of(tmp_path / "searched")[-1]["per_device_batch"] == 8
+
+    monkeypatch.setenv("OOM_ABOVE_1", "4")  # process 1 has less memory than process 0
+    two = run_training(tmp_path / "two", "--max_steps", "2", "--auto_batch_size", "true", processes=2)
+    line = "auto_batch_size: per-device batch 4 x 8 accumulation = global batch 64 (32, 16, 8 ran out of"
+    assert f"{line} memory)" in two.stdout.splitlines()
+    session = sessions_of(tmp_path / "two")[-1]
+    assert (session["processes"], session["per_device_batch"], session["accumulation"]) == (2, 4, 8)
