@@ -126,7 +126,7 @@ class CheckpointConfig:
     evaluation) and the exported model, all counted in optimizer steps."""
 
     eval_every: int = session(0, "evaluate every this many optimizer steps")
-    best_metric: str = setting("eval/loss", "the eval metric that picks best_model/ and drives early stopping")
+    best_metric: str = setting("eval/loss", "the eval metric that picks best_model/ and early stopping")
     early_stopping_patience: int = session(0, "stop after this many evaluations without a better best_metric")
     checkpoint_every: int = session(100, "save a checkpoint every this many optimizer steps")
     # Caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.
