@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,18 +23,13 @@ from pathlib import Path
 # First only what reading the config needs (no torch): see utils/cli.py.
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.cli import check_first, read_config
-from {{ cookiecutter.package_name }}.utils.config import (
-    ConfigError,
-    TrainConfig,
-    gradient_accumulation_steps,
-    save_config,
-)
+from {{ cookiecutter.package_name }}.utils.config import ConfigError, TrainConfig, gradient_accumulation_steps, save_config
 from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
-    detect_platform,
     hide_gpus_from_cpu_run,
     launch_problem,
     resolve_mixed_precision,
+    start_line,
 )
 
 PROJECT = Path(__file__).resolve().parent
@@ -46,32 +39,22 @@ if __name__ == "__main__":
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration, set_seed
+from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration
 from accelerate.utils.operations import slice_tensors
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
-from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_sample
+from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_sample, running_stats, seed_run
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
-from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish
+from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, warmup_cosine
 from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
-from {{ cookiecutter.package_name }}.utils.mirror import (
-    FINISH_TIMEOUT_S,
-    STOP_WAIT_S,
-    Mirror,
-    check_stores,
-)
+from {{ cookiecutter.package_name }}.utils.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
 from {{ cookiecutter.package_name }}.utils.persist import Persister
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, on_main, write_error
-from {{ cookiecutter.package_name }}.utils.signals import (
-    EXIT_STOPPED,
-    StopRequest,
-    exit_process,
-    ignore_stop_signals,
-)
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, exit_process, ignore_stop_signals
 from {{ cookiecutter.package_name }}.utils.start import resume
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader, loader_workers
 from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
@@ -104,15 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         for warning in output_warnings:
             accelerator.print(f"WARNING: {warning}")
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
-        accelerator.print(  # the run's start line: where it runs, on what, in which precision and batches
-            f"platform {detect_platform()} | config {config_path} | world size {accelerator.num_processes} | "
-            f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
-            f"mixed precision {accelerator.mixed_precision} ({precision_why}) | per-device batch "
-            f"{config.per_device_batch_size} x {accelerator.num_processes} processes x "
-            f"{accelerator.gradient_accumulation_steps} accumulation = global batch "
-            f"{config.global_batch_size} | deterministic kernels {'on' if config.deterministic else 'off'} | "
-            f"CPU threads {threads} | output {Path(config.output_dir)}"
-        )
+        accelerator.print(start_line(accelerator, config, config_path, precision_why, threads))
         accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
         finished = train(accelerator, config, stop, lock, mirror, saver)
         ignore_stop_signals(0)  # training is over: a late signal must not replace the exit status
@@ -142,7 +117,7 @@ def train(
     """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
     (False). `lock` is taken once the config and data have passed their checks, before anything is written."""
     clock = SessionClock(config, accelerator.is_main_process)  # time_budget counts from here
-    seed(config)  # --- seeding (seed, below)
+    seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
 
     # --- data (build_loaders, below)
     train_set, train_loader, eval_set, steps_per_epoch, data = build_loaders(accelerator, config)
@@ -162,8 +137,7 @@ def train(
     model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, scheduler, train_loader, eval_loader
     )
-    # --- speed, opt-in: torch.compile
-    # The compiled module shares the prepared model's weights; checkpoints and exports use `model`.
+    # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
     forward = torch.compile(model) if config.compile else model
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
@@ -172,7 +146,6 @@ def train(
     )
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
-    # Forward and backward over a step's micro-batches, each drawing its samples' random numbers
     gradients = step_gradients(accelerator, config, model, forward, trained, book)
     while not book.end.now():
         model.train()
@@ -186,7 +159,7 @@ def train(
                 scheduler.step()
             book.count(step_loss, skipped)  # the step, the position in the data, skipped fp16 steps
             book.log(scheduler)  # every log_every steps: train loss, and the stop and time votes
-            book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/
+            book.evaluate(model, forward, eval_loader)  # when due: metrics, best_model/, early stopping
             book.checkpoint(model, gradients)  # when due, for time, or before a stop; never of broken weights
             if book.end.now():  # done, stopping, or diverged
                 break
@@ -297,17 +270,6 @@ def resume_session(
     )
 
 
-def seed(config: TrainConfig) -> None:
-    """The same seed on every process; each micro-batch reseeds for its samples (utils/exact.py)."""
-    set_seed(config.seed)
-    # Bitwise-equal reruns and resumes on a GPU also need kernels that add in a fixed order (attention's
-    # backward pass and cuBLAS do not by default). Strict: an op without such a kernel stops the run and
-    # names itself, rather than quietly breaking exact resume. cuBLAS reads its setting at its first use.
-    if config.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(config.deterministic)
-
-
 def build_loaders(
     accelerator: Accelerator, config: TrainConfig
 ) -> tuple[Dataset, DataLoader | StreamLoader, Dataset, int, dict[str, str] | None]:
@@ -387,31 +349,6 @@ def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: i
         optimizer, warmup_cosine(config.warmup_steps, schedule_steps)
     )
     return model, trained, frozen, optimizer, scheduler
-
-
-def running_stats(accelerator: Accelerator, model: torch.nn.Module) -> tuple[list[torch.nn.Module], bool]:
-    """The normalization layers that keep running statistics (BatchNorm), and whether this process's
-    updates of them count. DDP starts every training forward from the main process's buffers: only its
-    updates count there. FSDP and DeepSpeed copy no buffers, so each process keeps its own up to date."""
-    norms = [
-        layer
-        for layer in model.modules()
-        if isinstance(layer, torch.nn.modules.batchnorm._NormBase) and layer.track_running_stats
-    ]
-    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    return norms, accelerator.is_main_process or not ddp
-
-
-def warmup_cosine(warmup_steps: int, total_steps: int):
-    """Linear warmup, then cosine decay to zero at `total_steps`, as a LambdaLR factor."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
 
 
 if __name__ == "__main__":

@@ -19,12 +19,40 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+
+from .config import TrainConfig
+
+
+def seed_run(config: TrainConfig) -> None:
+    """The same seed on every process; each micro-batch reseeds for its samples (follow_the_sample)."""
+    set_seed(config.seed)
+    # Bitwise-equal reruns and resumes on a GPU also need kernels that add in a fixed order (attention's
+    # backward pass and cuBLAS do not by default). Strict: an op without such a kernel stops the run and
+    # names itself, rather than quietly breaking exact resume. cuBLAS reads its setting at its first use.
+    if config.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(config.deterministic)
+
+
+def running_stats(accelerator: Accelerator, model: torch.nn.Module) -> tuple[list[torch.nn.Module], bool]:
+    """The normalization layers that keep running statistics (BatchNorm), and whether this process's
+    updates of them count. DDP starts every training forward from the main process's buffers: only its
+    updates count there. FSDP and DeepSpeed copy no buffers, so each process keeps its own up to date."""
+    norms = [
+        layer
+        for layer in model.modules()
+        if isinstance(layer, torch.nn.modules.batchnorm._NormBase) and layer.track_running_stats
+    ]
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    return norms, accelerator.is_main_process or not ddp
 
 
 def follow_the_sample(seed: int, step: int, place: int, device: torch.device) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 QUERY = ["--query-gpu=name,compute_cap", "--format=csv,noheader"]
 
@@ -178,6 +179,19 @@ def usable_cpus() -> int:
             cpus = min(cpus, max(1, -(-int(quota) // int(period))))  # a part of a CPU counts as one
         break
     return cpus
+
+
+def start_line(accelerator: Any, config: Any, config_path: Path, precision_why: str, threads: str) -> str:
+    """The run's start line: where it runs, on what, in which precision and batches."""
+    processes, deterministic = accelerator.num_processes, "on" if config.deterministic else "off"
+    return (
+        f"platform {detect_platform()} | config {config_path} | world size {processes} | "
+        f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
+        f"mixed precision {accelerator.mixed_precision} ({precision_why}) | per-device batch "
+        f"{config.per_device_batch_size} x {processes} processes x {accelerator.gradient_accumulation_steps} "
+        f"accumulation = global batch {config.global_batch_size} | deterministic kernels {deterministic} | "
+        f"CPU threads {threads} | output {Path(config.output_dir)}"
+    )
 
 
 def hide_gpus_from_cpu_run() -> None:

@@ -113,8 +113,7 @@ class Bookkeeping:
             return
         self.metrics = metrics
         track_best(self.accelerator, model, config, state, metrics)  # logged too
-        # A signal that came during the evaluation (minutes, on a large eval set) is acted on now. Early
-        # stopping rides on the same vote: every process stops after this step.
+        # A signal during the evaluation (minutes, on a large eval set) is acted on now; so is early stopping.
         patience = config.early_stopping_patience and state.evals_since_best >= config.early_stopping_patience
         votes = self.loss.total(float(bool(self.end.stop_request)), float(patience))
         self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
@@ -122,8 +121,7 @@ class Bookkeeping:
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """After an epoch's batches. A stream's epoch ends where it runs out, known only after its last step
         (checkpointed, if due): with eval_every 0 it is evaluated here, as a map-style epoch is at its last
-        step, and a run resumed from that step evaluates there too, as the run never stopped did. (The
-        loop leaves an epoch early only to stop: a stream not stopping ran out.)"""
+        step, and a resumed run too. (The loop leaves an epoch early only to stop: else a stream ran out.)"""
         if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True  # until the next step's count
             self.evaluate(model, forward, eval_loader)
@@ -431,6 +429,18 @@ def track_best(
         export_model(accelerator, model, config, folder, {"step": state.step, **metrics})
     else:
         state.evals_since_best += 1
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Linear warmup, then cosine decay to zero at `total_steps`, as a LambdaLR factor."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
 
 
 def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:
