@@ -319,10 +319,9 @@ def build_loaders(
 
 
 def eval_batches(accelerator: Accelerator, config: TrainConfig, eval_set: Dataset) -> DataLoader:
-    """The eval loader, in per-device batches. The last batch is filled up from the set's start, as
-    Accelerate fills it on N processes, and gather_for_metrics drops the fill: eval_step sees the same
-    batches on any process count, so no kernel computes a sample inside a batch of another shape (which may
-    round it otherwise)."""
+    """The eval loader, in per-device batches, the last filled up from the set's start as Accelerate fills
+    it on N processes (gather_for_metrics drops the fill): the same batch shapes on any process count, so no
+    kernel computes a sample inside a batch of another shape (which may round it otherwise)."""
     fill = -len(eval_set) % config.per_device_batch_size
     return DataLoader(
         eval_set,

@@ -1,16 +1,9 @@
-"""torch.compile's work kept with the run: a resumed session loads what the last one compiled.
-
-With `compile: true` every checkpoint holds Inductor's cache artifacts (`torch.compiler.save_cache_artifacts`:
-its compiled graphs and AOTAutograd's, and on a GPU the Triton kernels and autotuning results) as
-`compile_cache.bin`; a resume loads them before the first compiled call, so it does not compile from
-scratch (minutes for a large model). In the checkpoint rather than the run folder because a resume starts
-from a checkpoint, and checkpoints are what the mirror and `import_from` carry to a new machine, where
-Inductor's own disk cache (TORCHINDUCTOR_CACHE_DIR, /tmp/torchinductor_<user> by default) is gone; they
-also checksum and seal it with the rest. The file's first line says what the cache was made for (torch,
-device, CUDA): one made for another GPU or torch is not loaded (Inductor could use none of it) and the
-history says so in one line. torch before 2.7 has no such artifacts: a resumed compiled session there
-compiles from scratch, as before, and the history says that instead. The main process's artifacts are
-saved; every process loads them.
+"""torch.compile's work kept with the run (`compile: true`): every checkpoint holds Inductor's cache
+artifacts (`torch.compiler.save_cache_artifacts`) as `compile_cache.bin`, which a resume loads before its
+first compiled call instead of compiling from scratch. In the checkpoint, not the run folder: checkpoints
+are what the mirror and `import_from` carry to a new machine, checksummed and sealed. Its first line says
+what it was made for; one made for another GPU or torch is not loaded (docs/resume.md). The main process's
+artifacts are saved; every process loads them.
 """
 
 from __future__ import annotations

@@ -46,11 +46,8 @@ def running_stats(accelerator: Accelerator, model: torch.nn.Module) -> tuple[lis
     """The normalization layers that keep running statistics (BatchNorm), and whether this process's
     updates of them count. DDP starts every training forward from the main process's buffers: only its
     updates count there. FSDP and DeepSpeed copy no buffers, so each process keeps its own up to date."""
-    norms = [
-        layer
-        for layer in model.modules()
-        if isinstance(layer, torch.nn.modules.batchnorm._NormBase) and layer.track_running_stats
-    ]
+    norm = torch.nn.modules.batchnorm._NormBase
+    norms = [layer for layer in model.modules() if isinstance(layer, norm) and layer.track_running_stats]
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     return norms, accelerator.is_main_process or not ddp
 

@@ -1,22 +1,10 @@
-"""What a run trains and evaluates on, as a fingerprint that every checkpoint keeps (its loop state, sealed):
-a resume on other data stops with one line naming the first file that differs, was added or was removed
-(utils/start.py).
-
-Each dataset (train, eval) is fingerprinted by the first of these that applies, without asking the task:
-- it, or an object it holds (one attribute down), has `fingerprint()` -> {name: description}: its own
-  account, where a cheaper one exists (the lm preset's token shards: meta.json's SHA-256 of each shard,
-  verified when they were opened, and the vocabulary);
-- a Hugging Face `datasets` stream or dataset read from local files: each file's name, size and XXH3-128;
-- paths of files among its attributes (an image folder's list of (path, label)): each file alike;
-- a dataset that holds only tensors, arrays and plain values (a TensorDataset, digits, the lm preset's
-  windows of a text): those, tensors by dtype, shape and bytes, hashed whole;
-- else its samples as built, before any set_epoch: one XXH3-128 of every sample's tensors and values
-  (about 20 us a sample; the rules above cost about 0.1 s per GB in the page cache).
-
-Files are named relative to the folder they have in common, so a run moved to another platform (another
-absolute path to the same files) keeps its fingerprint. (Where a change leaves them a deeper folder in
-common, all of one subfolder removed, the others' names shorten: the resume is refused all the same.)
-Measured cost: the template's bench/fingerprint.py.
+"""What a run trains and evaluates on, as a fingerprint that every checkpoint keeps (sealed in its loop
+state): a resume on other data stops with one line naming the first file that differs, was added or was
+removed (utils/start.py; docs/resume.md, "The same data"). Each dataset is fingerprinted by the first rule
+that applies, without asking the task: its own `fingerprint()` (or that of an object it holds), the local
+files of a `datasets` stream or dataset, paths among its attributes, its tensors and plain values whole,
+else its samples one by one (docs/own-task.md). Files are named relative to the folder they have in
+common, so a run moved to another platform keeps its fingerprint. Measured cost: bench/fingerprint.py.
 """
 
 from __future__ import annotations

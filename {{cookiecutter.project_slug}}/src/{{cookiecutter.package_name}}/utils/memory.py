@@ -1,5 +1,5 @@
-"""`auto_batch_size: true`: the largest per-device batch that trains without running out of memory, found
-before the first step. The global batch, and so the optimization, stay: accumulation makes up the rest."""
+"""`auto_batch_size: true`: the largest per-device batch that trains without running out of memory; the global
+batch, and so the optimization, stay (more accumulation)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,9 @@ from .task_check import TaskModel
 def fit_batch_size(
     accelerator: Accelerator, config: TrainConfig, model: torch.nn.Module, train_set: Any
 ) -> None:
-    """Try a training step of per_device_batch_size samples on the model (not prepared yet: no process waits
-    on another's step), after an out of memory error the next smaller size that divides a process's share of
-    the global batch. Every process then takes the smallest size any of them could train, and the
-    accumulation that keeps global_batch_size. The tries leave no trace: the random state, the buffers
-    (BatchNorm's statistics) and the gradients are as before."""
+    """Try a training step of per_device_batch_size samples on the model, not prepared yet (no process waits
+    on another), then each smaller size that divides a process's share of the global batch, until one fits;
+    all processes take the smallest that fitted. The tries leave no random state, buffers or gradients."""
     if not config.auto_batch_size:
         return
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
@@ -31,7 +29,7 @@ def fit_batch_size(
     share = config.global_batch_size // accelerator.num_processes
     sizes = [size for size in range(config.per_device_batch_size, 0, -1) if share % size == 0]
     model.to(accelerator.device).train()  # where prepare puts it
-    buffers = [buffer.clone() for buffer in model.buffers()]
+    buffers = [buffer.clone() for buffer in model.buffers()]  # BatchNorm's statistics
     with torch.random.fork_rng(devices=[] if accelerator.device.type == "cpu" else [accelerator.device]):
         fitted = next((size for size in sizes if fits(accelerator, model, train_set, size)), 0)
     with torch.no_grad():
@@ -39,10 +37,7 @@ def fit_batch_size(
             buffer.copy_(kept)
     size = int(accelerator.gather(torch.tensor([fitted], device=accelerator.device)).min())
     if size == 0:
-        raise RunError(
-            "auto_batch_size: out of memory even with a per-device batch of 1: use a smaller model, "
-            "mixed_precision bf16, or a device with more memory"
-        )
+        raise RunError("auto_batch_size: a per-device batch of 1 runs out of memory: use a smaller model")
     failed = ", ".join(str(larger) for larger in sizes if larger > size)
     config.per_device_batch_size = size
     accumulation = gradient_accumulation_steps(config, accelerator.num_processes)
@@ -54,8 +49,8 @@ def fit_batch_size(
 
 
 def fits(accelerator: Accelerator, model: torch.nn.Module, train_set: Any, size: int) -> bool:
-    """Whether a forward and backward of `size` samples fit in memory, with room held for AdamW's two
-    moments (and DDP's gradient buckets), which the first optimizer step allocates. Gradients are dropped."""
+    """Whether a forward and backward of `size` samples fit, with room held for what the first optimizer
+    step allocates (AdamW's two moments) and DDP's gradient buckets. Gradients are dropped after."""
     trained = [param for param in model.parameters() if param.requires_grad]
     room = [torch.empty_like(param) for param in trained for _ in range(2 + (accelerator.num_processes > 1))]
     try:

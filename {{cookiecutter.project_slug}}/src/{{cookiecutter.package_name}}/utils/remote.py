@@ -1,14 +1,8 @@
-"""Remote stores for `mirror_dir` and `import_from`: S3, the Hugging Face Hub, GCS, any fsspec protocol.
-
-    --mirror_dir s3://bucket/runs/run1   --import_from hf://datasets/<you>/runs   --mirror_dir gs://bucket/x
-
-A URL's package is an optional extra, to install before a run that names such a URL (s3fs: `.[s3]`,
-gcsfs: `.[gcs]`; hf:// comes with huggingface_hub). Credentials are read as each package reads them, from
-the environment; names missing there are looked up in Kaggle's and Colab's secrets and put into this
-process's environment only (docs/moving-runs.md, "Through a remote store"). Colab's secrets can be read
-only by the notebook's own kernel: the notebook calls `export_secrets` before it starts training.
-
-This module imports no torch: train.py checks URLs before it loads torch.
+"""Remote stores for `mirror_dir` and `import_from` (`s3://`, `hf://`, `gs://`, any fsspec protocol). A URL's
+package is an optional extra; credentials are read from the environment, then from Kaggle's and Colab's
+secrets (docs/moving-runs.md, "Through a remote store"). Colab's secrets can be read only by the notebook's
+own kernel: the notebook calls `export_secrets` before it starts training. No torch here: train.py checks
+URLs before it loads torch.
 """
 
 from __future__ import annotations
