@@ -107,9 +107,7 @@ class OptimizationConfig:
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(
         "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
     )
-    auto_batch_size: bool = session(
-        False, "on out of memory, a smaller per_device_batch_size with more accumulation (same global batch)"
-    )
+    auto_batch_size: bool = session(False, "on out of memory: smaller per-device batches, more accumulation")
     compile: bool = session(False, "torch.compile the model (slow start, faster steps)")
     # An op that has no deterministic kernel stops the run with its name; false: reruns are equal up
     # to float rounding only.

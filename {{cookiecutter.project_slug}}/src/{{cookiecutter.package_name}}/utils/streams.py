@@ -26,8 +26,7 @@ window again (at most window - 1 rows read twice) and draws the same order. A `d
 stays refused: its contents are not in the saved state, so a resume would draw other samples.
 
 There is no length: an epoch ends when the stream runs out (each worker drops its last, partial global
-batch), and `max_steps` sets the length of training. Not here: `auto_batch_size`. The eval set stays
-map-style.
+batch), and `max_steps` sets the length of training. The eval set stays map-style.
 """
 
 from __future__ import annotations

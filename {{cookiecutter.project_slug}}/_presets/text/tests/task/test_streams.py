@@ -393,6 +393,11 @@ def test_more_workers_than_files_are_one_per_file_and_a_stream_workers_cannot_sh
         StreamLoader(Own(), config, accelerator, task.collate, pin_memory=False)
 
 
+def test_auto_batch_size_on_a_stream_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="auto_batch_size needs a map-style train set"):
+        task.build_datasets(config_for(str(tmp_path / "never_read.jsonl"), "--auto_batch_size", "true"))
+
+
 def config_for(files: str, *flags: str) -> task.Config:
     config, _ = load_config(
         ["--data_files", files, "--max_steps", "5", *flags], PROJECT / "configs" / "local.yaml", task.Config
