@@ -12,34 +12,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
+import re
 import socket
 import sys
 import time
 import uuid
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import accelerate
 import torch
 
 from .durable import write_atomically
 from .hardware import detect_platform
 
 HISTORY_FILE = "history.json"
-# The task's libraries whose version is recorded when the task imported them (import name, shown name).
-LIBRARIES = (
-    ("numpy", "numpy"),
-    ("transformers", "transformers"),
-    ("tokenizers", "tokenizers"),
-    ("datasets", "datasets"),
-    ("peft", "peft"),
-    ("timm", "timm"),
-    ("torchvision", "torchvision"),
-    ("torchdata", "torchdata"),
-    ("sklearn", "scikit-learn"),
-    ("PIL", "pillow"),
-)
+DISTRIBUTION = "{{ cookiecutter.project_slug }}"
+# A record's fields and their types: a history file with others is not read (it is set aside).
+FIELDS = {
+    **dict.fromkeys(
+        ("id", "started", "ending", "device", "mixed_precision", "task_sha256", "code_sha256"), str
+    ),
+    **dict.fromkeys(
+        ("session", "start_step", "end_step", "processes", "per_device_batch", "accumulation"), int
+    ),
+    **dict.fromkeys(("deterministic", "compile"), bool),
+    "versions": dict,
+}
 Record = dict[str, Any]
 
 
@@ -92,11 +93,15 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
     run folder's copy (main process)."""
     enabled = accelerator.is_main_process
     sessions: list[Record] = []
+    problems: list[str] = []
     if enabled and resumed_from is not None:
-        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id)
-        sessions = merge(sessions, read_sessions(Path(config.output_dir) / HISTORY_FILE, state.run_id))
+        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id, problems)
+        folder_copy = Path(config.output_dir) / HISTORY_FILE
+        sessions = merge(sessions, read_sessions(folder_copy, state.run_id, problems, set_aside=True))
     current = session_record(accelerator, config, state.step, len(sessions) + 1)
     history = History(state.run_id, sessions, current, enabled)
+    if problems:  # said, and kept in this session's record
+        history.note("unreadable", f"{'; '.join(problems)}: this history lacks the sessions only it held")
     if enabled and sessions:
         previous = sessions[-1]
         changed = history.changes()
@@ -116,10 +121,8 @@ def session_record(accelerator: Any, config: Any, step: int, number: int) -> Rec
     if device.type == "cuda":  # and the CUDA torch was built with: its kernels' own version
         name = f"cuda ({torch.cuda.get_device_name(device)})"
         versions["cuda"] = str(torch.version.cuda)
-    versions["accelerate"] = accelerate.__version__
-    for module, shown in LIBRARIES:
-        if module in sys.modules:
-            versions[shown] = str(getattr(sys.modules[module], "__version__", "?"))
+    for name in declared_dependencies():
+        versions.setdefault(name, installed_version(name))
     task_file, code_sha256 = code_hashes()
     return {
         "session": number,
@@ -143,6 +146,29 @@ def session_record(accelerator: Any, config: Any, step: int, number: int) -> Rec
     }
 
 
+def declared_dependencies() -> list[str]:
+    """The names in pyproject.toml's `dependencies`: the same set in every session, whatever was imported.
+    Read beside src/ (the project may run uninstalled, with PYTHONPATH=src), else from the installed
+    project's metadata."""
+    try:  # the array's strings up to its closing bracket, comments skipped: Python 3.10 has no tomllib
+        text = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text(encoding="utf-8")
+        tokens = re.findall(r'"[^"]*"|#.*|\]', text[re.search(r"^dependencies = \[", text, re.M).end() :])
+        requirements = [token.strip('"') for token in tokens[: tokens.index("]")] if token[0] == '"']
+    except (OSError, AttributeError, ValueError):  # none there, or not this layout
+        try:
+            requirements = [r for r in metadata.requires(DISTRIBUTION) or [] if "extra ==" not in r]
+        except metadata.PackageNotFoundError:
+            requirements = []
+    return [re.match(r"[\w.-]+", requirement)[0].lower() for requirement in requirements]
+
+
+def installed_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def code_hashes() -> tuple[str, str]:
     """SHA-256 of task.py, and of the whole project's code: the package's .py files and the script run."""
     package = Path(__file__).resolve().parents[1]
@@ -156,14 +182,27 @@ def code_hashes() -> tuple[str, str]:
     return hashlib.sha256((package / "task.py").read_bytes()).hexdigest(), code.hexdigest()
 
 
-def read_sessions(path: Path, run_id: str) -> list[Record]:
-    """The sessions a history file holds for run `run_id` (none if absent, unreadable or another run's)."""
+def read_sessions(path: Path, run_id: str, problems: list[str], set_aside: bool = False) -> list[Record]:
+    """The sessions a history file holds for run `run_id` (none if absent or another run's). One that
+    cannot be read, or holds fields of other types, adds its line to `problems`; with `set_aside` (the run
+    folder's copy: a checkpoint's is sealed) it is renamed to history.json.unreadable first."""
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        sessions = saved["sessions"] if saved.get("run") == run_id else []
-        return [record for record in sessions if isinstance(record, dict) and "session" in record]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        sessions = saved["sessions"] if saved["run"] == run_id else []
+        for record in sessions:
+            wrong = [key for key, kind in FIELDS.items() if not isinstance(record.get(key), kind)]
+            if wrong or not isinstance(record.get("after_checkpoint", {}), dict):
+                raise TypeError(f"a session's {', '.join(wrong) or 'after_checkpoint'} is missing or wrong")
+        return sessions
+    except FileNotFoundError:
         return []
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        why = f"{type(error).__name__}: {error}"
+    if set_aside:
+        os.replace(path, path.with_name(f"{path.name}.unreadable"))
+        why += f"; kept aside as {path.name}.unreadable"
+    problems.append(f"{path} cannot be read ({why})")
+    return []
 
 
 def merge(sessions: list[Record], folder_copy: list[Record]) -> list[Record]:
@@ -193,14 +232,16 @@ def describe(record: Record) -> str:
     return f"{record.get('platform', '?')}, steps {steps}, {ending}"
 
 
-# What a change of each of these does to the numbers: none keeps the run bitwise.
-ROUNDING = {
-    "device": "other kernels round differently",
-    "mixed_precision": "the arithmetic itself changed",
-    "deterministic": "on a GPU, some sums are then added in an order that varies",
-    "compile": "compiled kernels fuse operations and round differently",
-}
+# What a change of each of these does to the numbers: known to change them, or perhaps (then measured).
 NOT_EXACT = "not bitwise as one uninterrupted run from here on"
+MEASURED = "the resume line measures whether it did"
+ROUNDING = {
+    "device": f"other kernels round differently: {NOT_EXACT}",
+    "mixed_precision": f"the arithmetic itself changed: {NOT_EXACT}",
+    "deterministic": f"on a GPU, other kernels, which may round differently: {MEASURED}",
+    "compile": f"compiled kernels fuse operations and may round differently: {MEASURED}",
+}
+DETERMINISM_OFF = f"on a GPU, some sums are then added in an order that varies: {NOT_EXACT}"
 
 
 def differences(before: Record, now: Record) -> list[str]:
@@ -208,12 +249,13 @@ def differences(before: Record, now: Record) -> list[str]:
     lines = [*_batch_change(before, now)]
     for key, why in ROUNDING.items():
         if before[key] != now[key]:
-            lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}: {NOT_EXACT}")
-    for name in sorted({*before["versions"], *now["versions"]}):
-        old, new = (record["versions"].get(name, "(none)") for record in (before, now))
+            why = DETERMINISM_OFF if key == "deterministic" and not now[key] else why
+            lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}")
+    # The versions both recorded: those of pyproject.toml's dependencies, Python, torch and CUDA.
+    for name in sorted(before["versions"].keys() & now["versions"].keys()):
+        old, new = before["versions"][name], now["versions"][name]
         if old != new:
-            why = f"its code may compute differently: {NOT_EXACT}"
-            why = "no effect by itself" if name == "python" else why
+            why = "no effect by itself" if name == "python" else f"it may change the numbers: {MEASURED}"
             lines.append(f"{name} {old} -> {new}: {why}")
     if before["task_sha256"] != now["task_sha256"]:
         lines.append(
