@@ -134,7 +134,8 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
     """Sessions that end at max_steps record the step after their checkpoint without taking it; each resume
     compares its first step with that record: as it was (verified); a record whose loss, then batch, was
     altered (differs, saying whether the batch is the same); no record (said so); half the per-device
-    batch (differs by float rounding: the batch is the same, the split is named, the difference measured).
+    batch (differs by float rounding: the batch is the same, the split is named, the difference measured);
+    a rerun of the finished run (nothing to resume, said so).
     """
     output_dir = tmp_path / "run"
     args = [*QUICK, "--mixed_precision", "no"]
@@ -156,7 +157,9 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
                 record["after_checkpoint"][step][alter] = value[:-1] + ("1" if value[-1] != "1" else "2")
             path.write_text(json.dumps(saved))
         result = run_training(output_dir, *args, "--max_steps", str(end), *more)
-        return "\n".join(line for line in result.stdout.splitlines() if line.startswith("resume "))
+        return "\n".join(
+            line for line in result.stdout.splitlines() if line.startswith(("resume ", "finished"))
+        )
 
     session(4)
     assert session(6) == "resume verified: step 5 is bit for bit the uninterrupted run's"
@@ -170,6 +173,7 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
     split = session(14, "--per_device_batch_size", half)
     assert split.startswith("resume differs at step 13: loss "), split
     assert f"(the batch is the same): per-device batch {config.per_device_batch_size} -> {half}" in split
+    assert session(14) == "finished at step 14: nothing to resume"  # a rerun: says why no resume line comes
     assert [s.get("resume") for s in sessions_of(output_dir)] == [
         None,
         "verified",
@@ -177,6 +181,7 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
         "differs",
         "not recorded",
         "differs",
+        None,
     ]
 
 
