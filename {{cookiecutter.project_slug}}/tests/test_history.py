@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.exact import sample_hashes
-from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, declared_dependencies
+from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, declared_versions
 
 from .conftest import (
     PROJECT,
@@ -93,7 +93,7 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(
     assert [s.get("resume") for s in sessions] == [None, "verified", "verified"]
     # The same versions in every session, whatever each launch imported: no version line at a hop.
     assert "may change the numbers" not in kaggle + laptop
-    assert [set(s["versions"]) for s in sessions] == 3 * [{"python", "torch", *declared_dependencies()}]
+    assert [set(s["versions"]) for s in sessions] == 3 * [{"python", "torch", *declared_versions()}]
 
 
 @pytest.mark.slow

@@ -1,15 +1,11 @@
-"""A run's history: one record per session, so that nothing changes silently between sessions.
-
-Each session's record (where and on what it ran, with which split of the batch, which steps it trained and
-why it ended: docs/resume.md, "The run's history") travels inside every checkpoint (`history.json`,
-covered by its checksums and seal); the run folder holds a copy, rewritten atomically at the start of a
-session, at each checkpoint and at its end, which also knows the sessions no checkpoint saw. At a resume
-every difference from the previous session but its platform and host is printed with what it does to the
-numbers; utils/exact.py then checks the first step.
+"""A run's history: one record per session (docs/resume.md, "The run's history"), so that nothing changes
+silently between sessions. It travels inside every checkpoint, sealed with it; the run folder's copy,
+rewritten atomically at a session's start, checkpoints and end, also knows the sessions no checkpoint saw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,20 +23,9 @@ import torch
 
 from .durable import write_atomically
 from .hardware import detect_platform
+from .packages import declared
 
 HISTORY_FILE = "history.json"
-DISTRIBUTION = "{{ cookiecutter.project_slug }}"
-# A record's fields and their types: a history file with others is not read (it is set aside).
-FIELDS = {
-    **dict.fromkeys(
-        ("id", "started", "ending", "device", "mixed_precision", "task_sha256", "code_sha256"), str
-    ),
-    **dict.fromkeys(
-        ("session", "start_step", "end_step", "processes", "per_device_batch", "accumulation"), int
-    ),
-    **dict.fromkeys(("deterministic", "compile"), bool),
-    "versions": dict,
-}
 Record = dict[str, Any]
 
 
@@ -91,14 +76,14 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
     """This session's History: the sessions before it (from the checkpoint it resumed from, completed by the
     run folder's copy), and its own record. Prints what changed since the previous session and writes the
     run folder's copy (main process)."""
-    enabled = accelerator.is_main_process
+    enabled, current = accelerator.is_main_process, session_record(accelerator, config, state.step)
     sessions: list[Record] = []
     problems: list[str] = []
     if enabled and resumed_from is not None:
-        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id, problems)
-        folder_copy = Path(config.output_dir) / HISTORY_FILE
-        sessions = merge(sessions, read_sessions(folder_copy, state.run_id, problems, set_aside=True))
-    current = session_record(accelerator, config, state.step, len(sessions) + 1)
+        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id, current, problems)
+        folder = Path(config.output_dir) / HISTORY_FILE
+        sessions = merge(sessions, read_sessions(folder, state.run_id, current, problems, set_aside=True))
+    current["session"] = len(sessions) + 1
     history = History(state.run_id, sessions, current, enabled)
     if problems:  # said, and kept in this session's record
         history.note("unreadable", f"{'; '.join(problems)}: this history lacks the sessions only it held")
@@ -114,18 +99,17 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
     return history
 
 
-def session_record(accelerator: Any, config: Any, step: int, number: int) -> Record:
+def session_record(accelerator: Any, config: Any, step: int) -> Record:
     """What this session is: where, on what and with which split of the global batch."""
     device = accelerator.device
     name, versions = str(device.type), {"python": platform.python_version(), "torch": torch.__version__}
     if device.type == "cuda":  # and the CUDA torch was built with: its kernels' own version
         name = f"cuda ({torch.cuda.get_device_name(device)})"
         versions["cuda"] = str(torch.version.cuda)
-    for name in declared_dependencies():
-        versions.setdefault(name, installed_version(name))
+    versions = declared_versions() | versions
     task_file, code_sha256 = code_hashes()
     return {
-        "session": number,
+        "session": 0,  # numbered once the sessions before it are read
         "id": uuid.uuid4().hex[:12],
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # UTC: sorts across time zones
         "start_step": step,
@@ -146,27 +130,18 @@ def session_record(accelerator: Any, config: Any, step: int, number: int) -> Rec
     }
 
 
-def declared_dependencies() -> list[str]:
-    """The names in pyproject.toml's `dependencies`: the same set in every session, whatever was imported.
-    Read beside src/ (the project may run uninstalled, with PYTHONPATH=src), else from the installed
-    project's metadata."""
-    try:  # the array's strings up to its closing bracket, comments skipped: Python 3.10 has no tomllib
-        text = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text(encoding="utf-8")
-        tokens = re.findall(r'"[^"]*"|#.*|\]', text[re.search(r"^dependencies = \[", text, re.M).end() :])
-        requirements = [token.strip('"') for token in tokens[: tokens.index("]")] if token[0] == '"']
-    except (OSError, AttributeError, ValueError):  # none there, or not this layout
-        try:
-            requirements = [r for r in metadata.requires(DISTRIBUTION) or [] if "extra ==" not in r]
-        except metadata.PackageNotFoundError:
-            requirements = []
-    return [re.match(r"[\w.-]+", requirement)[0].lower() for requirement in requirements]
-
-
-def installed_version(name: str) -> str:
+def declared_versions() -> dict[str, str]:
+    """The installed versions of pyproject.toml's `dependencies`, read beside src/ (the project may run
+    uninstalled, with PYTHONPATH=src): the same set in every session, whatever a launch imported."""
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
+        requirements = declared(Path(__file__).resolve().parents[3] / "pyproject.toml")
+    except (OSError, AttributeError, ValueError):  # installed and run elsewhere: Python and torch only
+        return {}
+    versions = {}
+    for name in (re.match(r"[\w.-]+", requirement)[0].lower() for requirement in requirements):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    return versions
 
 
 def code_hashes() -> tuple[str, str]:
@@ -182,17 +157,19 @@ def code_hashes() -> tuple[str, str]:
     return hashlib.sha256((package / "task.py").read_bytes()).hexdigest(), code.hexdigest()
 
 
-def read_sessions(path: Path, run_id: str, problems: list[str], set_aside: bool = False) -> list[Record]:
-    """The sessions a history file holds for run `run_id` (none if absent or another run's). One that
-    cannot be read, or holds fields of other types, adds its line to `problems`; with `set_aside` (the run
-    folder's copy: a checkpoint's is sealed) it is renamed to history.json.unreadable first."""
+def read_sessions(
+    path: Path, run_id: str, like: Record, problems: list[str], set_aside: bool = False
+) -> list[Record]:
+    """The sessions a history file holds for run `run_id` (none if absent or another run's). One that cannot
+    be read, or has a record without a field of `like` or of another type, adds its line to `problems`;
+    with `set_aside` (the run folder's copy: a checkpoint's is sealed) it becomes history.json.unreadable."""
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
         sessions = saved["sessions"] if saved["run"] == run_id else []
         for record in sessions:
-            wrong = [key for key, kind in FIELDS.items() if not isinstance(record.get(key), kind)]
-            if wrong or not isinstance(record.get("after_checkpoint", {}), dict):
-                raise TypeError(f"a session's {', '.join(wrong) or 'after_checkpoint'} is missing or wrong")
+            bad = [key for key, value in like.items() if not isinstance(record.get(key), type(value))]
+            if bad or not isinstance(record.get("after_checkpoint", {}), dict):
+                raise TypeError(f"a session's {', '.join(bad) or 'after_checkpoint'} is missing or wrong")
         return sessions
     except FileNotFoundError:
         return []

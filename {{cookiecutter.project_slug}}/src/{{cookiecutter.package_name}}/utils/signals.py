@@ -4,10 +4,8 @@ The handler only records the request; the training loop acts on it at the next p
 processes meet, so every rank finishes the same optimizer step, saves the same checkpoint and exits.
 Colab and Kaggle give no warning before they stop a session; SLURM and the launchers do, with these
 signals (SLURM: `--signal=USR1@300`; `accelerate launch`/torchrun forward SIGTERM and SIGINT to every
-process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE). torch's launcher starts each process in
-a session of its own, which a kill of the launcher's process group (a notebook kernel's restart, a closed
-terminal) does not reach: each process watches its launcher instead, and stops as at SIGTERM once it has
-gone (another process adopts it: Linux and macOS alike).
+process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE). Their processes, each in a session of its
+own, outlive a kill -9 of the launcher's group (a notebook kernel's restart): each stops once it is gone.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ LAUNCHER_DIED = "the launcher's death"
 
 
 class StopRequest:
-    """Set by the first stop signal, or by the launcher's death; later signals are noted and ignored, so a
-    save in progress finishes."""
+    """Set by the first stop signal (or the launcher's death); later ones are ignored, so a save finishes."""
 
     def __init__(self) -> None:
         self._name: str | None = None
@@ -59,8 +56,7 @@ class StopRequest:
 
     @property
     def signal_name(self) -> str | None:
-        """The first stop signal's name, or LAUNCHER_DIED. Checked again here, as every process votes: all
-        then name the same cause, whichever saw the launcher's death first."""
+        """The first stop signal's name, or LAUNCHER_DIED: checked as each process votes, so all name it."""
         self._check_launcher()
         return self._name
 
@@ -86,8 +82,8 @@ class StopRequest:
             self._check_launcher()
 
     def _check_launcher(self) -> None:
-        """Once the launcher is gone (this process was given another parent): the output that went to its
-        terminal or pipe, whose reader is gone too (a write would fail), goes to /dev/null; then a stop."""
+        """Once the launcher is gone (another process adopted this one, on Linux and macOS): a stop, and the
+        output to its terminal or pipe, whose reader died with it (a write would fail), to /dev/null."""
         launcher = self._launcher
         if launcher is None or os.getppid() == launcher:
             return
