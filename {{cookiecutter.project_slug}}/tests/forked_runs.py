@@ -38,8 +38,7 @@ from types import ModuleType
 
 # What Python and torch read from the environment only when they start.
 START_VARIABLES = ("PYTHON", "TORCH", "CUDA", "LD_")
-# The slow part of every run's start. Nothing a run may not import: utils/history.py records the versions
-# of the task's libraries that are loaded, so those a task imports in every run are task_settings.IMPORTS.
+# The slow part of every run's start; what a task imports in every run is task_settings.IMPORTS.
 PRELOAD = ("torch._dynamo", "torch._inductor", "accelerate", "safetensors.torch")  # optimizer, determinism
 
 

@@ -16,7 +16,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.exact import sample_hashes
-from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE
+from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, declared_versions
 
 from .conftest import (
     PROJECT,
@@ -91,6 +91,9 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(
     sealed = json.loads((list_checkpoints(output_dir)[-1] / HISTORY_FILE).read_text())["sessions"]
     assert [s["id"] for s in sealed] == [s["id"] for s in sessions]
     assert [s.get("resume") for s in sessions] == [None, "verified", "verified"]
+    # The same versions in every session, whatever each launch imported: no version line at a hop.
+    assert "may change the numbers" not in kaggle + laptop
+    assert [set(s["versions"]) for s in sessions] == 3 * [{"python", "torch", *declared_versions()}]
 
 
 @pytest.mark.slow
@@ -131,7 +134,8 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
     """Sessions that end at max_steps record the step after their checkpoint without taking it; each resume
     compares its first step with that record: as it was (verified); a record whose loss, then batch, was
     altered (differs, saying whether the batch is the same); no record (said so); half the per-device
-    batch (differs by float rounding: the batch is the same, the split is named, the difference measured).
+    batch (differs by float rounding: the batch is the same, the split is named, the difference measured);
+    a rerun of the finished run (nothing to resume, said so).
     """
     output_dir = tmp_path / "run"
     args = [*QUICK, "--mixed_precision", "no"]
@@ -153,7 +157,9 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
                 record["after_checkpoint"][step][alter] = value[:-1] + ("1" if value[-1] != "1" else "2")
             path.write_text(json.dumps(saved))
         result = run_training(output_dir, *args, "--max_steps", str(end), *more)
-        return "\n".join(line for line in result.stdout.splitlines() if line.startswith("resume "))
+        return "\n".join(
+            line for line in result.stdout.splitlines() if line.startswith(("resume ", "finished"))
+        )
 
     session(4)
     assert session(6) == "resume verified: step 5 is bit for bit the uninterrupted run's"
@@ -167,6 +173,7 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
     split = session(14, "--per_device_batch_size", half)
     assert split.startswith("resume differs at step 13: loss "), split
     assert f"(the batch is the same): per-device batch {config.per_device_batch_size} -> {half}" in split
+    assert session(14) == "finished at step 14: nothing to resume"  # a rerun: says why no resume line comes
     assert [s.get("resume") for s in sessions_of(output_dir)] == [
         None,
         "verified",
@@ -174,7 +181,42 @@ def test_each_resume_checks_its_first_step_against_the_record_and_says_what_it_f
         "differs",
         "not recorded",
         "differs",
+        None,
     ]
+
+
+@pytest.mark.slow
+def test_a_version_change_is_measured_and_an_unreadable_history_is_set_aside(tmp_path: Path) -> None:
+    """Another version of a dependency may change the numbers: the resume line measures whether it did.
+    A run folder's history.json with a field of the wrong type is one line, set aside as
+    history.json.unreadable; the run goes on with the checkpoint's sessions, its record naming the loss."""
+    output_dir, path = tmp_path / "run", tmp_path / "run" / HISTORY_FILE
+    args = [*QUICK, "--mixed_precision", "no"]
+
+    def alter(key: str, value: object) -> str:
+        saved = json.loads(path.read_text())
+        saved["sessions"][-1][key] = value
+        path.write_text(json.dumps(saved))
+        return json.dumps(saved)
+
+    run_training(output_dir, *args, "--max_steps", "4")
+    torch_now = sessions_of(output_dir)[0]["versions"]["torch"]
+    alter("versions", {**sessions_of(output_dir)[0]["versions"], "torch": "2.3.1"})
+    changed = run_training(output_dir, *args, "--max_steps", "6").stdout
+    assert f"history: torch 2.3.1 -> {torch_now}: it may change the numbers: the resume line" in changed
+    assert "resume verified: step 5 is bit for bit the uninterrupted run's" in changed
+    broken = alter("end_step", "x")
+    resumed = run_training(output_dir, *args, "--max_steps", "8")
+    line = (
+        f"history: {path} cannot be read (TypeError: a session's end_step is missing or wrong; kept aside as "
+        "history.json.unreadable): this history lacks the sessions only it held"
+    )
+    assert line in resumed.stdout.splitlines() and "Traceback" not in resumed.stderr, resumed.stdout
+    assert "resume verified: step 7 is bit for bit the uninterrupted run's" in resumed.stdout
+    assert (output_dir / f"{HISTORY_FILE}.unreadable").read_text() == broken
+    sessions = sessions_of(output_dir)
+    assert [(s["start_step"], s["end_step"]) for s in sessions] == [(0, 4), (4, 6), (6, 8)]
+    assert sessions[-1]["unreadable"] == line.removeprefix("history: ")
 
 
 def test_a_sample_is_hashed_without_its_padding() -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -37,8 +38,10 @@ from .conftest import (
     sessions_of,
     start_line,
     training_command,
+    wait_for_checkpoint,
     wait_for_training,
 )
+from .task_settings import SIGNAL_RUN
 
 T4 = "Tesla T4, 7.5"
 A100 = "NVIDIA A100-SXM4-80GB, 8.0"
@@ -795,3 +798,42 @@ def test_a_stopped_two_process_run_of_run_local_exits_75_with_its_line(tmp_path:
     else:
         expected = rf"stopped by {stop} at step \d+: checkpoint saved, run the same command to continue"
         assert re.fullmatch(expected, last), output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_leaves_no_orphan_and_the_rerun_ends_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of the process group of NUM_PROCESSES=2 scripts/run_local.sh (a notebook kernel's restart)
+    misses its training processes, each in a session of its own: they notice within seconds, save a
+    checkpoint, release the folder and end; the same run then continues to the end of one never stopped."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = [*SIGNAL_RUN, "--mixed_precision", "no"]
+    output_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            ["bash", "scripts/run_local.sh", *args, "--output_dir", str(output_dir)],
+            cwd=PROJECT,
+            env=two_cpu_processes_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, as a notebook's command or a terminal's job
+        )
+    wait_for_checkpoint(output_dir, process)
+    training = psutil.Process(process.pid).children()
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    _, alive = psutil.wait_procs(training, timeout=60)  # ended (a zombie: ended, its new parent slow to reap)
+    assert all(child.status() == psutil.STATUS_ZOMBIE for child in alive), log.read_text()[-3000:]
+    assert len(training) == 2 and (output_dir / ".lock").read_text() == "", log.read_text()[-3000:]
+    (session,) = sessions_of(output_dir)
+    assert session["ending"] == "stopped by the launcher's death", log.read_text()[-3000:]
+    stopped = session["end_step"]
+    last = log.read_text().splitlines()[-1]
+    assert last.startswith(f"stopped by the launcher's death at step {stopped}: checkpoint saved"), last
+    end = ["--max_steps", str(stopped + 10)]  # 10 steps more: enough to compare
+    resumed = run_training(output_dir, *args, *end, processes=2)
+    assert f"resuming from {output_dir / 'checkpoints' / f'step_{stopped:08d}'}" in resumed.stdout
+    run_training(tmp_path / "reference", *args, *end, processes=2)
+    assert_same_run(output_dir, tmp_path / "reference")

@@ -32,6 +32,7 @@ from .utils.hardware import (
     unsupported_gpu,
     wrong_platform,
 )
+from .utils.packages import declared
 from .utils.signals import EXIT_STOPPED
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
@@ -155,16 +156,11 @@ def missing_dependencies(pyproject: Path) -> list[str]:
     Reads package metadata only: nothing is imported, no CUDA is initialised."""
     from importlib import metadata
 
-    # pip's own copies: nothing else may be installed yet.
+    # pip's own copy: nothing else may be installed yet.
     from pip._vendor.packaging.requirements import Requirement
 
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        from pip._vendor import tomli as tomllib
-
     missing = []
-    for text in tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]:
+    for text in declared(pyproject):
         requirement = Requirement(text)
         if requirement.marker and not requirement.marker.evaluate():
             continue  # for another system

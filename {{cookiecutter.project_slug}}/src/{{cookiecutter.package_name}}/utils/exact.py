@@ -8,11 +8,9 @@ processes and accumulation steps, for the same per-device batch. Dropout and eve
 the step (on the CPU or a GPU) then follow the samples, not the process: 1 process x 2 accumulation and 2
 processes x 1 draw the same masks, and a resumed step draws what the uninterrupted run drew.
 
-`StepDigest` records the first step after a checkpoint (or, when a session ends there, computes it without
-taking it): a hash of each sample as the model receives it, in global order, the loss and the gradient
-norm, as bits. The run's history keeps it; a session resumed from that checkpoint compares its own first
-step with it and says, in one line, whether the resume is bit for bit the uninterrupted run (`verdict`).
-`ResumeCheck` decides which steps the loop records, and keeps the records and verdicts in the history.
+`StepDigest` records the first step after a checkpoint (each sample's hash, the loss and gradient norm, as
+bits); `ResumeCheck` keeps it in the history, and compares a resumed session's first step with it in one
+line (`verdict`; docs/resume.md, "Verified at every resume").
 """
 
 from __future__ import annotations

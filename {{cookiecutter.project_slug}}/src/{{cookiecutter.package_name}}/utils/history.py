@@ -1,45 +1,31 @@
-"""A run's history: one record per session, so that nothing changes silently between sessions.
-
-Each session's record (where and on what it ran, with which split of the batch, which steps it trained and
-why it ended: docs/resume.md, "The run's history") travels inside every checkpoint (`history.json`,
-covered by its checksums and seal); the run folder holds a copy, rewritten atomically at the start of a
-session, at each checkpoint and at its end, which also knows the sessions no checkpoint saw. At a resume
-every difference from the previous session but its platform and host is printed with what it does to the
-numbers; utils/exact.py then checks the first step.
+"""A run's history: one record per session (docs/resume.md, "The run's history"), so that nothing changes
+silently between sessions. It travels inside every checkpoint, sealed with it; the run folder's copy,
+rewritten atomically at a session's start, checkpoints and end, also knows the sessions no checkpoint saw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import platform
+import re
 import socket
 import sys
 import time
 import uuid
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import accelerate
 import torch
 
 from .durable import write_atomically
 from .hardware import detect_platform
+from .packages import declared
 
 HISTORY_FILE = "history.json"
-# The task's libraries whose version is recorded when the task imported them (import name, shown name).
-LIBRARIES = (
-    ("numpy", "numpy"),
-    ("transformers", "transformers"),
-    ("tokenizers", "tokenizers"),
-    ("datasets", "datasets"),
-    ("peft", "peft"),
-    ("timm", "timm"),
-    ("torchvision", "torchvision"),
-    ("torchdata", "torchdata"),
-    ("sklearn", "scikit-learn"),
-    ("PIL", "pillow"),
-)
 Record = dict[str, Any]
 
 
@@ -90,13 +76,17 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
     """This session's History: the sessions before it (from the checkpoint it resumed from, completed by the
     run folder's copy), and its own record. Prints what changed since the previous session and writes the
     run folder's copy (main process)."""
-    enabled = accelerator.is_main_process
+    enabled, current = accelerator.is_main_process, session_record(accelerator, config, state.step)
     sessions: list[Record] = []
+    problems: list[str] = []
     if enabled and resumed_from is not None:
-        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id)
-        sessions = merge(sessions, read_sessions(Path(config.output_dir) / HISTORY_FILE, state.run_id))
-    current = session_record(accelerator, config, state.step, len(sessions) + 1)
+        sessions = read_sessions(resumed_from / HISTORY_FILE, state.run_id, current, problems)
+        folder = Path(config.output_dir) / HISTORY_FILE
+        sessions = merge(sessions, read_sessions(folder, state.run_id, current, problems, set_aside=True))
+    current["session"] = len(sessions) + 1
     history = History(state.run_id, sessions, current, enabled)
+    if problems:  # said, and kept in this session's record
+        history.note("unreadable", f"{'; '.join(problems)}: this history lacks the sessions only it held")
     if enabled and sessions:
         previous = sessions[-1]
         changed = history.changes()
@@ -109,20 +99,17 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
     return history
 
 
-def session_record(accelerator: Any, config: Any, step: int, number: int) -> Record:
+def session_record(accelerator: Any, config: Any, step: int) -> Record:
     """What this session is: where, on what and with which split of the global batch."""
     device = accelerator.device
     name, versions = str(device.type), {"python": platform.python_version(), "torch": torch.__version__}
     if device.type == "cuda":  # and the CUDA torch was built with: its kernels' own version
         name = f"cuda ({torch.cuda.get_device_name(device)})"
         versions["cuda"] = str(torch.version.cuda)
-    versions["accelerate"] = accelerate.__version__
-    for module, shown in LIBRARIES:
-        if module in sys.modules:
-            versions[shown] = str(getattr(sys.modules[module], "__version__", "?"))
+    versions = declared_versions() | versions
     task_file, code_sha256 = code_hashes()
     return {
-        "session": number,
+        "session": 0,  # numbered once the sessions before it are read
         "id": uuid.uuid4().hex[:12],
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # UTC: sorts across time zones
         "start_step": step,
@@ -143,6 +130,20 @@ def session_record(accelerator: Any, config: Any, step: int, number: int) -> Rec
     }
 
 
+def declared_versions() -> dict[str, str]:
+    """The installed versions of pyproject.toml's `dependencies`, read beside src/ (the project may run
+    uninstalled, with PYTHONPATH=src): the same set in every session, whatever a launch imported."""
+    try:
+        requirements = declared(Path(__file__).resolve().parents[3] / "pyproject.toml")
+    except (OSError, AttributeError, ValueError):  # installed and run elsewhere: Python and torch only
+        return {}
+    versions = {}
+    for name in (re.match(r"[\w.-]+", requirement)[0].lower() for requirement in requirements):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    return versions
+
+
 def code_hashes() -> tuple[str, str]:
     """SHA-256 of task.py, and of the whole project's code: the package's .py files and the script run."""
     package = Path(__file__).resolve().parents[1]
@@ -156,14 +157,29 @@ def code_hashes() -> tuple[str, str]:
     return hashlib.sha256((package / "task.py").read_bytes()).hexdigest(), code.hexdigest()
 
 
-def read_sessions(path: Path, run_id: str) -> list[Record]:
-    """The sessions a history file holds for run `run_id` (none if absent, unreadable or another run's)."""
+def read_sessions(
+    path: Path, run_id: str, like: Record, problems: list[str], set_aside: bool = False
+) -> list[Record]:
+    """The sessions a history file holds for run `run_id` (none if absent or another run's). One that cannot
+    be read, or has a record without a field of `like` or of another type, adds its line to `problems`;
+    with `set_aside` (the run folder's copy: a checkpoint's is sealed) it becomes history.json.unreadable."""
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        sessions = saved["sessions"] if saved.get("run") == run_id else []
-        return [record for record in sessions if isinstance(record, dict) and "session" in record]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        sessions = saved["sessions"] if saved["run"] == run_id else []
+        for record in sessions:
+            bad = [key for key, value in like.items() if not isinstance(record.get(key), type(value))]
+            if bad or not isinstance(record.get("after_checkpoint", {}), dict):
+                raise TypeError(f"a session's {', '.join(bad) or 'after_checkpoint'} is missing or wrong")
+        return sessions
+    except FileNotFoundError:
         return []
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        why = f"{type(error).__name__}: {error}"
+    if set_aside:
+        os.replace(path, path.with_name(f"{path.name}.unreadable"))
+        why += f"; kept aside as {path.name}.unreadable"
+    problems.append(f"{path} cannot be read ({why})")
+    return []
 
 
 def merge(sessions: list[Record], folder_copy: list[Record]) -> list[Record]:
@@ -193,14 +209,16 @@ def describe(record: Record) -> str:
     return f"{record.get('platform', '?')}, steps {steps}, {ending}"
 
 
-# What a change of each of these does to the numbers: none keeps the run bitwise.
-ROUNDING = {
-    "device": "other kernels round differently",
-    "mixed_precision": "the arithmetic itself changed",
-    "deterministic": "on a GPU, some sums are then added in an order that varies",
-    "compile": "compiled kernels fuse operations and round differently",
-}
+# What a change of each of these does to the numbers: known to change them, or perhaps (then measured).
 NOT_EXACT = "not bitwise as one uninterrupted run from here on"
+MEASURED = "the resume line measures whether it did"
+ROUNDING = {
+    "device": f"other kernels round differently: {NOT_EXACT}",
+    "mixed_precision": f"the arithmetic itself changed: {NOT_EXACT}",
+    "deterministic": f"on a GPU, other kernels, which may round differently: {MEASURED}",
+    "compile": f"compiled kernels fuse operations and may round differently: {MEASURED}",
+}
+DETERMINISM_OFF = f"on a GPU, some sums are then added in an order that varies: {NOT_EXACT}"
 
 
 def differences(before: Record, now: Record) -> list[str]:
@@ -208,12 +226,13 @@ def differences(before: Record, now: Record) -> list[str]:
     lines = [*_batch_change(before, now)]
     for key, why in ROUNDING.items():
         if before[key] != now[key]:
-            lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}: {NOT_EXACT}")
-    for name in sorted({*before["versions"], *now["versions"]}):
-        old, new = (record["versions"].get(name, "(none)") for record in (before, now))
+            why = DETERMINISM_OFF if key == "deterministic" and not now[key] else why
+            lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}")
+    # The versions both recorded: those of pyproject.toml's dependencies, Python, torch and CUDA.
+    for name in sorted(before["versions"].keys() & now["versions"].keys()):
+        old, new = before["versions"][name], now["versions"][name]
         if old != new:
-            why = f"its code may compute differently: {NOT_EXACT}"
-            why = "no effect by itself" if name == "python" else why
+            why = "no effect by itself" if name == "python" else f"it may change the numbers: {MEASURED}"
             lines.append(f"{name} {old} -> {new}: {why}")
     if before["task_sha256"] != now["task_sha256"]:
         lines.append(

@@ -309,6 +309,8 @@ def done(
     """Training is done: the last train loss, the last evaluation (unless that step had one), the exports."""
     accelerator, config, state = book.accelerator, book.config, book.state
     output_dir = Path(config.output_dir)
+    if book.check.verify_at == state.step:  # resumed at the end: no first step to verify
+        accelerator.print(f"finished at step {state.step}: nothing to resume")
     if book.loss.batches:  # the last, partial logging interval
         loss_total = book.loss.total()[0]
         if not math.isfinite(loss_total):

@@ -4,6 +4,8 @@ the run."""
 from __future__ import annotations
 
 import importlib
+import re
+from pathlib import Path
 from types import ModuleType
 
 
@@ -19,3 +21,11 @@ def require(module: str, requirement: str) -> ModuleType:
             f"this task needs {requirement}, which is not installed: pip install -e . (pyproject.toml lists "
             f"it; the launchers in scripts/ install it), or pip install '{requirement}'"
         ) from None
+
+
+def declared(pyproject: Path) -> list[str]:
+    """pyproject.toml's `dependencies`, read without tomllib (Python 3.10 has none) or anything installed:
+    the array's strings up to its closing bracket, comments skipped."""
+    text = pyproject.read_text(encoding="utf-8")
+    tokens = re.findall(r'"[^"]*"|#.*|\]', text[re.search(r"^dependencies = \[", text, re.M).end() :])
+    return [token.strip('"') for token in tokens[: tokens.index("]")] if token[0] == '"']

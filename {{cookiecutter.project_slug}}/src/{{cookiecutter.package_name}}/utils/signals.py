@@ -1,10 +1,11 @@
-"""Turn SIGTERM, SIGINT and SIGUSR1 into a request to stop cleanly.
+"""Turn SIGTERM, SIGINT and SIGUSR1, or the death of the launcher, into a request to stop cleanly.
 
 The handler only records the request; the training loop acts on it at the next point where all
 processes meet, so every rank finishes the same optimizer step, saves the same checkpoint and exits.
 Colab and Kaggle give no warning before they stop a session; SLURM and the launchers do, with these
 signals (SLURM: `--signal=USR1@300`; `accelerate launch`/torchrun forward SIGTERM and SIGINT to every
-process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE).
+process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE). Their processes, each in a session of its
+own, outlive a kill -9 of the launcher's group (a notebook kernel's restart): each stops once it is gone.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -29,13 +31,15 @@ EXIT_STOPPED = 75
 SAME_PRESS_S = 1.0
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+LAUNCHER_CHECK_S = 1.0
+LAUNCHER_DIED = "the launcher's death"
 
 
 class StopRequest:
-    """Set by the first stop signal; later ones are noted and ignored, so a save in progress finishes."""
+    """Set by the first stop signal (or the launcher's death); later ones are ignored, so a save finishes."""
 
     def __init__(self) -> None:
-        self.signal_name: str | None = None
+        self._name: str | None = None
         self._first_at = 0.0
         # DataLoader workers are forked with this handler and ignore stop signals only once started
         # (ignore_stop_signals); until then it must do nothing in them.
@@ -45,6 +49,16 @@ class StopRequest:
         self._announce = main_process_of_launch()
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
+        # Started by torch's launcher (accelerate launch, torchrun): it is the parent.
+        self._launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+        if self._launcher is not None:
+            threading.Thread(target=self._watch, name="launcher", daemon=True).start()
+
+    @property
+    def signal_name(self) -> str | None:
+        """The first stop signal's name, or LAUNCHER_DIED: checked as each process votes, so all name it."""
+        self._check_launcher()
+        return self._name
 
     def __bool__(self) -> bool:
         return self.signal_name is not None
@@ -53,13 +67,36 @@ class StopRequest:
         if os.getpid() != self._pid:
             return
         name = signal.Signals(signum).name
-        if self.signal_name is None:
-            self.signal_name, self._first_at = name, time.monotonic()
+        if self._name is None:
+            self._name, self._first_at = name, time.monotonic()
             message = f"{name} received: finishing the current step, then saving a checkpoint"
-        elif name == self.signal_name and time.monotonic() - self._first_at < SAME_PRESS_S:
+        elif name == self._name and time.monotonic() - self._first_at < SAME_PRESS_S:
             return  # one press that reached training twice (see SAME_PRESS_S)
         else:
             message = f"{name} received again: already stopping (kill -9 is safe too)"
+        self._say(message)
+
+    def _watch(self) -> None:
+        while self._launcher is not None:
+            time.sleep(LAUNCHER_CHECK_S)
+            self._check_launcher()
+
+    def _check_launcher(self) -> None:
+        """Once the launcher is gone (another process adopted this one, on Linux and macOS): a stop, and the
+        output to its terminal or pipe, whose reader died with it (a write would fail), to /dev/null."""
+        launcher = self._launcher
+        if launcher is None or os.getppid() == launcher:
+            return
+        self._launcher = None
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.dup2(devnull, fd)
+        if self._name is None:
+            self._name = LAUNCHER_DIED
+            self._say(f"the launcher (pid {launcher}) is gone: finishing the step, then saving a checkpoint")
+
+    def _say(self, message: str) -> None:
         if self._announce:
             # Straight to the file descriptor: the signal may land while the main thread is inside a write
             # to sys.stderr (a progress bar, or a tracker that captures the console, like wandb), and a
