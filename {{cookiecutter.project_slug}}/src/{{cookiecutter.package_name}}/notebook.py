@@ -39,8 +39,16 @@ def run_training(platform: str, *args: str) -> int:
     command = ["bash", f"scripts/run_{platform}.sh", *args]
     print(f"$ {shlex.join(command)}", flush=True)
     # Its own output pipe, read in chunks: lines appear as training writes them, unbuffered.
+    # Training's own progress bar, relayed: the cell redraws it in place. Not in a Kaggle commit (its log
+    # would keep every frame).
+    bar = str(int(os.environ.get("KAGGLE_KERNEL_RUN_TYPE") != "Batch"))
     process = subprocess.Popen(
-        command, cwd=PROJECT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        command,
+        cwd=PROJECT,
+        env={**os.environ, "PROGRESS_BAR": bar},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     interrupts, said = 0, 0
@@ -92,6 +100,17 @@ def show_metrics(run: str | Path, lines: int = 5) -> None:
         print(f"{model}: {files}")
     else:
         print(f"{model}: not exported yet (training exports at its end and when it stops for time)")
+
+
+def show_curves(run: str | Path) -> None:
+    """The run's curves.png (train loss and eval metrics, drawn when a session ends), or a line why not."""
+    path = Path(run) / "curves.png"
+    if not path.is_file():
+        print(f"no curves yet: {path} is drawn when a training session ends")
+        return
+    from IPython.display import Image, display  # the kernel's own
+
+    display(Image(filename=str(path)))
 
 
 def show_predictions(run: str | Path, rows: int = 5) -> None:

@@ -27,6 +27,7 @@ from ..launch import report_outcome
 from .checkpoint import LoopState, export_model
 from .compile_cache import cache_files
 from .config import TrainConfig
+from .curves import save_curves
 from .exact import ResumeCheck
 from .history import HISTORY_FILE, History
 from .persist import Persister
@@ -264,17 +265,22 @@ def finish(
     """Raise if training diverged; False if a signal or the clock stopped it (having left what a session
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
+    book.progress.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
         raise RunError(diverged_message(book.end.diverged, config, book.last_saved))
-    if book.end.stopping or book.end.out_of_time:
-        return stopped(book, model)
-    done(book, model, forward, eval_loader, scheduler)
-    return True
+    finished = not (book.end.stopping or book.end.out_of_time)
+    if finished:
+        done(book, model, forward, eval_loader, scheduler)
+    else:
+        stopped(book, model)
+    if book.accelerator.is_main_process:  # once, after the session's last evaluation
+        save_curves(config.output_dir, config.best_metric, state.best_step)
+    return finished
 
 
-def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
+def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:
     """A signal (the checkpoint only) or the clock (model/ too) stopped the session."""
     accelerator, config, state = book.accelerator, book.config, book.state
     output_dir = Path(config.output_dir)
@@ -285,7 +291,7 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
             f"stopped by {book.end.stop_request.signal_name or 'another process'} at step {state.step}: "
             "checkpoint saved, run the same command to continue"
         )
-        return False
+        return
     metrics = book.metrics  # leave what a session that ends now should leave, without an evaluation
     info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
     export_model(accelerator, model, config, output_dir / "model", info)
@@ -293,7 +299,6 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
         print(f"exported {output_dir / 'model'} (step {state.step})")
         print(f"stopped for time; run again to continue: step {state.step}, {book.clock.stop_note()}")
         report_outcome("stopped", book.progress.start_step, state.step)  # a SLURM launcher requeues
-    return False
 
 
 def done(
