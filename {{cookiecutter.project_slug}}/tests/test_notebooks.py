@@ -13,7 +13,7 @@ import nbformat
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.notebook import run_training, show_curves, show_metrics, show_predictions
+from {{ cookiecutter.package_name }}.notebook import run_training, show_metrics, show_predictions
 
 from .conftest import PROJECT
 
@@ -108,21 +108,20 @@ def test_a_stop_returns_and_the_result_cells_show_what_the_run_has(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SKIP_INSTALL", "1")
     run = tmp_path / "run"
-    show_metrics(run), show_predictions(run), show_curves(run)
+    show_metrics(run), show_predictions(run)
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 3 and lines[0].startswith("nothing yet: ")
+    assert len(lines) == 2 and lines[0].startswith("nothing yet: ")
     assert lines[1].startswith(f"no predictions yet: {run / 'model'} is exported when training ends")
-    assert lines[2] == f"no curves yet: {run / 'curves.png'} is drawn when a training session ends"
 
     budget = ["--time_budget", "0.001s", "--log_every", "3", "--max_steps", "60"]
     assert run_training("local", "--output_dir", str(run), *budget) == 75
     relayed = capsys.readouterr().out
     assert "training stopped (exit 75): run this cell again to continue" in relayed
     assert re.search(r"\rtrain: +\d+%\|", relayed), relayed  # training's own bar, redrawn in the cell
-    assert (run / "curves.png").stat().st_size > 0  # drawn at the session's end, also a stopped one
     export = json.loads((run / "model" / "export.json").read_text())
-    show_metrics(run)
-    assert f"{run / 'model'}: " in capsys.readouterr().out
+    show_metrics(run)  # with curves.png, drawn when the stopped session ended (displayed: its repr here)
+    shown = capsys.readouterr().out
+    assert f"{run / 'model'}: " in shown and "IPython.core.display.Image object" in shown, shown
     show_predictions(run)
     shown = capsys.readouterr().out
     assert f"the model of step {export['step']}, first rows of {run / 'predictions.csv'}:" in shown, shown

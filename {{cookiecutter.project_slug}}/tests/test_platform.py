@@ -111,12 +111,12 @@ def test_no_nvidia_smi_means_cpu(clean_env: pytest.MonkeyPatch, tmp_path: Path) 
 def test_a_gpu_is_refused_where_this_pytorch_has_no_kernels_for_it(
     arch_list: list[str], gpu: tuple[int, int], refused: bool
 ) -> None:
-    problem = hardware.unsupported_gpu([Gpu("Tesla P100-PCIE-16GB", gpu)], arch_list, "kaggle")
+    problem = hardware.unsupported_gpu([Gpu("Tesla P100-PCIE-16GB", gpu)], arch_list)
     assert (problem is not None) == refused
     if refused:
         assert problem.startswith(f"Tesla P100-PCIE-16GB (compute {gpu[0]}.{gpu[1]}) has no kernels in this")
-        assert f"a PyTorch build with sm_{gpu[0]}{gpu[1]}" in problem and "GPU T4 x2" in problem, problem
-    assert hardware.unsupported_gpu([], [], "local") is None  # no GPU: nothing to refuse
+        assert f"install one with sm_{gpu[0]}{gpu[1]}" in problem and "GPU T4 x2" in problem, problem
+    assert hardware.unsupported_gpu([], []) is None  # no GPU: nothing to refuse
 
 
 @pytest.mark.parametrize(("torch_new_enough", "precision"), [(True, "fp16"), (False, "no")])

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from {{ cookiecutter.package_name }}.utils import progress as progress_module
-from {{ cookiecutter.package_name }}.utils.curves import curves_figure
 from {{ cookiecutter.package_name }}.utils.progress import Progress
+from {{ cookiecutter.package_name }}.utils.tracking import curves_figure
 
 
 class Clock:

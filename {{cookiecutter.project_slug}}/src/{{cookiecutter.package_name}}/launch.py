@@ -61,8 +61,6 @@ def check_platform(platform: str) -> str:
 
 
 def gpus_here() -> tuple[list[Gpu], str]:
-    """The GPUs, from nvidia-smi. Whether this PyTorch has kernels for them, train.py asks it
-    (hardware.unsupported_gpu): here torch may not be installed yet."""
     gpus, why_none = query_gpus()
     if not gpus:
         return gpus, f"GPUs: none ({why_none}): CPU only"

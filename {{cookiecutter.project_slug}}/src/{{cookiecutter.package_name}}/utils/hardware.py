@@ -106,32 +106,23 @@ def query_gpus() -> tuple[list[Gpu], str]:
     return gpus, "" if gpus else "nvidia-smi lists none"
 
 
-# The way out where this PyTorch has no kernels for the GPU, after "install a PyTorch build for it".
-GPU_HINTS = {
-    "local": "train on the CPU: CUDA_VISIBLE_DEVICES= scripts/run_local.sh",
-    "colab": "pick another GPU: Runtime > Change runtime type > T4 GPU (or better)",
-    "kaggle": "in the notebook pick Settings > Accelerator > GPU T4 x2",
-    "slurm": "ask for another GPU type (e.g. sbatch --gpus-per-node=a100:1 or --constraint)",
-}
-
-
-def unsupported_gpu(gpus: list[Gpu], arch_list: list[str], platform: str) -> str | None:
+def unsupported_gpu(gpus: list[Gpu], arch_list: list[str]) -> str | None:
     """Why this PyTorch cannot train on one of `gpus`: its build (`arch_list`, torch.cuda.get_arch_list())
     has no kernels for the GPU. Kaggle's P100 (6.0) needs sm_60, which the CUDA 12.8 builds dropped."""
     for gpu in gpus:
         if not any(has_kernels(arch, gpu.compute_capability) for arch in arch_list):
             major, minor = gpu.compute_capability
             return (
-                f"{gpu} has no kernels in this PyTorch build ({' '.join(arch_list) or 'none'}), so "
-                "training would fail with 'no kernel image is available': install a PyTorch build with "
-                f"sm_{major}{minor} (the CUDA 12.6 builds have sm_60), or {GPU_HINTS[platform]}"
+                f"{gpu} has no kernels in this PyTorch build ({' '.join(arch_list) or 'none'}): install one "
+                f"with sm_{major}{minor} (the CUDA 12.6 builds have sm_60), or use another GPU (on Kaggle: "
+                "Settings > Accelerator > GPU T4 x2)"
             )
     return None
 
 
 def has_kernels(arch: str, capability: tuple[int, int]) -> bool:
-    """Whether torch's `arch` (sm_75, sm_90a, compute_90) runs on a GPU of `capability`: a kernel built for
-    sm_XY on compute X.Y to X.9; PTX (compute_XY), compiled when it loads, on X.Y and newer."""
+    """Whether torch's `arch` runs on `capability`: sm_XY (sm_90a too) on X.Y to X.9, PTX (compute_XY) on
+    X.Y and newer."""
     kind, _, number = arch.rstrip("abf").partition("_")
     built = (int(number[:-1]), int(number[-1]))
     return built <= capability and (kind == "compute" or built[0] == capability[0])
@@ -225,17 +216,14 @@ def launch_problem(num_processes: int) -> str | None:
 
 
 def resolve_mixed_precision(choice: str) -> tuple[str, str]:
-    """Turn the config's `mixed_precision` into what Accelerate should use here, and say why; raise a
-    RunError where this PyTorch has no kernels for the GPU (`unsupported_gpu`).
-
-    fp16 asked for on a CPU would silently run in fp32, so it is turned off with a warning instead; on
-    Apple's MPS it runs where Accelerate supports it (torch 2.5 and newer).
-    """
+    """Turn the config's `mixed_precision` into what Accelerate should use here, and say why; a RunError
+    where this PyTorch has no kernels for the GPU. fp16 asked for on a CPU would silently run in fp32, so it
+    is turned off with a warning instead; on Apple's MPS it runs from torch 2.5 (Accelerate's floor)."""
     import torch
     from accelerate.utils import is_torch_version
 
     gpus = query_gpus()[0] if torch.cuda.is_available() and not cpu_forced() else []
-    if problem := unsupported_gpu(gpus, torch.cuda.get_arch_list(), detect_platform()):
+    if problem := unsupported_gpu(gpus, torch.cuda.get_arch_list()):
         from .run_dir import RunError
 
         raise RunError(problem)
@@ -243,12 +231,11 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
         precision, why = precision_for(gpus)
         return precision, f"auto: {why}"
     if choice == "fp16" and not gpus:
-        mps = torch.backends.mps.is_available() and not cpu_forced()
-        if mps and is_torch_version(">=", "2.5"):
+        where = "MPS" if torch.backends.mps.is_available() and not cpu_forced() else "the CPU"
+        if where == "MPS" and is_torch_version(">=", "2.5"):
             return choice, "as configured, on MPS"
-        where = "on MPS (fp16 there needs torch >= 2.5)" if mps else "on the CPU"
-        warnings.warn(f"mixed_precision=fp16 needs a GPU; running in fp32 {where}", stacklevel=2)
-        return "no", f"fp16 needs a GPU{' or MPS with torch >= 2.5' if mps else ''}"
+        warnings.warn(f"mixed_precision=fp16 needs a GPU; running in fp32 on {where}", stacklevel=2)
+        return "no", f"fp16 needs a GPU{' or torch >= 2.5 on MPS' * (where == 'MPS')}"
     return choice, "as configured"
 
 

@@ -27,7 +27,6 @@ from ..launch import report_outcome
 from .checkpoint import LoopState, export_model
 from .compile_cache import cache_files
 from .config import TrainConfig
-from .curves import save_curves
 from .exact import ResumeCheck
 from .history import HISTORY_FILE, History
 from .persist import Persister
@@ -36,7 +35,7 @@ from .run_dir import RunError
 from .signals import StopRequest
 from .task_check import TaskModel
 from .timing import SessionClock
-from .tracking import metrics_size
+from .tracking import metrics_size, save_curves
 
 
 class Bookkeeping:
@@ -270,14 +269,13 @@ def finish(
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
         raise RunError(diverged_message(book.end.diverged, config, book.last_saved))
-    finished = not (book.end.stopping or book.end.out_of_time)
-    if finished:
-        done(book, model, forward, eval_loader, scheduler)
-    else:
+    if book.end.stopping or book.end.out_of_time:
         stopped(book, model)
+    else:
+        done(book, model, forward, eval_loader, scheduler)
     if book.accelerator.is_main_process:  # once, after the session's last evaluation
         save_curves(config.output_dir, config.best_metric, state.best_step)
-    return finished
+    return not (book.end.stopping or book.end.out_of_time)
 
 
 def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:

@@ -1,9 +1,7 @@
-"""Training progress, drawn where a person watches it and written as a plain line where output is kept.
-
-A live tqdm bar from the first step on an interactive terminal (stdout a tty), and in a notebook cell that
-relays the run (BAR_VARIABLE, set by notebook.run_training). Anywhere else (a file, a SLURM .out, a Kaggle
-commit log, CI, a pipe) a plain line now and then: every redraw of a bar would land there as another
-carriage-return frame. Both show the same parts (`parts`). Only the main process shows progress.
+"""Training progress: a live tqdm bar from the first step where a person watches (stdout a terminal, or a
+notebook cell that relays the run: PROGRESS_BAR=1), else a plain line now and then, since in a file, a
+SLURM .out, a Kaggle commit log or CI every redraw of a bar would land as another carriage-return frame.
+Both show the same parts (`parts`). Only the main process shows progress.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from .timing import format_duration
 # 12-hour SLURM job logs about 1,400 lines this way; a 10-second laptop run one or two.
 FIRST_LINE_AFTER_S = 5.0
 LINE_EVERY_S = 30.0
-BAR_VARIABLE = "PROGRESS_BAR"  # "1": draw the bar although stdout is a pipe (a notebook's relay)
 
 
 class Progress:
@@ -28,10 +25,10 @@ class Progress:
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self.total, self.step, self.enabled = total, initial, enabled
         self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
-        self.started = self.last_line = time.monotonic()
+        self.started = time.monotonic()
         self.next_line = self.started + FIRST_LINE_AFTER_S
         self.bar: Any = None
-        if enabled and (sys.stdout.isatty() or os.environ.get(BAR_VARIABLE) == "1"):
+        if enabled and (sys.stdout.isatty() or os.environ.get("PROGRESS_BAR") == "1"):
             from tqdm import tqdm  # only where a bar is drawn
 
             self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", file=sys.stdout)
