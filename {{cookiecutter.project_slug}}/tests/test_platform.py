@@ -106,6 +106,7 @@ def test_no_nvidia_smi_means_cpu(clean_env: pytest.MonkeyPatch, tmp_path: Path) 
         (["sm_80", "sm_90a"], (10, 0), True),  # nor on another major
         (["sm_80", "compute_90"], (10, 0), False),  # PTX is compiled for newer GPUs
         ([], (7, 5), True),
+        (["gfx90a"], (9, 0), True),  # ROCm's names
     ],
 )
 def test_a_gpu_is_refused_where_this_pytorch_has_no_kernels_for_it(

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from itertools import islice
 from pathlib import Path
+from subprocess import DEVNULL, PIPE, STDOUT
 
 from .utils.signals import EXIT_STOPPED
 
@@ -35,14 +36,9 @@ def run_training(platform: str, *args: str) -> int:
     print(f"$ {shlex.join(command)}", flush=True)
     # Its own output pipe, read in chunks: lines appear as training writes them, unbuffered, and its
     # progress bar is redrawn in place (not in a Kaggle commit, whose log would keep every frame).
-    bar = str(int(os.environ.get("KAGGLE_KERNEL_RUN_TYPE") != "Batch"))
+    bar = {"PROGRESS_BAR": str(int(os.environ.get("KAGGLE_KERNEL_RUN_TYPE") != "Batch"))}
     process = subprocess.Popen(
-        command,
-        cwd=PROJECT,
-        env={**os.environ, "PROGRESS_BAR": bar},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        command, cwd=PROJECT, env=os.environ | bar, stdin=DEVNULL, stdout=PIPE, stderr=STDOUT
     )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     interrupts, said = 0, 0

@@ -124,6 +124,8 @@ def has_kernels(arch: str, capability: tuple[int, int]) -> bool:
     """Whether torch's `arch` runs on `capability`: sm_XY (sm_90a too) on X.Y to X.9, PTX (compute_XY) on
     X.Y and newer."""
     kind, _, number = arch.rstrip("abf").partition("_")
+    if not number.isdigit():  # not CUDA's (ROCm's gfx90a)
+        return False
     built = (int(number[:-1]), int(number[-1]))
     return built <= capability and (kind == "compute" or built[0] == capability[0])
 

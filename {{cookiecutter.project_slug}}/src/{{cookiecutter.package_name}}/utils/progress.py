@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
 
 from .timing import format_duration
 
@@ -27,7 +26,7 @@ class Progress:
         self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
         self.started = time.monotonic()
         self.next_line = self.started + FIRST_LINE_AFTER_S
-        self.bar: Any = None
+        self.bar = None
         if enabled and (sys.stdout.isatty() or os.environ.get("PROGRESS_BAR") == "1"):
             from tqdm import tqdm  # only where a bar is drawn
 

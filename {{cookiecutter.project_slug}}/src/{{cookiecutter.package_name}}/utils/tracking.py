@@ -109,8 +109,7 @@ def save_curves(output_dir: str | Path, best_metric: str, best_step: int | None)
     path = Path(output_dir) / "curves.png"
     try:
         if figure := curves_figure(logged_rows(output_dir), best_metric, best_step):
-            png = io.BytesIO()
-            figure.savefig(png, format="png", dpi=80)
+            figure.savefig(png := io.BytesIO(), format="png", dpi=80)
             write_atomically(path, png.getvalue(), durable=False)  # a kill leaves the last picture whole
     except Exception as error:
         print(f"WARNING: {path} not drawn: {type(error).__name__}: {error}", flush=True)
