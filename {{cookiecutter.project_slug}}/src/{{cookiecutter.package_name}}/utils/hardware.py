@@ -236,8 +236,9 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
         where = "MPS" if torch.backends.mps.is_available() and not cpu_forced() else "the CPU"
         if where == "MPS" and is_torch_version(">=", "2.5"):
             return choice, "as configured, on MPS"
-        warnings.warn(f"mixed_precision=fp16 needs a GPU; running in fp32 on {where}", stacklevel=2)
-        return "no", f"fp16 needs a GPU{' or torch >= 2.5 on MPS' * (where == 'MPS')}"
+        warning = f"mixed_precision=fp16 needs a GPU, or MPS with torch >= 2.5; running in fp32 on {where}"
+        warnings.warn(warning, stacklevel=2)
+        return "no", "fp16 needs a GPU"
     return choice, "as configured"
 
 
