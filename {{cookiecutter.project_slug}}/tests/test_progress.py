@@ -9,12 +9,13 @@ import re
 import select
 import struct
 import sys
+from pathlib import Path
 
 import pytest
 
 from {{ cookiecutter.package_name }}.utils import progress as progress_module
 from {{ cookiecutter.package_name }}.utils.progress import Progress
-from {{ cookiecutter.package_name }}.utils.tracking import curves_figure
+from {{ cookiecutter.package_name }}.utils.tracking import curves_figure, save_curves
 
 
 class Clock:
@@ -144,6 +145,17 @@ def test_the_curves_have_a_line_per_metric_and_the_best_evaluation_marked() -> N
     assert [list(data) for data in accuracy] == [[20, 40], [0.7, 0.9]]
     assert best == "best (step 40)" and list(x) == [40] and list(y) == [0.9]
     assert curves_figure([(5, {})], "eval/loss", None) is None  # nothing logged: nothing drawn
+
+
+def test_a_failure_to_draw_the_curves_is_a_warning_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 10, "train/loss": 2.0}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as where matplotlib is not installed
+    save_curves(tmp_path, "eval/loss", None)
+    warning = f"WARNING: {tmp_path / 'curves.png'} not drawn: ModuleNotFoundError: "
+    assert capsys.readouterr().out.startswith(warning)
+    assert list(tmp_path.iterdir()) == [tmp_path / "metrics.jsonl"]
 
 
 @pytest.mark.slow  # trains (single_run)
