@@ -275,8 +275,7 @@ def finish(
         done(book, model, forward, eval_loader, scheduler)
     if book.accelerator.is_main_process:  # once, after the session's last evaluation
         save_curves(config.output_dir, config.best_metric, state.best_step)
-    # Together again: a launcher ends the other processes when one exits first with 75 (stopped).
-    book.accelerator.wait_for_everyone()
+    book.accelerator.wait_for_everyone()  # a launcher ends the others when one exits first with 75
     return not (book.end.stopping or book.end.out_of_time)
 
 
