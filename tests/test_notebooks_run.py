@@ -329,6 +329,9 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
         assert session.ran(cell) and session.error(cell) is None, (cell, session.output(cell))
     results = session.output("results")
     assert f'"step": {STOP_STEP}' in results and "model: not exported yet" in results, results
+    # Training's own bar, redrawn in the cell; after the stop, the results cell shows curves.png.
+    assert re.search(r"\rtrain: +\d+%\|", output), output
+    assert any("image/png" in shown.get("data", {}) for shown in session.cell("results").outputs), results
     predicted = session.output("predict").strip()
     model = output_dir(render(), platform) / "model"
     assert predicted.startswith(f"no predictions yet: {model} is exported when training ends"), predicted

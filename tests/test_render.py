@@ -257,7 +257,7 @@ TASK_PACKAGES = {
 }
 OPTIONAL_PACKAGES = set().union(*TASK_PACKAGES.values())
 # What every render depends on, whatever its options.
-SHARED_PACKAGES = {"torch", "accelerate", "safetensors", "pyyaml", "tqdm", "xxhash"}
+SHARED_PACKAGES = {"torch", "accelerate", "safetensors", "pyyaml", "tqdm", "xxhash", "matplotlib"}
 
 
 def test_every_preset_is_described_here() -> None:

@@ -6,6 +6,7 @@ The template's own tests (tests/test_notebooks_run.py there) execute both notebo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -114,10 +115,13 @@ def test_a_stop_returns_and_the_result_cells_show_what_the_run_has(
 
     budget = ["--time_budget", "0.001s", "--log_every", "3", "--max_steps", "60"]
     assert run_training("local", "--output_dir", str(run), *budget) == 75
-    assert "training stopped (exit 75): run this cell again to continue" in capsys.readouterr().out
+    relayed = capsys.readouterr().out
+    assert "training stopped (exit 75): run this cell again to continue" in relayed
+    assert re.search(r"\rtrain: +\d+%\|", relayed), relayed  # training's own bar, redrawn in the cell
     export = json.loads((run / "model" / "export.json").read_text())
-    show_metrics(run)
-    assert f"{run / 'model'}: " in capsys.readouterr().out
+    show_metrics(run)  # with curves.png, drawn when the stopped session ended (displayed: its repr here)
+    shown = capsys.readouterr().out
+    assert f"{run / 'model'}: " in shown and "IPython.core.display.Image object" in shown, shown
     show_predictions(run)
     shown = capsys.readouterr().out
     assert f"the model of step {export['step']}, first rows of {run / 'predictions.csv'}:" in shown, shown

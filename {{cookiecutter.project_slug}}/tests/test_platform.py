@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -92,6 +93,64 @@ def test_no_nvidia_smi_means_cpu(clean_env: pytest.MonkeyPatch, tmp_path: Path) 
     clean_env.setenv("PATH", str(tmp_path))  # nothing there
     assert query_gpus()[0] == []
     assert precision_for([])[0] == "no"
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "gpu", "refused"),
+    [
+        (["sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], (6, 0), False),  # a CUDA 12.6 build: P100
+        (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (6, 0), True),  # CUDA 12.8: no sm_60
+        (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], (7, 5), False),  # its T4
+        (["sm_80"], (8, 6), False),  # sm_80 kernels run on 8.6 (same major, newer minor)
+        (["sm_86"], (8, 0), True),  # but not on an older minor
+        (["sm_80", "sm_90a"], (10, 0), True),  # nor on another major
+        (["sm_80", "compute_90"], (10, 0), False),  # PTX is compiled for newer GPUs
+        ([], (7, 5), True),
+        (["gfx90a"], (9, 0), True),  # ROCm's names
+    ],
+)
+def test_a_gpu_is_refused_where_this_pytorch_has_no_kernels_for_it(
+    arch_list: list[str], gpu: tuple[int, int], refused: bool
+) -> None:
+    problem = hardware.unsupported_gpu([Gpu("Tesla P100-PCIE-16GB", gpu)], arch_list)
+    assert (problem is not None) == refused
+    if refused:
+        assert problem.startswith(f"Tesla P100-PCIE-16GB (compute {gpu[0]}.{gpu[1]}) has no kernels in this")
+        assert f"install one with sm_{gpu[0]}{gpu[1]}" in problem and "GPU T4 x2" in problem, problem
+    assert hardware.unsupported_gpu([], []) is None  # no GPU: nothing to refuse
+
+
+@pytest.mark.parametrize(("torch_new_enough", "precision"), [(True, "fp16"), (False, "no")])
+def test_fp16_runs_on_mps_where_accelerate_supports_it(
+    clean_env: pytest.MonkeyPatch, torch_new_enough: bool, precision: str
+) -> None:
+    clean_env.delenv("ACCELERATE_USE_CPU", raising=False)
+    clean_env.setattr(torch.backends.mps, "is_available", lambda: True)
+    clean_env.setattr(torch.cuda, "is_available", lambda: False)
+    clean_env.setattr(accelerate.utils, "is_torch_version", lambda operation, version: torch_new_enough)
+    with pytest.warns(UserWarning, match="on MPS") if precision == "no" else contextlib.nullcontext():
+        assert hardware.resolve_mixed_precision("fp16")[0] == precision
+    clean_env.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="running in fp32 on the CPU"):
+        assert hardware.resolve_mixed_precision("fp16") == ("no", "fp16 needs a GPU")
+
+
+@pytest.mark.parametrize("entry", ["train.py", "predict.py", "-m {{ cookiecutter.package_name }}.launch"])
+def test_native_windows_is_refused_in_one_line_before_anything_loads(entry: str) -> None:
+    """Each entry point run as Python runs it, with sys.platform as on Windows: exit 2, one line, no
+    traceback (the package's __init__ refuses, before torch or fcntl load)."""
+    module = entry.removeprefix("-m ")
+    run = f"run_module('{module}'" if module != entry else f"run_path('{entry}'"
+    code = f"import runpy, sys; sys.platform = 'win32'; runpy.{run}, run_name='__main__')"
+    env = {**os.environ, "PYTHONPATH": "src"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2, result
+    assert (
+        result.stderr == "native Windows is not supported: run this project under WSL (docs/platforms.md)\n"
+    )
+    assert result.stdout == ""
 
 
 @pytest.mark.parametrize(("use_cpu", "hidden"), [("1", True), ("true", True), ("0", False), (None, False)])

@@ -1,13 +1,21 @@
-"""Progress output: plain lines at intervals, from the main process only."""
+"""Progress output: a live bar on a terminal (a real pseudo-terminal here), plain lines at intervals
+everywhere else, from the main process only; and the picture of the curves drawn at a session's end."""
 
 from __future__ import annotations
 
+import io
+import os
 import re
+import select
+import struct
+import sys
+from pathlib import Path
 
 import pytest
 
 from {{ cookiecutter.package_name }}.utils import progress as progress_module
 from {{ cookiecutter.package_name }}.utils.progress import Progress
+from {{ cookiecutter.package_name }}.utils.tracking import curves_figure, save_curves
 
 
 class Clock:
@@ -75,3 +83,86 @@ def test_processes_other_than_the_main_one_print_nothing(
         progress.update()
     progress.write("checkpoint: step 5 saved")
     assert capsys.readouterr() == ("", "")
+
+
+def read_to_the_end(leader: int) -> str:
+    """All that was written to a pseudo-terminal whose follower is closed: the kernel hands a pty's output
+    to the leader in the background, so one read may get the first frame only; EIO says it all came."""
+    chunks = []
+    while select.select([leader], [], [], 10)[0]:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return b"".join(chunks).decode()
+
+
+def test_on_a_terminal_a_live_bar_shows_from_the_first_step_and_events_print_above_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """stdout is a real pseudo-terminal (os.openpty, 100 columns): tqdm draws its bar with carriage returns
+    before the first step is done, with the same parts as the plain line (the loss), and the event line."""
+    fcntl = pytest.importorskip("fcntl", reason="pseudo-terminals are POSIX only")
+    termios = pytest.importorskip("termios", reason="pseudo-terminals are POSIX only")
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    terminal = io.TextIOWrapper(os.fdopen(follower, "wb", buffering=0), write_through=True)
+    monkeypatch.setattr(sys, "stdout", terminal)
+    progress = Progress(total=3, initial=0, enabled=True)
+    progress.loss = 1.5
+    for _ in range(3):
+        progress.update()
+    progress.write("checkpoint: step 3 saved")
+    progress.close()
+    terminal.close()
+    drawn = read_to_the_end(leader)
+    assert drawn.startswith("\rtrain:   0%|") and "0/3" in drawn, drawn  # before the first step
+    assert "3/3" in drawn and "loss 1.5000" in drawn and "checkpoint: step 3 saved\r\n" in drawn, drawn
+
+
+def test_the_curves_have_a_line_per_metric_and_the_best_evaluation_marked() -> None:
+    rows = [
+        (10, {"train/loss": 2.0, "train/lr": 0.1}),
+        (20, {"train/loss": 1.0, "train/lr": 0.1}),
+        (20, {"eval/loss": 0.9, "eval/accuracy": 0.7}),
+        (40, {"eval/loss": 0.5, "eval/accuracy": 0.9}),
+        (40, {}),  # a filler row (tracking.truncate_metrics)
+    ]
+    panels = curves_figure(rows, "eval/accuracy", 40).axes
+    assert [axes.get_title() for axes in panels] == ["train/loss", "eval/loss", "eval/accuracy"]
+    lines = {
+        axes.get_title(): [(line.get_label(), *line.get_data()) for line in axes.lines] for axes in panels
+    }
+    assert [(name, list(x), list(y)) for name, x, y in lines["train/loss"]] == [
+        ("train/loss", [10, 20], [2.0, 1.0])
+    ]
+    assert len(lines["eval/loss"]) == 1  # no marker where the best is not this metric's
+    (_, *accuracy), (best, x, y) = lines["eval/accuracy"]
+    assert [list(data) for data in accuracy] == [[20, 40], [0.7, 0.9]]
+    assert best == "best (step 40)" and list(x) == [40] and list(y) == [0.9]
+    assert curves_figure([(5, {})], "eval/loss", None) is None  # nothing logged: nothing drawn
+
+
+def test_a_failure_to_draw_the_curves_is_a_warning_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 10, "train/loss": 2.0}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as where matplotlib is not installed
+    save_curves(tmp_path, "eval/loss", None)
+    warning = f"WARNING: {tmp_path / 'curves.png'} not drawn: ModuleNotFoundError: "
+    assert capsys.readouterr().out.startswith(warning)
+    assert list(tmp_path.iterdir()) == [tmp_path / "metrics.jsonl"]
+
+
+@pytest.mark.slow  # trains (single_run)
+def test_a_session_leaves_its_curves_as_a_png(single_run: tuple) -> None:
+    from matplotlib.image import imread
+
+    output_dir, result = single_run
+    picture = imread(output_dir / "curves.png")
+    assert picture.ndim == 3 and picture.shape[1] > picture.shape[0] > 100, picture.shape
+    assert "WARNING" not in result.stdout

@@ -25,13 +25,7 @@ import time
 from pathlib import Path
 
 from .utils.durable import write_atomically
-from .utils.hardware import (
-    Gpu,
-    precision_for,
-    query_gpus,
-    unsupported_gpu,
-    wrong_platform,
-)
+from .utils.hardware import Gpu, precision_for, query_gpus, wrong_platform
 from .utils.packages import declared
 from .utils.signals import EXIT_STOPPED
 
@@ -41,12 +35,6 @@ PLATFORMS = ("local", "colab", "kaggle", "slurm")
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # Where train.py's main process reports how it ended, for the SLURM launcher's requeue decision.
 OUTCOME_FILE = "TRAIN_OUTCOME_FILE"
-GPU_HINTS = {
-    "local": "Run on the CPU instead: CUDA_VISIBLE_DEVICES= scripts/run_local.sh",
-    "colab": "Pick another GPU: Runtime > Change runtime type > T4 GPU (or better).",
-    "kaggle": "In the notebook: Settings > Accelerator > GPU T4 x2.",
-    "slurm": "Ask for another GPU type (e.g. sbatch --gpus-per-node=a100:1 or --constraint).",
-}
 
 
 class LaunchError(Exception):
@@ -73,10 +61,8 @@ def check_platform(platform: str) -> str:
     return f"platform: {platform} (project {Path.cwd()})"
 
 
-def gpus_here(platform: str) -> tuple[list[Gpu], str]:
+def gpus_here() -> tuple[list[Gpu], str]:
     gpus, why_none = query_gpus()
-    if problem := unsupported_gpu(gpus):
-        raise LaunchError(f"{problem}. {GPU_HINTS[platform]}")
     if not gpus:
         return gpus, f"GPUs: none ({why_none}): CPU only"
     return gpus, f"GPUs: {len(gpus)} x {', '.join(str(gpu) for gpu in gpus)}"
@@ -255,7 +241,7 @@ def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str
 def decide(platform: str, args: list[str]) -> dict:
     """Every decision for this machine, printed; the numbers the launch needs."""
     say(platform, check_platform(platform))
-    gpus, line = gpus_here(platform)
+    gpus, line = gpus_here()
     say(platform, line)
     processes, line = choose_processes(gpus, platform)
     say(platform, line)

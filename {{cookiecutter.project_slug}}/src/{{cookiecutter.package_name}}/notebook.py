@@ -1,16 +1,11 @@
-"""Train from a notebook cell: the platform's launcher runs as a child process, its output shows in the
-cell, and the stop button (a kernel interrupt) makes training save a checkpoint before it stops.
+"""Train from a notebook cell (docs/platforms.md): the platform's launcher runs as a child process, its
+output and progress bar show in the cell, and the stop button makes training save a checkpoint first.
 
     from {{ cookiecutter.package_name }}.notebook import run_training
     run_training("kaggle", "--num_epochs", "5")   # bash scripts/run_kaggle.sh --num_epochs 5
 
-Why not `!bash scripts/run_kaggle.sh`: on an interrupt, a standard Jupyter kernel (Kaggle's) sends ^C to
-the command's terminal, waits 0.2 s, then kills it (SIGHUP, SIGINT, SIGKILL; IPython's pexpect-based
-`system`). SIGHUP ends train.py at once, so a step or a checkpoint that takes longer is lost. Here the
-first interrupt reaches training as one SIGINT and the cell waits until training has saved its
-checkpoint and exited; a later interrupt only says so. Restarting the kernel still kills it.
-
-Standard library only: this runs in the notebook's kernel, before anything is installed.
+Not `!bash`: on an interrupt, IPython's `system` (Kaggle's kernel) sends SIGHUP, SIGINT then SIGKILL 0.2 s
+apart, which ends train.py at once. Standard library only: this runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ import subprocess
 import sys
 from itertools import islice
 from pathlib import Path
+from subprocess import DEVNULL, PIPE, STDOUT
 
 from .utils.signals import EXIT_STOPPED
 
@@ -38,9 +34,11 @@ def run_training(platform: str, *args: str) -> int:
     failed (the cells below still show what the run has, when run one by one)."""
     command = ["bash", f"scripts/run_{platform}.sh", *args]
     print(f"$ {shlex.join(command)}", flush=True)
-    # Its own output pipe, read in chunks: lines appear as training writes them, unbuffered.
+    # Its own output pipe, read in chunks: lines appear as training writes them, unbuffered, and its
+    # progress bar is redrawn in place (not in a Kaggle commit, whose log would keep every frame).
+    bar = {"PROGRESS_BAR": str(int(os.environ.get("KAGGLE_KERNEL_RUN_TYPE") != "Batch"))}
     process = subprocess.Popen(
-        command, cwd=PROJECT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        command, cwd=PROJECT, env=os.environ | bar, stdin=DEVNULL, stdout=PIPE, stderr=STDOUT
     )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     interrupts, said = 0, 0
@@ -80,7 +78,8 @@ def run_training(platform: str, *args: str) -> int:
 
 
 def show_metrics(run: str | Path, lines: int = 5) -> None:
-    """The last `lines` rows of the run's metrics.jsonl and the files of its exported model, if any."""
+    """The last `lines` rows of the run's metrics.jsonl, the files of its exported model and its curves.png,
+    if any."""
     metrics = Path(run) / "metrics.jsonl"
     if not metrics.is_file():
         print(f"nothing yet: {metrics} does not exist (training has not logged a step there)")
@@ -92,6 +91,10 @@ def show_metrics(run: str | Path, lines: int = 5) -> None:
         print(f"{model}: {files}")
     else:
         print(f"{model}: not exported yet (training exports at its end and when it stops for time)")
+    if (curves := Path(run) / "curves.png").is_file():  # drawn when a training session ends
+        from IPython.display import Image, display  # the kernel's own
+
+        display(Image(filename=str(curves)))
 
 
 def show_predictions(run: str | Path, rows: int = 5) -> None:

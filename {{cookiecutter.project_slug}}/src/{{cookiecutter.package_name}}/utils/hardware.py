@@ -107,17 +107,28 @@ def query_gpus() -> tuple[list[Gpu], str]:
     return gpus, "" if gpus else "nvidia-smi lists none"
 
 
-def unsupported_gpu(gpus: list[Gpu]) -> str | None:
-    """Why one of `gpus` cannot run current PyTorch CUDA wheels: they ship kernels for compute capability
-    7.0 (Volta) and newer only."""
+def unsupported_gpu(gpus: list[Gpu], arch_list: list[str]) -> str | None:
+    """Why this PyTorch cannot train on one of `gpus`: its build (`arch_list`, torch.cuda.get_arch_list())
+    has no kernels for the GPU. Kaggle's P100 (6.0) needs sm_60, which the CUDA 12.8 builds dropped."""
     for gpu in gpus:
-        if gpu.compute_capability < (7, 0):
+        if not any(has_kernels(arch, gpu.compute_capability) for arch in arch_list):
             major, minor = gpu.compute_capability
             return (
-                f"{gpu.name} has compute capability {major}.{minor}; current PyTorch CUDA wheels need 7.0 or "
-                "newer, so training would fail with 'no kernel image is available'"
+                f"{gpu} has no kernels in this PyTorch build ({' '.join(arch_list) or 'none'}): install one "
+                f"with sm_{major}{minor} (the CUDA 12.6 builds have sm_60), or use another GPU (on Kaggle: "
+                "Settings > Accelerator > GPU T4 x2)"
             )
     return None
+
+
+def has_kernels(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether torch's `arch` runs on `capability`: sm_XY (sm_90a too) on X.Y to X.9, PTX (compute_XY) on
+    X.Y and newer."""
+    kind, _, number = arch.rstrip("abf").partition("_")
+    if not number.isdigit():  # not CUDA's (ROCm's gfx90a)
+        return False
+    built = (int(number[:-1]), int(number[-1]))
+    return built <= capability and (kind == "compute" or built[0] == capability[0])
 
 
 def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
@@ -221,18 +232,26 @@ def launch_problem(num_processes: int) -> str | None:
 
 
 def resolve_mixed_precision(choice: str) -> tuple[str, str]:
-    """Turn the config's `mixed_precision` into what Accelerate should use here, and say why.
-
-    fp16 asked for on a CPU would silently run in fp32, so it is turned off with a warning instead.
-    """
+    """Turn the config's `mixed_precision` into what Accelerate should use here, and say why; a RunError
+    where this PyTorch has no kernels for the GPU. fp16 asked for on a CPU would silently run in fp32, so it
+    is turned off with a warning instead; on Apple's MPS it runs from torch 2.5 (Accelerate's floor)."""
     import torch
+    from accelerate.utils import is_torch_version
 
     gpus = query_gpus()[0] if torch.cuda.is_available() and not cpu_forced() else []
+    if problem := unsupported_gpu(gpus, torch.cuda.get_arch_list()):
+        from .run_dir import RunError
+
+        raise RunError(problem)
     if choice == "auto":
         precision, why = precision_for(gpus)
         return precision, f"auto: {why}"
     if choice == "fp16" and not gpus:
-        warnings.warn("mixed_precision=fp16 needs a GPU; running in fp32 on the CPU", stacklevel=2)
+        where = "MPS" if torch.backends.mps.is_available() and not cpu_forced() else "the CPU"
+        if where == "MPS" and is_torch_version(">=", "2.5"):
+            return choice, "as configured, on MPS"
+        warning = f"mixed_precision=fp16 needs a GPU, or MPS with torch >= 2.5; running in fp32 on {where}"
+        warnings.warn(warning, stacklevel=2)
         return "no", "fp16 needs a GPU"
     return choice, "as configured"
 

@@ -35,7 +35,7 @@ from .run_dir import RunError
 from .signals import StopRequest
 from .task_check import TaskModel
 from .timing import SessionClock
-from .tracking import metrics_size
+from .tracking import metrics_size, save_curves
 
 
 class Bookkeeping:
@@ -267,17 +267,22 @@ def finish(
     """Raise if training diverged; False if a signal or the clock stopped it (having left what a session
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
+    book.progress.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
         raise RunError(diverged_message(book.end.diverged, config, book.last_saved))
     if book.end.stopping or book.end.out_of_time:
-        return stopped(book, model)
-    done(book, model, forward, eval_loader, scheduler)
-    return True
+        stopped(book, model)
+    else:
+        done(book, model, forward, eval_loader, scheduler)
+    if book.accelerator.is_main_process:  # once, after the session's last evaluation
+        save_curves(config.output_dir, config.best_metric, state.best_step)
+    book.accelerator.wait_for_everyone()  # a launcher ends the others when one exits first with 75
+    return not (book.end.stopping or book.end.out_of_time)
 
 
-def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
+def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:
     """A signal (the checkpoint only) or the clock (model/ too) stopped the session."""
     accelerator, config, state = book.accelerator, book.config, book.state
     output_dir = Path(config.output_dir)
@@ -288,7 +293,7 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
             f"stopped by {book.end.stop_request.signal_name or 'another process'} at step {state.step}: "
             "checkpoint saved, run the same command to continue"
         )
-        return False
+        return
     metrics = book.metrics  # leave what a session that ends now should leave, without an evaluation
     info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
     export_model(accelerator, model, config, output_dir / "model", info)
@@ -296,7 +301,6 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> bool:
         print(f"exported {output_dir / 'model'} (step {state.step})")
         print(f"stopped for time; run again to continue: step {state.step}, {book.clock.stop_note()}")
         report_outcome("stopped", book.progress.start_step, state.step)  # a SLURM launcher requeues
-    return False
 
 
 def done(

@@ -1,10 +1,13 @@
-"""Training progress as a plain line now and then, which reads the same on a terminal and in a log (a
-file, a SLURM .out, a Kaggle commit log, CI, `!python` in a notebook), where every redraw of a live bar
-would land as another carriage-return frame. Only the main process shows progress; the others keep quiet.
+"""Training progress: a live tqdm bar from the first step where a person watches (stdout a terminal, or a
+notebook cell that relays the run: PROGRESS_BAR=1), else a plain line now and then, since in a file, a
+SLURM .out, a Kaggle commit log or CI every redraw of a bar would land as another carriage-return frame.
+Both show the same parts (`parts`). Only the main process shows progress.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 from .timing import format_duration
@@ -16,36 +19,52 @@ LINE_EVERY_S = 30.0
 
 
 class Progress:
-    """Counts optimizer steps and shows them; `write` prints an event line."""
+    """Counts optimizer steps and shows them; `write` prints an event line (above a live bar)."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self.total, self.step, self.enabled = total, initial, enabled
         self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
-        self.started = self.last_line = time.monotonic()
+        self.started = time.monotonic()
         self.next_line = self.started + FIRST_LINE_AFTER_S
+        self.bar = None
+        if enabled and (sys.stdout.isatty() or os.environ.get("PROGRESS_BAR") == "1"):
+            from tqdm import tqdm  # only where a bar is drawn
+
+            self.bar = tqdm(total=total, initial=initial, desc="train", unit="step", file=sys.stdout)
 
     def update(self) -> None:
         """One optimizer step done: called at every step, so it does as little as it can."""
         self.step += 1
-        if self.enabled and (self.step == self.total or time.monotonic() >= self.next_line):
+        if self.bar is not None:
+            self.bar.set_postfix_str(" | ".join(self.parts()), refresh=False)
+            self.bar.update()
+        elif self.enabled and (self.step == self.total or time.monotonic() >= self.next_line):
             self.write(self.line())
             self.next_line = time.monotonic() + LINE_EVERY_S
 
     def write(self, line: str) -> None:
         """An event (a checkpoint, a stop): one line, from the main process only."""
-        if self.enabled:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        elif self.enabled:
             print(line, flush=True)
+
+    def parts(self) -> list[str]:
+        """What the bar's postfix and the plain line show beside step, speed and time left."""
+        return [f"loss {self.loss:.4f}"] if self.loss is not None else []
 
     def line(self) -> str:
         """step, loss, speed and time left, e.g. `step 120/440 (27%) | loss 0.4312 | 35.2 steps/s | ...`."""
         elapsed = time.monotonic() - self.started
         done = self.step - self.start_step
-        parts = [f"step {self.step}/{self.total} ({100 * self.step // max(1, self.total)}%)"]
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.4f}")
+        parts = [f"step {self.step}/{self.total} ({100 * self.step // max(1, self.total)}%)", *self.parts()]
         if done and elapsed > 0:
             rate = done / elapsed
             parts.append(f"{rate:.1f} steps/s" if rate >= 1 else f"{1 / rate:.1f} s/step")
             parts.append(f"elapsed {format_duration(elapsed)}")
             parts.append(f"ETA {format_duration((self.total - self.step) / rate)}")
         return "train: " + " | ".join(parts)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

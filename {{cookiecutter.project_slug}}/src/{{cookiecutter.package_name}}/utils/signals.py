@@ -47,6 +47,7 @@ class StopRequest:
         # SLURM and the launchers signal every rank: each records the request (the stop vote needs it
         # from one at least), rank 0 alone says so.
         self._announce = main_process_of_launch()
+        self._below = "\n" if sys.stdout.isatty() else ""  # the line of a progress bar (utils/progress.py)
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._handle)
         # Started by torch's launcher (accelerate launch, torchrun): it is the parent.
@@ -102,7 +103,7 @@ class StopRequest:
             # to sys.stderr (a progress bar, or a tracker that captures the console, like wandb), and a
             # second write from here would re-enter it: Python raises "reentrant call", and wandb 0.17
             # deadlocks on its own socket, so the run hangs instead of saving its checkpoint.
-            os.write(sys.stderr.fileno(), f"{message}\n".encode())
+            os.write(sys.stderr.fileno(), f"{self._below}{message}\n".encode())
 
 
 def ignore_stop_signals(worker_id: int) -> None:
