@@ -74,6 +74,19 @@ def test_a_field_of_an_earlier_version_in_a_saved_config_is_skipped(tmp_path: Pa
         load_config(["--config", str(path), f"--{name}", "false"], path, task.Config)
 
 
+def test_checkpoint_every_minutes_is_refused_where_a_person_sets_it_and_skipped_where_a_run_saved_it(
+    tmp_path: Path,
+) -> None:
+    """max_time_lost replaced it: a file or a flag that sets it stops in one line naming max_time_lost; the
+    config.yaml of a run or an export of an earlier version (predict.py reads those) still loads."""
+    path = write(tmp_path, "seed: 7\ncheckpoint_every_minutes: 15\n")
+    with pytest.raises(ConfigError, match=r"yaml: checkpoint_every_minutes is gone: set max_time_lost"):
+        load_config(["--config", str(path)], path, task.Config)
+    assert load_config([], path, task.Config, saved=True)[0] == task.Config(seed=7)
+    with pytest.raises(ConfigError, match=r"^--checkpoint_every_minutes is gone: pass --max_time_lost \("):
+        load_config(["--checkpoint_every_minutes", "15"], write(tmp_path, ""), task.Config)
+
+
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
     """YAML parsers keep the last of two equal keys without a word: the first value would be ignored."""
     path = write(tmp_path, "seed: 7\nlearning_rate: 0.01\nnum_epochs: 2\nlearning_rate: 0.5\n")
@@ -104,7 +117,8 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
         ("seed: -5\n", r"config\.yaml: seed=-5 is invalid: it must be between 0 and 2\*\*32 - 1"),
         ("seed: 4294967296\n", r"seed=4294967296 is invalid"),
         ("fp16_skip_patience: 0\n", r"fp16_skip_patience=0 is invalid: it must be > 0"),
-        ("checkpoint_every_minutes: -1\n", r"checkpoint_every_minutes=-1\.0 is invalid: it must be >= 0"),
+        ("checkpoint_every: -1\n", r"checkpoint_every=-1 is invalid: it must be >= 0"),
+        ("max_time_lost: 1min\n", r"max_time_lost='1min' is invalid: it must be a duration such as 11h40m"),
         (
             "time_budget: '11:40'\n",
             r"config\.yaml: time_budget='11:40' is invalid: it must be a duration such as 11h40m, 90m, 45s",

@@ -124,11 +124,11 @@ class CheckpointConfig:
 
     eval_every: int = session(0, "evaluate every this many optimizer steps")
     best_metric: str = setting("eval/loss", "the eval metric that picks best_model/")
-    checkpoint_every: int = session(100, "save a checkpoint every this many optimizer steps")
-    # Caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.
-    checkpoint_every_minutes: float = session(
-        0.0, "also checkpoint at the first logging step after this many minutes without one (0: off)"
-    )
+    # A session that dies without a signal (a closed tab, a recycled runtime, a dead node) loses at most this
+    # much training: the loop checkpoints as often as that takes, as far as the checkpoints' measured cost
+    # allows (utils/timing.py; a line says when it does not).
+    max_time_lost: str = session("1m", "the most training a kill may cost, e.g. 1m, 30s ('': no such bound)")
+    checkpoint_every: int = session(0, "also save a checkpoint every this many optimizer steps (0: off)")
     keep_checkpoints: int = session(3, "how many of the newest checkpoints to keep")
     # background: the loop copies the state to CPU memory and trains on while a thread writes, checksums,
     # fsyncs and publishes it (utils/persist.py; docs/resume.md has the measurements).
@@ -163,8 +163,8 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("max_grad_norm", lambda v: v > 0, "> 0"),
         ("log_every", lambda v: v > 0, "> 0"),
         ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
-        ("checkpoint_every", lambda v: v > 0, "> 0"),
-        ("checkpoint_every_minutes", lambda v: v >= 0, ">= 0 (0 means only every checkpoint_every steps)"),
+        ("checkpoint_every", lambda v: v >= 0, ">= 0 (0 means only as max_time_lost needs)"),
+        ("max_time_lost", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for none"),
         ("time_budget", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for no limit"),
         ("keep_checkpoints", lambda v: v > 0, "> 0"),
         ("fp16_skip_patience", lambda v: v > 0, "> 0"),
@@ -266,10 +266,13 @@ REMOVED_FIELDS = (
     "resume",
     "early_stopping_patience",
 )
+# Fields replaced by another: refused where a person set them, skipped in a config.yaml a run saved.
+REPLACED_FIELDS = {"checkpoint_every_minutes": "max_time_lost (the most training a kill may cost: 1m, 30s)"}
 
 
-def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
-    """The typed values set in a YAML config file; unknown keys and wrong types raise ConfigError."""
+def read_yaml(path: Path, config_class: type[TrainConfig], saved: bool = False) -> dict[str, Any]:
+    """The typed values set in a YAML config file (`saved`: one that a run or an export wrote); unknown keys
+    and wrong types raise ConfigError."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
@@ -286,7 +289,9 @@ def read_yaml(path: Path, config_class: type[TrainConfig]) -> dict[str, Any]:
     text_forms = {name: forms for name, _, forms in config_class.CHECKS if types.get(name) is str}
     values = {}
     for key, value in raw.items():
-        if key in REMOVED_FIELDS:
+        if key in REPLACED_FIELDS and not saved:
+            raise ConfigError(f"{path}: {key} is gone: set {REPLACED_FIELDS[key]} instead")
+        if key in REMOVED_FIELDS or key in REPLACED_FIELDS:
             continue
         if key not in types:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
@@ -348,9 +353,11 @@ def load_config(
     default_path: str | Path,
     config_class: type[TrainConfig],
     own_flags: tuple[str, ...] = (),
+    saved: bool = False,
 ) -> tuple[TrainConfig, Path]:
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
-    flags; `own_flags`: the caller's other flags (predict.py's), for the hint at an unknown one."""
+    flags; `own_flags`: the caller's other flags (predict.py's), for the hint at an unknown one; `saved`:
+    the file is one that a run or an export wrote."""
     types = _field_types(config_class)
     parser = argparse.ArgumentParser(
         usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",
@@ -377,10 +384,12 @@ def load_config(
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0]
+        if (name := flag.split("=")[0].removeprefix("--")) in REPLACED_FIELDS:
+            raise ConfigError(f"--{name} is gone: pass --{REPLACED_FIELDS[name]} instead")
         hint = _nearest(flag.split("=")[0], [*own_flags, *(f"--{name}" for name in types)])
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
-    values = read_yaml(args.config, config_class)
+    values = read_yaml(args.config, config_class, saved)
     sources = {key: str(args.config) for key in values}
     for name, kind in types.items():
         text = getattr(args, name)

@@ -63,6 +63,7 @@ class Mirror:
         self._locked = False
         self._failing = ""  # the error reported, until a copy works again
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
+        self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
 
     def start(self, run_id: str, start_over: bool) -> None:
         """Take the mirror's lock and check that it holds no other run (every process raises the main one's
@@ -120,6 +121,7 @@ class Mirror:
         """One pass of the thread: the run's files, then the newest readable checkpoint, then rotation."""
         store = self.store
         assert store is not None
+        started = time.monotonic()
         try:
             if isinstance(store.lock, RemoteLease):  # a lease can expire; a file lock cannot
                 store.lock.check()
@@ -136,6 +138,7 @@ class Mirror:
                 store.copy_checkpoint(readable[-1])
                 self.newest_step = checkpoint_step(readable[-1])
                 store.rotate(self.newest_step, self.keep)
+                self.copy_seconds = time.monotonic() - started
         except FolderInUse as error:
             self._report(f"{error}; not mirroring until it is free")
             return

@@ -63,6 +63,7 @@ class Persister:
         self._job: Future | None = None
         self._saved: Callable[[], None] | None = None  # says that the save in flight is published
         self.last_seconds = 0.0  # the last save, from staging to publish
+        self.published_step = -1  # of the newest checkpoint published (on the main process)
 
     def save(
         self,
@@ -78,6 +79,7 @@ class Persister:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
             self.last_seconds = time.monotonic() - started
+            self.published_step = state.step
             self.published()
             saved(final)
             return final
@@ -140,7 +142,7 @@ class Persister:
             _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
         except WRITE_ERRORS as error:  # raised in the loop at the next wait, as a synchronous save would
             raise write_error(staging, error) from None
-        self.last_seconds = time.monotonic() - started
+        self.last_seconds, self.published_step = time.monotonic() - started, state.step
         self.published()
 
 
