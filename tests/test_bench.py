@@ -77,10 +77,15 @@ def test_gpu_script_passes_shellcheck_and_plans_every_part() -> None:
     assert result.returncode == 0, explain(result)
     plan = run(["bash", "bench/gpu.sh", "--dry-run"], cwd=TEMPLATE)
     assert plan.returncode == 0, explain(plan)
-    for part in ("task=digits and task=lm", "pytest -m cuda", "bench/bench.py --gpu", "bench/checkpoints.py"):
+    parts = ("task=digits and task=lm", "pytest -m cuda", "bench/bench.py --gpu", "bench/checkpoints.py")
+    for part in (*parts, "bench/time_lost.py --kills"):
         assert part in plan.stdout, plan.stdout
     assert ("bench/nanogpt.py --quick" in plan.stdout) == (TEMPLATE / "bench" / "nanogpt.py").is_file()
-    for script, option in (("bench/bench.py", "--gpu"), ("bench/checkpoints.py", "--device")):
+    for script, option in (
+        ("bench/bench.py", "--gpu"),
+        ("bench/checkpoints.py", "--device"),
+        ("bench/time_lost.py", "--kills"),
+    ):
         helped = run([sys.executable, script, "--help"], cwd=TEMPLATE)
         assert helped.returncode == 0 and option in helped.stdout, explain(helped)
 
@@ -97,6 +102,21 @@ def test_gpu_runs_refuse_a_machine_without_a_gpu_in_one_line() -> None:
     bench = run([sys.executable, "bench/bench.py", "--gpu"], cwd=TEMPLATE)
     assert bench.returncode == 1, explain(bench)
     assert bench.stderr.strip() == "bench: --gpu needs a CUDA GPU, and torch sees none here"
+
+
+@pytest.mark.slow
+def test_quick_time_lost_benchmark_kills_reruns_and_ends_bitwise_equal() -> None:
+    """bench/time_lost.py --quick: two SIGKILLs of a digits run, each rerun; a row per kill with the training
+    it lost and its bound (not asserted: a timing), no rerun whose first step differs from the killed run's,
+    and the last rerun's exported weights equal to the uninterrupted run's."""
+    result = run([sys.executable, "bench/time_lost.py", "--quick"], cwd=TEMPLATE, timeout=600)
+    assert result.returncode == 0, explain(result)
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(row[0]) for row in rows] == [1, 2], result.stdout
+    for row in rows:
+        assert number(row[3]) >= 0 and number(row[4]) > 0 and "DIFFERS" not in row[6], row
+    assert "the last rerun's exported weights equal the uninterrupted run's: yes" in result.stdout
+    assert re.search(r"checkpoints' share of the wall time: [-+][0-9.]+%", result.stdout), result.stdout
 
 
 @pytest.mark.slow

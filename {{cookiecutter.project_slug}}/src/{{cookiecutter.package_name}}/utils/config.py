@@ -124,9 +124,7 @@ class CheckpointConfig:
 
     eval_every: int = session(0, "evaluate every this many optimizer steps")
     best_metric: str = setting("eval/loss", "the eval metric that picks best_model/")
-    # A session that dies without a signal (a closed tab, a recycled runtime, a dead node) loses at most this
-    # much training: the loop checkpoints as often as that takes, as far as the checkpoints' measured cost
-    # allows (utils/timing.py; a line says when it does not).
+    # Checkpoints come as often as that takes, as far as their measured cost allows (utils/timing.py).
     max_time_lost: str = session("1m", "the most training a kill may cost, e.g. 1m, 30s ('': no such bound)")
     checkpoint_every: int = session(0, "also save a checkpoint every this many optimizer steps (0: off)")
     keep_checkpoints: int = session(3, "how many of the newest checkpoints to keep")
@@ -271,8 +269,7 @@ REPLACED_FIELDS = {"checkpoint_every_minutes": "max_time_lost (the most training
 
 
 def read_yaml(path: Path, config_class: type[TrainConfig], saved: bool = False) -> dict[str, Any]:
-    """The typed values set in a YAML config file (`saved`: one that a run or an export wrote); unknown keys
-    and wrong types raise ConfigError."""
+    """The typed values set in a YAML config file (`saved`: a run's or an export's); bad ones raise."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
@@ -356,8 +353,8 @@ def load_config(
     saved: bool = False,
 ) -> tuple[TrainConfig, Path]:
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
-    flags; `own_flags`: the caller's other flags (predict.py's), for the hint at an unknown one; `saved`:
-    the file is one that a run or an export wrote."""
+    flags; `own_flags`: the caller's other flags (predict.py's), for an unknown one's hint; `saved`: a run's
+    or an export's file."""
     types = _field_types(config_class)
     parser = argparse.ArgumentParser(
         usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",

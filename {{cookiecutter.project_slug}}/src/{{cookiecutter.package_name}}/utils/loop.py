@@ -96,8 +96,7 @@ class Bookkeeping:
             state.epoch_samples = 0
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """Every log_every steps: the mean train loss, whether to stop, how often to checkpoint (that also
-        after the session's first step, which may be slow: compiling, a first batch)."""
+        """Every log_every steps, and after a session's first: the loss, a stop, the checkpoint interval."""
         logging = self.state.step % self.config.log_every == 0
         if logging or self.state.step == self.progress.start_step + 1:
             self.loss.at_log(self.end, self.clock, scheduler, logging)
@@ -222,8 +221,7 @@ class TrainLoss:
         same step, whenever each got its signal (utils/timing.py: why one clock decides). Sets `end`'s
         reasons and the checkpoint interval, and logs the loss; not `logging`: the interval alone."""
         vote = 1.0 if end.stop_request else 0.0
-        loss_total, votes, every, late = self.total(vote, *clock.at_log(self.state.step, logging))
-        clock.every = int(every)
+        loss_total, votes, clock.every, late = self.total(vote, *clock.at_log(self.state.step, logging))
         if not logging:
             return
         # A signal wins over the clock: the platform wants the machine back now, without exports.

@@ -1,11 +1,8 @@
 """A second copy of the run in a persistent folder (`mirror_dir`, e.g. Google Drive), kept in the background.
 
-After every checkpoint a thread of the main process (persist.Worker) copies what changed: the run's files,
-then the newest checkpoint, staged and verified against its checksums before it is published. Training
-never waits for it and a failing copy never stops it (reported once, retried); `finish` completes it at the
-end. What this promises on Colab and through a store (s3://, hf://, gs://, `RemoteStore`, which cannot
-rename: it reads a copy back to verify it and publishes by server-side copies, loop_state.json last):
-docs/moving-runs.md.
+After every checkpoint a thread of the main process (persist.Worker) copies what changed, the newest
+checkpoint verified before it is published. Training never waits for it, a failing copy is reported once
+and retried, and `finish` completes it. What it promises, on Colab and through a store: docs/moving-runs.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it.
 
-The path of a checkpoint reads in one direction: the loop (utils/loop.py) -> `Persister` -> the store
-(checkpoint.py writes, checksums, fsyncs, seals and publishes; then the mirror, utils/mirror.py, copies).
-What checkpoint_mode "background" (the default) and "sync" do and cost: docs/resume.md, "Checkpoints in
-the background". The other processes write their RNG file into the staging folder at once, so the thread
-never needs a collective.
+The loop (utils/loop.py) -> `Persister` -> the store (checkpoint.py publishes; then utils/mirror.py copies);
+what the modes do and cost: docs/resume.md. The other processes write their RNG file into the staging
+folder at once, so the thread never needs a collective.
 """
 
 from __future__ import annotations

@@ -19,9 +19,7 @@ LINE_EVERY_S = 30.0
 class Progress:
     """Counts optimizer steps and shows them; `write` prints an event line."""
 
-    def __init__(
-        self, total: int, initial: int, enabled: bool, at_risk: Callable[[], float | None] = lambda: None
-    ) -> None:
+    def __init__(self, total: int, initial: int, enabled: bool, at_risk: Callable = lambda: None) -> None:
         self.total, self.step, self.enabled, self.at_risk = total, initial, enabled, at_risk
         self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
         self.started = self.last_line = time.monotonic()

@@ -1,17 +1,7 @@
 """Time limits of a session: checkpoints so that a kill loses at most `max_time_lost`, and a stop before
-`time_budget`.
-
-Both are decided at logging steps (and the checkpoints once more after the session's first step, so that
-a slow first step is not a whole logging interval long), on the main process's clock. The main process puts
-its decisions into the reduce that logging does anyway (the other processes add zeros), so every process
-acts on the same decision at the same step without a synchronisation of its own: the checkpoint interval in
-steps, counted by every process from the last checkpoint's step.
-
-Why one clock rather than a vote of every process's: the processes advance in lockstep (each optimizer
-step waits for every process's gradients), so their clocks would agree anyway; the main process also does
-the work the others wait for at the end (metrics.jsonl, the exports), so its measurements are
-the ones that cover a stopping run's tail; and the other processes never need to read a clock.
-"""
+`time_budget` (docs/resume.md), decided on the main process's clock (the processes advance in lockstep) at
+logging steps, checkpoints also after a session's first step, and carried by the logging reduce (the other
+processes add zeros): every process acts at the same step without a sync of its own."""
 
 from __future__ import annotations
 
@@ -25,8 +15,7 @@ LOOP_SHARE = 0.02  # the most of the wall time that checkpoints may stop the loo
 
 
 class SessionClock:
-    """The main process's view of the session's time, read once per logging interval. `saver` (a
-    persist.Persister) and `mirror` (a mirror.Mirror) time each checkpoint's write and copy."""
+    """The main process's view of the session's time; `saver` and `mirror` time checkpoints' write, copy."""
 
     def __init__(self, config: TrainConfig, main_process: bool, saver: Any, mirror: Any) -> None:
         self.lost, self.lost_text = parse_duration(config.max_time_lost) or 0.0, config.max_time_lost
@@ -35,38 +24,28 @@ class SessionClock:
         self.steps = config.checkpoint_every
         self.start = self.last_log = time.monotonic()
         self.longest_interval = 0.0  # between logging steps, start-up included in the first
-        self.longest_save = 0.0  # one checkpoint, measured by `saved`
-        self.stop_s = 0.0  # the loop's stop for the last checkpoint
-        self.every = 0  # the steps between checkpoints that the last vote agreed on (0: none for time)
-        self.said = False  # that the checkpoints' cost, not max_time_lost, sets their interval
+        self.longest_save = self.stop_s = 0.0  # a whole checkpoint; the loop's stop for the last one
+        self.every, self.said = 0.0, False  # the steps between checkpoints agreed on; the cost line printed
         self.begin(0)
 
     def begin(self, step: int) -> None:
         """The loop starts at `step`: a kill from now on loses the time since then, until a checkpoint."""
         self.checkpoint_step = step
-        # (step, when it was reached) of the checkpoints not yet known durable, the newest durable one first
-        self.taken = [(step, time.monotonic())]
+        self.taken = [(step, time.monotonic())]  # (step, reached at) of checkpoints, from the newest durable
 
     def at_log(self, step: int, logging: bool = True) -> tuple[float, float]:
-        """(checkpoint interval in steps, stop now: 1.0 for yes), for the logging reduce; zeros on the other
-        processes. Not `logging` (the session's first step): the interval alone.
-
-        Stop when one more logging interval, then a checkpoint and the export (which writes the weights
-        again, so no longer than the checkpoint), would not fit in what is left of the budget: after
-        this logging step the next chance to stop is one interval away.
-        """
+        """(checkpoint interval in steps, stop now: 1.0), for the reduce; zeros on the other processes; not
+        `logging` (the first step): the interval alone. Stop when one more logging interval, a checkpoint
+        and the export (no longer than a checkpoint) would not fit in what is left of the budget."""
         if not (self.enabled and logging):
             return self.plan(step), 0.0
         now = time.monotonic()
         self.longest_interval = max(self.longest_interval, now - self.last_log)
         self.last_log = now
-        stop = 0 < self.budget <= now - self.start + self.reserve()
-        return self.plan(step), float(stop)
+        return self.plan(step), float(0 < self.budget <= now - self.start + self.reserve())
 
     def plan(self, step: int) -> float:
-        """The steps from the last checkpoint's to the next, such that the next is durable within
-        max_time_lost of the last, at the pace of the steps since the last (evaluations and a slow first
-        step included); 0 without max_time_lost."""
+        """Steps from the last checkpoint's to the next, at the pace since the last (evaluations included)."""
         if not (self.enabled and self.lost):
             return 0.0
         now, reached = time.monotonic(), self.taken[-1][1]  # when the last checkpoint's step was
@@ -75,31 +54,24 @@ class SessionClock:
         return float(step - self.checkpoint_step + max(0, ahead))
 
     def interval(self) -> float:
-        """Seconds between checkpoints: a checkpoint's stop, write and copy must fit in max_time_lost after
-        it (half of it until one is measured), unless that is less than what checkpoints cost."""
+        """Seconds between checkpoints: its stop, write and copy fit in max_time_lost after the last (half
+        of it until one is measured), unless checkpoints cost more."""
         write, copy = self.saver.last_seconds, self.mirror.copy_seconds
         fits = self.lost - (self.stop_s + write + copy if self.stop_s else self.lost / 2)
-        stop = format_duration(self.stop_s)
         cost, why = max(
-            (self.stop_s / LOOP_SHARE, f"each stops training for {stop}, and stops take 2% at most"),
+            (self.stop_s / LOOP_SHARE, f"each stops training for {format_duration(self.stop_s)}, 2% at most"),
             (write, f"each checkpoint's write takes {format_duration(write)}"),
             (copy, f"each copy to {self.mirror.target} takes {format_duration(copy)}"),
         )
-        if cost <= fits:
-            return fits
-        if not self.said:
-            self.said = True
-            risk = format_duration(self.lost - fits + cost)
-            print(
-                f"checkpoints every {format_duration(cost)}, not as max_time_lost {self.lost_text} needs: "
-                f"{why} (a kill may cost up to {risk})",
-                flush=True,
-            )
-        return cost
+        if cost > fits and not self.said:
+            self.said, risk = True, format_duration(self.lost - fits + cost)
+            line = f"checkpoints every {format_duration(cost)}, not as max_time_lost {self.lost_text} needs"
+            print(f"{line}: {why} (a kill may cost up to {risk})", flush=True)
+        return max(cost, fits)
 
     def at_risk(self) -> float | None:
-        """Seconds of training a kill now would lose: since the step of the newest checkpoint durable where
-        the next session looks (the mirror's verified copy, with a mirror_dir). None without max_time_lost."""
+        """Seconds of training a kill now loses: since the newest checkpoint durable where the next session
+        looks (with a mirror_dir, the mirror's verified copy). None without max_time_lost."""
         if not self.lost:
             return None
         durable = self.mirror.newest_step if self.mirror.store is not None else self.saver.published_step
@@ -116,8 +88,8 @@ class SessionClock:
         return self.longest_interval + 2 * self.longest_save
 
     def saved(self, step: int, started: float, written: float = 0.0) -> None:
-        """A checkpoint of `step` begun at `started` (time.monotonic()) is handed over (every process).
-        `written`: the seconds the last write took, in the background (a stop waits for all of it)."""
+        """A checkpoint of `step` begun at `started` is handed over (every process); `written`: the seconds
+        the last write took, in the background (a stop waits for all of it)."""
         self.stop_s = time.monotonic() - started
         self.longest_save = max(self.longest_save, self.stop_s, written)
         self.checkpoint_step = step
