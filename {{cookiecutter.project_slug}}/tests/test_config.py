@@ -24,6 +24,7 @@ from {{ cookiecutter.package_name }}.utils.config import (
     load_config,
     run_defining_fields,
 )
+from {{ cookiecutter.package_name }}.utils.start import changed_settings
 
 from .conftest import PROJECT
 from .task_settings import QUICK, SIGNAL_RUN
@@ -85,6 +86,10 @@ def test_checkpoint_every_minutes_is_refused_where_a_person_sets_it_and_skipped_
     assert load_config([], path, task.Config, saved=True)[0] == task.Config(seed=7)
     with pytest.raises(ConfigError, match=r"^--checkpoint_every_minutes is gone: pass --max_time_lost \("):
         load_config(["--checkpoint_every_minutes", "15"], write(tmp_path, ""), task.Config)
+    # A checkpoint of an earlier version holds it in its config.yaml, which a resume compares: it continues.
+    older = {**dataclasses.asdict(task.Config()), "checkpoint_every_minutes": 15.0}
+    del older["max_time_lost"]
+    assert changed_settings(yaml.safe_dump(older), task.Config()) == ""
 
 
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
