@@ -61,7 +61,7 @@ runpy.run_path("train.py", run_name="__main__")
 # Each task's model flags (the bench's realistic size, bench/bench.py; lm: its preset's) and run length
 TASKS = {
     "digits": (["--hidden_size", "1024"], 3000),
-    "lm": ([], 120),
+    "lm": ([], 300),
 }
 
 

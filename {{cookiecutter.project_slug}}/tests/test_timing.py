@@ -80,6 +80,19 @@ def test_checkpoints_come_so_that_each_is_durable_within_max_time_lost_of_the_la
     assert clock.at_log(174) == (20 + 98, 0.0)
 
 
+def test_the_cost_bound_rounds_up_to_whole_steps_and_the_time_bound_down(now: list[float]) -> None:
+    """Slow steps: checkpoints never closer than their cost allows, nor further apart than max_time_lost."""
+    clock = clock_of(task.Config(max_time_lost="10s"))
+    clock.begin(0)
+    now[0] += 1.0
+    clock.saved(1, started=now[0] - 0.1)  # a loop stop of 0.1 s
+    clock.saver.last_seconds = 6.0  # and a write of 6 s: 6 s apart at least
+    now[0] += 4.4  # step 4: 1.5 s a step since step 1, 4.5 s since it
+    assert clock.at_log(4) == (3 + 1, 0.0)  # 1.5 s to go: one step more, not none
+    clock.saver.last_seconds, clock.stop_s = 0.0, 0.01  # the time bound: 9.99 s, 5.49 s to go
+    assert clock.at_log(4) == (3 + 3, 0.0)  # 3 whole steps, not 4
+
+
 def test_a_slow_first_step_is_followed_by_a_checkpoint_at_once(now: list[float]) -> None:
     clock = clock_of(task.Config(max_time_lost="1m"))
     clock.begin(0)
@@ -94,16 +107,16 @@ def test_where_checkpoints_cost_more_than_max_time_lost_allows_one_line_says_wha
     clock.begin(0)
     now[0] += 1.0
     clock.saved(1, started=now[0] - 0.5)  # stops the loop for 0.5 s
-    assert clock.interval() == 59.5  # due 59.5 s after the last, durable 0.5 s later
+    assert clock.interval() == (59.5, 25.0)  # due 59.5 s after the last, durable 0.5 s later; 2%: 25 s
     clock.mirror.copy_seconds = 110.0  # a slow Drive
-    assert clock.interval() == 110.0
-    assert clock.interval() == 110.0
+    assert clock.interval() == (60 - 0.5 - 110.0, 110.0)
+    assert clock.interval()[1] == 110.0
     assert capsys.readouterr().out == (
         "checkpoints every 1m50s, not as max_time_lost 1m needs: each copy to /content/drive/run takes 1m50s "
         "(a kill may cost up to 3m40s)\n"  # the once
     )
     clock.mirror.copy_seconds, clock.stop_s = 0.0, 2.0
-    assert clock.interval() == 100.0  # loop stops: 2% of the time at most
+    assert clock.interval() == (58.0, 100.0)  # loop stops: 2% of the time at most
 
 
 def test_at_risk_is_the_time_since_the_newest_checkpoint_durable_where_the_next_session_looks(

@@ -49,13 +49,14 @@ class SessionClock:
         if not (self.enabled and self.lost):
             return 0.0
         now, reached = time.monotonic(), self.taken[-1][1]  # when the last checkpoint's step was
-        step_s = (now - reached) / max(1, step - self.checkpoint_step)
-        ahead = math.floor((reached + self.interval() - now) / step_s) if step_s > 0 else 0
+        step_s = max(1e-9, now - reached) / max(1, step - self.checkpoint_step)
+        fits, cost = self.interval()  # whole steps: within the first, never under the second
+        ahead = max(math.floor((reached + fits - now) / step_s), math.ceil((reached + cost - now) / step_s))
         return float(step - self.checkpoint_step + max(0, ahead))
 
-    def interval(self) -> float:
-        """Seconds between checkpoints: its stop, write and copy fit in max_time_lost after the last (half
-        of it until one is measured), unless checkpoints cost more."""
+    def interval(self) -> tuple[float, float]:
+        """Seconds from a checkpoint to the next: at most such that its stop, write and copy still fit in
+        max_time_lost (half of it until one is measured); at least what checkpoints cost."""
         write, copy = self.saver.last_seconds, self.mirror.copy_seconds
         fits = self.lost - (self.stop_s + write + copy if self.stop_s else self.lost / 2)
         cost, why = max(
@@ -67,7 +68,7 @@ class SessionClock:
             self.said, risk = True, format_duration(self.lost - fits + cost)
             line = f"checkpoints every {format_duration(cost)}, not as max_time_lost {self.lost_text} needs"
             print(f"{line}: {why} (a kill may cost up to {risk})", flush=True)
-        return max(cost, fits)
+        return fits, cost
 
     def at_risk(self) -> float | None:
         """Seconds of training a kill now loses: since the newest checkpoint durable where the next session
