@@ -83,7 +83,7 @@ def main() -> None:
             model, steps = ([], 300) if args.quick else TASKS[task]
             flags = [*model, "--max_steps", str(args.steps or steps), "--num_epochs", "1000"]
             project = render(Path(scratch), task)
-            within, exact = bench_task(project, Path(scratch) / task, flags, lost, kills, chooser)
+            within, exact = bench_task(project, Path(scratch) / task, flags, lost, kills, chooser, args.quick)
             failed |= not exact or not (within or args.quick)
     print("quick run: checks, not figures" if args.quick else "wall times on a machine shared with others")
     sys.exit(1 if failed else 0)
@@ -99,10 +99,11 @@ def render(into: Path, task: str) -> Path:
 
 
 def bench_task(
-    project: Path, root: Path, flags: list[str], lost: str, kills: int, chooser: random.Random
+    project: Path, root: Path, flags: list[str], lost: str, kills: int, chooser: random.Random, quick: bool
 ) -> tuple[bool, bool]:
     """The reference, the run without checkpoints for time, the chain of kills; a table. Returns whether
-    every kill lost at most its bound, and whether every resume was exact."""
+    every kill lost at most its bound, and whether every resume was exact. `quick`: a session is also killed
+    once it has trained its share of the steps left, so that a fast machine cannot finish it first."""
     lost_s = parse_seconds(lost)
     root.mkdir(parents=True)
     reference = session(project, root / "reference", [*flags, "--max_time_lost", lost])
@@ -110,7 +111,12 @@ def bench_task(
     chain, killed, final = root / "chain", [], None
     while final is None:
         moment = chooser.uniform(0, 3 * lost_s) if len(killed) < kills else None
-        run = session(project, chain, [*flags, "--max_time_lost", lost], kill_after=moment)
+        done = max(killed[-1]["reached"]) if killed else 0
+        total = int(flags[flags.index("--max_steps") + 1])
+        share = done + (total - done) // (kills - len(killed) + 1) if quick else None
+        run = session(
+            project, chain, [*flags, "--max_time_lost", lost], kill_after=moment, kill_at_step=share
+        )
         if run["killed_at"] is None:  # it ran to its end, before its kill came or with none
             final = run
         else:
@@ -155,9 +161,16 @@ def bench_task(
     return within_all, exact_all and equal and len(killed) == kills
 
 
-def session(project: Path, output_dir: Path, flags: list[str], kill_after: float | None = None) -> dict:
+def session(
+    project: Path,
+    output_dir: Path,
+    flags: list[str],
+    kill_after: float | None = None,
+    kill_at_step: int | None = None,
+) -> dict:
     """One train.py process into `output_dir` (continuing what is there); with `kill_after`, SIGKILLed that
-    many seconds after its loop started, unless it ended first. Raises if it failed."""
+    many seconds after its loop started (or once it reached `kill_at_step`), unless it ended first. Raises
+    if it failed."""
     known = len(read_marks(output_dir))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env["TIME_LOST_MARKS"] = str(output_dir.with_name(output_dir.name + ".marks"))
@@ -177,6 +190,8 @@ def session(project: Path, output_dir: Path, flags: list[str], kill_after: float
                 time.sleep(0.005)
             deadline = time.time() + kill_after
             while process.poll() is None and time.time() < deadline:
+                if has_reached(output_dir, kill_at_step):
+                    break
                 time.sleep(0.002)
             if process.poll() is None:
                 process.kill()
@@ -200,6 +215,18 @@ def session(project: Path, output_dir: Path, flags: list[str], kill_after: float
         "stops": sum(float(mark[2]) for mark in marks if mark[0] == "stop"),  # the loop's, for checkpoints
         "output": output,
     }
+
+
+def has_reached(output_dir: Path, step: int | None) -> bool:
+    """Whether the session writing `output_dir`'s marks has reached `step` (its last line's step)."""
+    marks = output_dir.with_name(output_dir.name + ".marks")
+    if step is None or not marks.exists():
+        return False
+    with marks.open("rb") as file:
+        file.seek(max(0, file.seek(0, os.SEEK_END) - 200))
+        lines = file.read().decode().splitlines()
+    last = lines[-2].split() if len(lines) > 1 else []  # the last line may be half-written
+    return len(last) == 3 and last[0] == "step" and int(last[1]) >= step
 
 
 def resume_verdict(output: str) -> str:
