@@ -10,8 +10,8 @@
 # pip --no-index (cookiecutter and its dependencies: binaryornot, chardet, python-slugify,
 # text-unidecode, arrow, tzdata, jinja2, click, pyyaml, requests, rich). It renders the digits and lm
 # projects, runs `pytest -m cuda` in both (three suites side by side: they check, they do not time), then,
-# alone on the GPU, the GPU modes of bench/bench.py and bench/checkpoints.py and, where the file exists,
-# `bench/nanogpt.py --quick`. Each part has its own time limit; every log is kept in LOGS (under $OUT
+# alone on the GPU, the GPU modes of bench/bench.py and bench/checkpoints.py, bench/time_lost.py (SIGKILLs
+# against max_time_lost, fewer kills than on a CPU) and, where the file exists, `bench/nanogpt.py --quick`. Each part has its own time limit; every log is kept in LOGS (under $OUT
 # when that is set, else a new temporary folder).
 set -uo pipefail
 
@@ -29,6 +29,7 @@ fi
 SUITE_S=250
 BENCH_S=110
 CHECKPOINTS_S=70
+TIME_LOST_S=150
 NANOGPT_S=30
 
 declare -a PARTS=() RESULTS=() FIGURES=()
@@ -49,6 +50,7 @@ plan() {
         "lm all"
     echo "python bench/bench.py --gpu (${BENCH_S} s)"
     echo "python bench/checkpoints.py --device cuda --batch 16 --reps 3 (${CHECKPOINTS_S} s)"
+    echo "python bench/time_lost.py --kills 5 --lost 5s (${TIME_LOST_S} s)"
     if [[ -f bench/nanogpt.py ]]; then
         echo "python bench/nanogpt.py --quick (${NANOGPT_S} s)"
     else
@@ -146,6 +148,16 @@ figures=$(awk -F'|' 'NF > 12 && $3 ~ /^ *[0-9]+ *$/ && $5 ~ /^ *[0-9.]+ *$/ {
     gsub(/ /, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5)
     printf "%s: loop stop sync %s ms, background %s ms (%sx); ", $2, $3, $4, $5 }' "$LOGS/checkpoints.log")
 record "bench/checkpoints.py --device cuda" "$(result "$status" "$CHECKPOINTS_S")" "${figures:-none}"
+
+echo "gpu.sh: bench/time_lost.py --kills 5 --lost 5s (${TIME_LOST_S} s)"
+timeout -k 10 "$TIME_LOST_S" "$PYTHON" bench/time_lost.py --kills 5 --lost 5s >"$LOGS/time-lost.log" 2>&1
+status=$?
+cat "$LOGS/time-lost.log"
+# Per task: the worst kill's loss and the checkpoints' share of the wall time.
+figures=$(awk '/, max_time_lost / { printf "%s ", $1 }
+    / kills: the worst lost / { printf "%s kills, worst %s s, ", $1, $6 }
+    /share of the wall time/ { printf "loop stops %s of the time; ", $9 }' "$LOGS/time-lost.log")
+record "bench/time_lost.py" "$(result "$status" "$TIME_LOST_S")" "${figures:-none}"
 
 if [[ -f bench/nanogpt.py ]]; then
     echo "gpu.sh: bench/nanogpt.py --quick (${NANOGPT_S} s)"

@@ -237,6 +237,7 @@ def run_preset(project: Path, out: Path, setting: Setting, device: str, compiled
         "eval_windows": setting.eval_iters * setting.batch,  # nanoGPT's val windows (at most all there are)
         "log_every": setting.log_every,
         "checkpoint_every": setting.eval_every,
+        "max_time_lost": "",  # checkpoints at evaluations only, as nanoGPT's
         "tracker": "none",
     }
     command = [sys.executable, "train.py", "--config", "configs/local.yaml"]

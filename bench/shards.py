@@ -138,7 +138,7 @@ def worker(project: Path, data_file: str, steps: int, result: Path, model: list[
                 str(Path(scratch) / "run"),
             ),
             *("--data_file", data_file, "--max_steps", str(steps), "--log_every", str(core.LOG_EVERY)),
-            *("--eval_every", str(10**9), "--checkpoint_every", str(10**9)),
+            *("--eval_every", str(10**9), "--checkpoint_every", str(10**9), "--max_time_lost", ""),
             *model,
         ]
         core.run_template(argv)

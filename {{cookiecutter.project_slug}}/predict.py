@@ -217,7 +217,7 @@ def model_config(model_dir: Path, overrides: list[str]) -> task.Config:
             f"{path} does not exist: pass --model_dir with a model folder exported by train.py "
             "(model.safetensors and config.yaml)"
         )
-    return load_config(overrides, path, task.Config, own_flags=OWN_FLAGS)[0]
+    return load_config(overrides, path, task.Config, own_flags=OWN_FLAGS, saved=True)[0]
 
 
 def load_model(config: task.Config, model_dir: Path, overrides: list[str]) -> torch.nn.Module:

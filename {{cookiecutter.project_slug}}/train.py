@@ -116,7 +116,7 @@ def train(
 ) -> bool:
     """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
     (False). `lock` is taken once the config and data have passed their checks, before anything is written."""
-    clock = SessionClock(config, accelerator.is_main_process)  # time_budget counts from here
+    clock = SessionClock(config, accelerator.is_main_process, saver, mirror)  # time_budget counts from here
     seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
 
     # --- data (build_loaders, below)

@@ -16,6 +16,7 @@ import yaml
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import (
+    REFUSED_FIELDS,
     REMOVED_FIELDS,
     ConfigError,
     TrainConfig,
@@ -24,6 +25,7 @@ from {{ cookiecutter.package_name }}.utils.config import (
     load_config,
     run_defining_fields,
 )
+from {{ cookiecutter.package_name }}.utils.start import changed_settings
 
 from .conftest import PROJECT, run_training
 from .task_settings import QUICK, SIGNAL_RUN
@@ -62,7 +64,7 @@ def test_unknown_key_names_file_key_and_nearest_field(tmp_path: Path) -> None:
         load_config(["--config", str(path)], path, task.Config)
 
 
-@pytest.mark.parametrize("name", REMOVED_FIELDS)
+@pytest.mark.parametrize("name", [name for name in REMOVED_FIELDS if name not in REFUSED_FIELDS])
 def test_a_field_of_an_earlier_version_in_a_saved_config_is_skipped(tmp_path: Path, name: str) -> None:
     """The config.yaml of every run and export saved before a field was removed holds it: it still loads,
     as without that line, with one warning naming it and what replaced it; as a flag it is unknown."""
@@ -84,6 +86,23 @@ def test_a_removed_field_is_one_warning_of_a_run_that_goes_on(tmp_path: Path) ->
     warning = f"WARNING: {path}: resume no longer exists, skipped: {REMOVED_FIELDS['resume']}"
     assert result.stdout.count("resume no longer exists") == 1 and warning in result.stdout.splitlines()
     assert "done: 1 optimizer steps" in result.stdout
+
+
+def test_checkpoint_every_minutes_is_refused_where_a_person_sets_it_and_skipped_where_a_run_saved_it(
+    tmp_path: Path,
+) -> None:
+    """max_time_lost replaced it: a file or a flag that sets it stops in one line naming max_time_lost; the
+    config.yaml of a run or an export of an earlier version (predict.py reads those) still loads."""
+    path = write(tmp_path, "seed: 7\ncheckpoint_every_minutes: 15\n")
+    with pytest.raises(ConfigError, match=r"yaml: checkpoint_every_minutes no longer exists: set max_time_lost"):
+        load_config(["--config", str(path)], path, task.Config)
+    assert load_config([], path, task.Config, saved=True)[0] == task.Config(seed=7)
+    with pytest.raises(ConfigError, match=r"^--checkpoint_every_minutes no longer exists: set max_time_lost instead \("):
+        load_config(["--checkpoint_every_minutes", "15"], write(tmp_path, ""), task.Config)
+    # A checkpoint of an earlier version holds it in its config.yaml, which a resume compares: it continues.
+    older = {**dataclasses.asdict(task.Config()), "checkpoint_every_minutes": 15.0}
+    del older["max_time_lost"]
+    assert changed_settings(yaml.safe_dump(older), task.Config()) == ""
 
 
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
@@ -117,7 +136,8 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
         ("seed: -5\n", r"config\.yaml: seed=-5 is invalid: it must be between 0 and 2\*\*32 - 1"),
         ("seed: 4294967296\n", r"seed=4294967296 is invalid"),
         ("fp16_skip_patience: 0\n", r"fp16_skip_patience=0 is invalid: it must be > 0"),
-        ("checkpoint_every_minutes: -1\n", r"checkpoint_every_minutes=-1\.0 is invalid: it must be >= 0"),
+        ("checkpoint_every: -1\n", r"checkpoint_every=-1 is invalid: it must be >= 0"),
+        ("max_time_lost: 1min\n", r"max_time_lost='1min' is invalid: it must be a duration such as 11h40m"),
         (
             "time_budget: '11:40'\n",
             r"config\.yaml: time_budget='11:40' is invalid: it must be a duration such as 11h40m, 90m, 45s",

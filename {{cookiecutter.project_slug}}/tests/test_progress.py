@@ -74,6 +74,13 @@ def test_slow_steps_are_shown_in_seconds_per_step(fake_time: Clock) -> None:
     assert "| 40.0 s/step | elapsed 40s | ETA 6m00s" in progress.line()
 
 
+def test_with_max_time_lost_the_line_says_what_a_kill_now_would_cost(fake_time: Clock) -> None:
+    progress = Progress(total=10, initial=0, enabled=True, at_risk=lambda: 40.0)
+    fake_time.now += 1.0
+    progress.update()
+    assert progress.line().endswith("| ETA 9.0s | at risk 40s")
+
+
 def test_processes_other_than_the_main_one_print_nothing(
     fake_time: Clock, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -126,11 +126,9 @@ class CheckpointConfig:
     eval_every: int = session(0, "evaluate every this many optimizer steps")
     best_metric: str = setting("eval/loss", "the eval metric that picks best_model/ and early stopping")
     early_stopping_patience: int = session(0, "stop after this many evaluations without a better best_metric")
-    checkpoint_every: int = session(100, "save a checkpoint every this many optimizer steps")
-    # Caps the work a lost session costs when steps are slow. A fraction of a minute is allowed.
-    checkpoint_every_minutes: float = session(
-        0.0, "also checkpoint at the first logging step after this many minutes without one (0: off)"
-    )
+    # Checkpoints come as often as that takes, as far as their measured cost allows (utils/timing.py).
+    max_time_lost: str = session("1m", "the most training a kill may cost, e.g. 1m, 30s ('': no such bound)")
+    checkpoint_every: int = session(0, "also save a checkpoint every this many optimizer steps (0: off)")
     keep_checkpoints: int = session(3, "how many of the newest checkpoints to keep")
     # background: the loop copies the state to CPU memory and trains on while a thread writes, checksums,
     # fsyncs and publishes it (utils/persist.py; docs/resume.md has the measurements).
@@ -166,8 +164,8 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("log_every", lambda v: v > 0, "> 0"),
         ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),
         ("early_stopping_patience", lambda v: v >= 0, ">= 0 (0 means never stop early)"),
-        ("checkpoint_every", lambda v: v > 0, "> 0"),
-        ("checkpoint_every_minutes", lambda v: v >= 0, ">= 0 (0 means only every checkpoint_every steps)"),
+        ("checkpoint_every", lambda v: v >= 0, ">= 0 (0 means only as max_time_lost needs)"),
+        ("max_time_lost", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for none"),
         ("time_budget", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for no limit"),
         ("keep_checkpoints", lambda v: v > 0, "> 0"),
         ("fp16_skip_patience", lambda v: v > 0, "> 0"),
@@ -266,12 +264,15 @@ REMOVED_FIELDS = {
     "check_disk_space": "a full disk stops the run with one line, the last checkpoint kept",
     "continue_on_new_data": "a resume on other data is refused: give the run's own data, or start_over: true",
     "resume": "a run continues from its newest valid checkpoint; start_over: true starts it afresh",
+    "checkpoint_every_minutes": "set max_time_lost instead (the most training a kill may cost: 1m, 30s)",
 }
+# Refused where a person sets them (a run's or an export's saved file only warns): one way to say it.
+REFUSED_FIELDS = ("checkpoint_every_minutes",)
 
 
-def read_yaml(path: Path, config_class: type[TrainConfig], notes: list[str]) -> dict[str, Any]:
-    """The typed values set in a YAML config file; unknown keys and wrong types raise ConfigError. A field
-    that no longer exists is skipped, with a warning in `notes`."""
+def read_yaml(path: Path, config_class: type[TrainConfig], notes: list[str], saved: bool = False) -> dict[str, Any]:
+    """The typed values set in a YAML config file (`saved`: a run's or an export's); unknown keys and wrong
+    types raise ConfigError. A field that no longer exists is skipped, with a warning in `notes`."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
@@ -288,6 +289,8 @@ def read_yaml(path: Path, config_class: type[TrainConfig], notes: list[str]) -> 
     text_forms = {name: forms for name, _, forms in config_class.CHECKS if types.get(name) is str}
     values = {}
     for key, value in raw.items():
+        if key in REFUSED_FIELDS and not saved:
+            raise ConfigError(f"{path}: {key} no longer exists: {REMOVED_FIELDS[key]}")
         if key in REMOVED_FIELDS:
             notes.append(f"{path}: {key} no longer exists, skipped: {REMOVED_FIELDS[key]}")
             continue
@@ -352,10 +355,11 @@ def load_config(
     config_class: type[TrainConfig],
     own_flags: tuple[str, ...] = (),
     notes: list[str] | None = None,
+    saved: bool = False,
 ) -> tuple[TrainConfig, Path]:
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
-    flags; `own_flags`: the caller's other flags (predict.py's), for the hint at an unknown one; `notes`
-    gets a warning for each field of the file that no longer exists."""
+    flags; `own_flags`: the caller's other flags (predict.py's), for an unknown one's hint; `notes` gets a
+    warning for each field of the file that no longer exists; `saved`: a run's or an export's file."""
     types = _field_types(config_class)
     parser = argparse.ArgumentParser(
         usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",
@@ -382,10 +386,12 @@ def load_config(
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0]
+        if (name := flag.split("=")[0].removeprefix("--")) in REFUSED_FIELDS:
+            raise ConfigError(f"--{name} no longer exists: {REMOVED_FIELDS[name]}")
         hint = _nearest(flag.split("=")[0], [*own_flags, *(f"--{name}" for name in types)])
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
-    values = read_yaml(args.config, config_class, [] if notes is None else notes)
+    values = read_yaml(args.config, config_class, [] if notes is None else notes, saved)
     sources = {key: str(args.config) for key in values}
     for name, kind in types.items():
         text = getattr(args, name)

@@ -57,10 +57,11 @@ class Bookkeeping:
         self.accelerator, self.config, self.state = accelerator, config, state
         self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
         self.clock, self.persister, self.history = clock, persister, history
-        self.progress = Progress(total_steps, state.step, enabled=accelerator.is_main_process)
+        self.progress = Progress(total_steps, state.step, accelerator.is_main_process, clock.at_risk)
+        clock.begin(state.step)  # what a kill loses is counted from here
         self.loss = TrainLoss(accelerator, state, self.progress)
         self.end = Ending(stop, state, total_steps, steps_per_epoch * config.num_epochs, config.max_steps)
-        self.timed_checkpoint = self.end_of_epoch = self.streamed = False
+        self.end_of_epoch = self.streamed = False
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
         self.metrics: dict[str, float] | None = None
         resumed_at = state.step if resumed_from is not None else None
@@ -95,9 +96,10 @@ class Bookkeeping:
             state.epoch_samples = 0
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """Every log_every steps: the mean train loss, and whether to stop or checkpoint for time."""
-        if self.state.step % self.config.log_every == 0:
-            self.timed_checkpoint = self.loss.at_log(self.end, self.clock, scheduler)
+        """Every log_every steps, and after a session's first: the loss, a stop, the checkpoint interval."""
+        logging = self.state.step % self.config.log_every == 0
+        if logging or self.state.step == self.progress.start_step + 1:
+            self.loss.at_log(self.end, self.clock, scheduler, logging)
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
@@ -127,15 +129,16 @@ class Bookkeeping:
             self.evaluate(model, forward, eval_loader)
 
     def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
-        """Save when due (checkpoint_every, the last step), for time, or before stopping. A session that
+        """Save when due (max_time_lost, checkpoint_every, the last step) or before stopping. A session that
         ends here with steps left first computes the next step without taking it (`probe`)."""
         state, config, accelerator = self.state, self.config, self.accelerator
         self.persister.announce()  # the background save before, once published
         if self.end.diverged:
             return
-        due = state.step % config.checkpoint_every == 0 or state.step == self.total_steps
-        if not (due or self.timed_checkpoint or self.end.stopping or state.stopped_early):
+        due = self.clock.due(state.step) or state.step == self.total_steps or state.stopped_early
+        if not (due or self.end.stopping):
             return
+        saving = time.monotonic()  # the loop's stop, which max_time_lost's checkpoints keep under 2%
         # Never a checkpoint of broken weights: it would rotate the last good one out.
         if not weights_finite(accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
@@ -148,7 +151,6 @@ class Bookkeeping:
         self.loss.save()  # the logging interval in progress, which a resumed run logs whole
         # The checkpoint seals this length: the lines it counts must be on the disk before it is.
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
-        saving, self.timed_checkpoint = time.monotonic(), False
         step, why = state.step, self.end.why()
         files = {HISTORY_FILE: self.history.text(step, why)}
         files |= cache_files(accelerator, config)  # what was compiled (utils/compile_cache.py)
@@ -156,8 +158,7 @@ class Bookkeeping:
         # before finish() names it.
         published = functools.partial(self.check.saved, step, why)  # what a kill from then on resumes from
         self.last_saved = self.persister.save(state, self.resumed_from, files, published)
-        # The time budget keeps room for a whole save, which a stop waits for, not the loop's short pause.
-        self.clock.saved(saving, self.persister.last_seconds)
+        self.clock.saved(step, saving, self.persister.last_seconds)
 
 
 @dataclass
@@ -218,20 +219,21 @@ class TrainLoss:
         flags = torch.tensor(votes, device=self.accelerator.device, dtype=self.sum.dtype).reshape(-1)
         return self.accelerator.reduce(torch.cat([self.sum.reshape(1), flags]), "sum").tolist()
 
-    def at_log(self, end: Ending, clock: SessionClock, scheduler: Any) -> bool:
+    def at_log(self, end: Ending, clock: SessionClock, scheduler: Any, logging: bool = True) -> None:
         """The one host-device sync of training, once per logging interval: the loss, with the stop vote and
         the main process's clock riding along, so that all processes stop, or checkpoint for time, at the
         same step, whenever each got its signal (utils/timing.py: why one clock decides). Sets `end`'s
-        reasons, logs the loss, and returns whether to checkpoint for time."""
+        reasons and the checkpoint interval, and logs the loss; not `logging`: the interval alone."""
         vote = 1.0 if end.stop_request else 0.0
-        loss_total, votes, timed, late = self.total(vote, *clock.at_log())
+        loss_total, votes, clock.every, late = self.total(vote, *clock.at_log(self.state.step, logging))
+        if not logging:
+            return
         # A signal wins over the clock: the platform wants the machine back now, without exports.
         end.stopping, end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
         if not math.isfinite(loss_total):  # the same sum on every process: all stop here
             end.diverged = f"the train loss of steps up to {self.state.step} is {loss_total}"
         else:
             self.log(loss_total, scheduler)
-        return timed > 0
 
     def log(self, total: float, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Log the window's mean per micro-batch (`total`: its sum over processes), then start a new one."""

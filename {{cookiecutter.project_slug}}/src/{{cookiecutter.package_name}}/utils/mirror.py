@@ -1,11 +1,8 @@
 """A second copy of the run in a persistent folder (`mirror_dir`, e.g. Google Drive), kept in the background.
 
-After every checkpoint a thread of the main process (persist.Worker) copies what changed: the run's files,
-then the newest checkpoint, staged and verified against its checksums before it is published. Training
-never waits for it and a failing copy never stops it (reported once, retried); `finish` completes it at the
-end. What this promises on Colab and through a store (s3://, hf://, gs://, `RemoteStore`, which cannot
-rename: it reads a copy back to verify it and publishes by server-side copies, loop_state.json last):
-docs/moving-runs.md.
+After every checkpoint a thread of the main process (persist.Worker) copies what changed, the newest
+checkpoint verified before it is published. Training never waits for it, a failing copy is reported once
+and retried, and `finish` completes it. What it promises, on Colab and through a store: docs/moving-runs.md.
 """
 
 from __future__ import annotations
@@ -63,6 +60,7 @@ class Mirror:
         self._locked = False
         self._failing = ""  # the error reported, until a copy works again
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
+        self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
 
     def start(self, run_id: str, start_over: bool) -> None:
         """Take the mirror's lock and check that it holds no other run (every process raises the main one's
@@ -120,6 +118,7 @@ class Mirror:
         """One pass of the thread: the run's files, then the newest readable checkpoint, then rotation."""
         store = self.store
         assert store is not None
+        started = time.monotonic()
         try:
             if isinstance(store.lock, RemoteLease):  # a lease can expire; a file lock cannot
                 store.lock.check()
@@ -136,6 +135,7 @@ class Mirror:
                 store.copy_checkpoint(readable[-1])
                 self.newest_step = checkpoint_step(readable[-1])
                 store.rotate(self.newest_step, self.keep)
+                self.copy_seconds = time.monotonic() - started
         except FolderInUse as error:
             self._report(f"{error}; not mirroring until it is free")
             return

@@ -1,10 +1,8 @@
 """Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it.
 
-The path of a checkpoint reads in one direction: the loop (utils/loop.py) -> `Persister` -> the store
-(checkpoint.py writes, checksums, fsyncs, seals and publishes; then the mirror, utils/mirror.py, copies).
-What checkpoint_mode "background" (the default) and "sync" do and cost: docs/resume.md, "Checkpoints in
-the background". The other processes write their RNG file into the staging folder at once, so the thread
-never needs a collective.
+The loop (utils/loop.py) -> `Persister` -> the store (checkpoint.py publishes; then utils/mirror.py copies);
+what the modes do and cost: docs/resume.md. The other processes write their RNG file into the staging
+folder at once, so the thread never needs a collective.
 """
 
 from __future__ import annotations
@@ -63,6 +61,7 @@ class Persister:
         self._job: Future | None = None
         self._saved: Callable[[], None] | None = None  # says that the save in flight is published
         self.last_seconds = 0.0  # the last save, from staging to publish
+        self.published_step = -1  # of the newest checkpoint published (on the main process)
 
     def save(
         self,
@@ -78,6 +77,7 @@ class Persister:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
             self.last_seconds = time.monotonic() - started
+            self.published_step = state.step
             self.published()
             saved(final)
             return final
@@ -140,7 +140,7 @@ class Persister:
             _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
         except WRITE_ERRORS as error:  # raised in the loop at the next wait, as a synchronous save would
             raise write_error(staging, error) from None
-        self.last_seconds = time.monotonic() - started
+        self.last_seconds, self.published_step = time.monotonic() - started, state.step
         self.published()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from .timing import format_duration
 
@@ -21,8 +22,8 @@ LINE_EVERY_S = 30.0
 class Progress:
     """Counts optimizer steps and shows them; `write` prints an event line (above a live bar)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
-        self.total, self.step, self.enabled = total, initial, enabled
+    def __init__(self, total: int, initial: int, enabled: bool, at_risk: Callable = lambda: None) -> None:
+        self.total, self.step, self.enabled, self.at_risk = total, initial, enabled, at_risk
         self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
         self.started = time.monotonic()
         self.next_line = self.started + FIRST_LINE_AFTER_S
@@ -63,6 +64,8 @@ class Progress:
             parts.append(f"{rate:.1f} steps/s" if rate >= 1 else f"{1 / rate:.1f} s/step")
             parts.append(f"elapsed {format_duration(elapsed)}")
             parts.append(f"ETA {format_duration((self.total - self.step) / rate)}")
+        if (risk := self.at_risk()) is not None:  # what a kill now would cost (max_time_lost)
+            parts.append(f"at risk {format_duration(risk)}")
         return "train: " + " | ".join(parts)
 
     def close(self) -> None:

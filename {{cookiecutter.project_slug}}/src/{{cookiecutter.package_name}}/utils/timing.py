@@ -1,59 +1,100 @@
-"""Time limits of a session: checkpoints every `checkpoint_every_minutes`, and a stop before `time_budget`.
-
-Both are decided at logging steps only, on the main process's clock. The main process puts its decisions
-into the reduce that logging does anyway (the other processes add zeros), so every process acts on the
-same decision at the same step without a synchronisation of its own.
-
-Why one clock rather than a vote of every process's: the processes advance in lockstep (each optimizer
-step waits for every process's gradients), so their clocks would agree anyway; the main process also does
-the work the others wait for at the end (metrics.jsonl, the exports), so its measurements are
-the ones that cover a stopping run's tail; and the other processes never need to read a clock.
-"""
+"""Time limits of a session: checkpoints so that a kill loses at most `max_time_lost`, and a stop before
+`time_budget` (docs/resume.md), decided on the main process's clock (the processes advance in lockstep) at
+logging steps, checkpoints also after a session's first step, and carried by the logging reduce (the other
+processes add zeros): every process acts at the same step without a sync of its own."""
 
 from __future__ import annotations
 
+import math
 import time
+from typing import Any
 
 from .config import TrainConfig, parse_duration
 
+LOOP_SHARE = 0.02  # the most of the wall time that checkpoints may stop the loop for
+
 
 class SessionClock:
-    """The main process's view of the session's time, read once per logging interval."""
+    """The main process's view of the session's time; `saver` and `mirror` time checkpoints' write, copy."""
 
-    def __init__(self, config: TrainConfig, main_process: bool) -> None:
-        self.checkpoint_seconds = 60 * config.checkpoint_every_minutes
+    def __init__(self, config: TrainConfig, main_process: bool, saver: Any, mirror: Any) -> None:
+        self.lost, self.lost_text = parse_duration(config.max_time_lost) or 0.0, config.max_time_lost
         self.budget, self.budget_text = parse_duration(config.time_budget) or 0.0, config.time_budget
-        self.enabled = main_process and (self.checkpoint_seconds > 0 or self.budget > 0)
-        self.start = self.last_log = self.last_checkpoint = time.monotonic()
+        self.enabled, self.saver, self.mirror = main_process, saver, mirror
+        self.steps = config.checkpoint_every
+        self.start = self.last_log = time.monotonic()
         self.longest_interval = 0.0  # between logging steps, start-up included in the first
-        self.longest_save = 0.0  # one checkpoint, measured by `saved`
+        self.longest_save = self.stop_s = 0.0  # a whole checkpoint; the loop's stop for the last one
+        self.every, self.said = 0.0, False  # the steps between checkpoints agreed on; the cost line printed
+        self.begin(0)
 
-    def at_log(self) -> tuple[float, float]:
-        """(checkpoint now, stop now), 1.0 for yes, for the logging reduce; zeros on the other processes.
+    def begin(self, step: int) -> None:
+        """The loop starts at `step`: a kill from now on loses the time since then, until a checkpoint."""
+        self.checkpoint_step = step
+        self.taken = [(step, time.monotonic())]  # (step, reached at) of checkpoints, from the newest durable
 
-        Stop when one more logging interval, then a checkpoint and the export (which writes the weights
-        again, so no longer than the checkpoint), would not fit in what is left of the budget: after
-        this logging step the next chance to stop is one interval away.
-        """
-        if not self.enabled:
-            return 0.0, 0.0
+    def at_log(self, step: int, logging: bool = True) -> tuple[float, float]:
+        """(checkpoint interval in steps, stop now: 1.0), for the reduce; zeros on the other processes; not
+        `logging` (the first step): the interval alone. Stop when one more logging interval, a checkpoint
+        and the export (no longer than a checkpoint) would not fit in what is left of the budget."""
+        if not (self.enabled and logging):
+            return self.plan(step), 0.0
         now = time.monotonic()
         self.longest_interval = max(self.longest_interval, now - self.last_log)
         self.last_log = now
-        checkpoint = 0 < self.checkpoint_seconds <= now - self.last_checkpoint
-        stop = 0 < self.budget <= now - self.start + self.reserve()
-        return float(checkpoint), float(stop)
+        return self.plan(step), float(0 < self.budget <= now - self.start + self.reserve())
+
+    def plan(self, step: int) -> float:
+        """Steps from the last checkpoint's to the next, at the pace since the last (evaluations included)."""
+        if not (self.enabled and self.lost):
+            return 0.0
+        now, reached = time.monotonic(), self.taken[-1][1]  # when the last checkpoint's step was
+        step_s = max(1e-9, now - reached) / max(1, step - self.checkpoint_step)
+        fits, cost = self.interval()  # whole steps: within the first, never under the second
+        ahead = max(math.floor((reached + fits - now) / step_s), math.ceil((reached + cost - now) / step_s))
+        return float(step - self.checkpoint_step + max(0, ahead))
+
+    def interval(self) -> tuple[float, float]:
+        """Seconds from a checkpoint to the next: at most such that its stop, write and copy still fit in
+        max_time_lost (half of it until one is measured); at least what checkpoints cost."""
+        write, copy = self.saver.last_seconds, self.mirror.copy_seconds
+        fits = self.lost - (self.stop_s + write + copy if self.stop_s else self.lost / 2)
+        cost, why = max(
+            (self.stop_s / LOOP_SHARE, f"each stops training for {format_duration(self.stop_s)}, 2% at most"),
+            (write, f"each checkpoint's write takes {format_duration(write)}"),
+            (copy, f"each copy to {self.mirror.target} takes {format_duration(copy)}"),
+        )
+        if cost > fits and not self.said:
+            self.said, risk = True, format_duration(self.lost - fits + cost)
+            line = f"checkpoints every {format_duration(cost)}, not as max_time_lost {self.lost_text} needs"
+            print(f"{line}: {why} (a kill may cost up to {risk})", flush=True)
+        return fits, cost
+
+    def at_risk(self) -> float | None:
+        """Seconds of training a kill now loses: since the newest checkpoint durable where the next session
+        looks (with a mirror_dir, the mirror's verified copy). None without max_time_lost."""
+        if not self.lost:
+            return None
+        durable = self.mirror.newest_step if self.mirror.store is not None else self.saver.published_step
+        while len(self.taken) > 1 and self.taken[1][0] <= durable:
+            self.taken.pop(0)
+        return time.monotonic() - self.taken[0][1]
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is due at `step`, for max_time_lost or checkpoint_every (on every process)."""
+        return 0 < self.every <= step - self.checkpoint_step or (self.steps > 0 and step % self.steps == 0)
 
     def reserve(self) -> float:
         """Seconds kept for one more logging interval, a checkpoint and the export."""
         return self.longest_interval + 2 * self.longest_save
 
-    def saved(self, started: float, written: float = 0.0) -> None:
-        """A checkpoint begun at `started` (time.monotonic()) is handed over: time the next one from now.
-        `written`: the seconds its writing took, in the background (a stop waits for all of it)."""
-        now = time.monotonic()
-        self.longest_save = max(self.longest_save, now - started, written)
-        self.last_checkpoint = now
+    def saved(self, step: int, started: float, written: float = 0.0) -> None:
+        """A checkpoint of `step` begun at `started` is handed over (every process); `written`: the seconds
+        the last write took, in the background (a stop waits for all of it)."""
+        self.stop_s = time.monotonic() - started
+        self.longest_save = max(self.longest_save, self.stop_s, written)
+        self.checkpoint_step = step
+        self.taken.append((step, started))
 
     def stop_note(self) -> str:
         """Why the run stopped for time, for the main process's last line."""
