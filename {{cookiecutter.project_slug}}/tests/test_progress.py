@@ -78,7 +78,7 @@ def test_with_max_time_lost_the_line_says_what_a_kill_now_would_cost(fake_time: 
     progress = Progress(total=10, initial=0, enabled=True, at_risk=lambda: 40.0)
     fake_time.now += 1.0
     progress.update()
-    assert progress.line().endswith("| ETA 9.0s | at risk 40s")
+    assert "step 1/10 (10%) | at risk 40s | 1.0 steps/s" in progress.line()
 
 
 def test_processes_other_than_the_main_one_print_nothing(

@@ -51,8 +51,12 @@ class Progress:
             print(line, flush=True)
 
     def parts(self) -> list[str]:
-        """What the bar's postfix and the plain line show beside step, speed and time left."""
-        return [f"loss {self.loss:.4f}"] if self.loss is not None else []
+        """What the bar's postfix and the plain line show beside step, speed and time left: the loss, and
+        what a kill now would cost (max_time_lost)."""
+        parts = [f"loss {self.loss:.4f}"] if self.loss is not None else []
+        if (risk := self.at_risk()) is not None:
+            parts.append(f"at risk {format_duration(risk)}")
+        return parts
 
     def line(self) -> str:
         """step, loss, speed and time left, e.g. `step 120/440 (27%) | loss 0.4312 | 35.2 steps/s | ...`."""
@@ -64,8 +68,6 @@ class Progress:
             parts.append(f"{rate:.1f} steps/s" if rate >= 1 else f"{1 / rate:.1f} s/step")
             parts.append(f"elapsed {format_duration(elapsed)}")
             parts.append(f"ETA {format_duration((self.total - self.step) / rate)}")
-        if (risk := self.at_risk()) is not None:  # what a kill now would cost (max_time_lost)
-            parts.append(f"at risk {format_duration(risk)}")
         return "train: " + " | ".join(parts)
 
     def close(self) -> None:
