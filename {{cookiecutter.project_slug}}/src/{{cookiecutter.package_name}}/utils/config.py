@@ -270,7 +270,9 @@ REMOVED_FIELDS = {
 REFUSED_FIELDS = ("checkpoint_every_minutes",)
 
 
-def read_yaml(path: Path, config_class: type[TrainConfig], notes: list[str], saved: bool = False) -> dict[str, Any]:
+def read_yaml(
+    path: Path, config_class: type[TrainConfig], notes: list[str], saved: bool = False
+) -> dict[str, Any]:
     """The typed values set in a YAML config file (`saved`: a run's or an export's); unknown keys and wrong
     types raise ConfigError. A field that no longer exists is skipped, with a warning in `notes`."""
     if not path.is_file():
