@@ -13,18 +13,22 @@ taking it): a hash of each sample as the model receives it, in global order, the
 norm, as bits. The run's history keeps it; a session resumed from that checkpoint compares its own first
 step with it and says, in one line, whether the resume is bit for bit the uninterrupted run (`verdict`).
 `ResumeCheck` decides which steps the loop records, and keeps the records and verdicts in the history.
+`SeededItems` does for the loader's items what `follow_the_sample` does for the step.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate.utils import gather_object
+from torch.utils.data import Dataset, Subset
 
 
 def follow_the_sample(seed: int, step: int, place: int, device: torch.device) -> None:
@@ -32,14 +36,61 @@ def follow_the_sample(seed: int, step: int, place: int, device: torch.device) ->
     batch of optimizer step `step`: host-side, no device sync. Not torch.manual_seed: it also queues a
     seeding, with a stack trace, for every device kind not yet initialized (milliseconds, and a list that
     grows at every call)."""
-    key = hashlib.blake2b(f"{seed}/{step}/{place}".encode(), digest_size=8).digest()
-    value = int.from_bytes(key, "little") >> 1
+    value = seed_of(seed, step, place)
     torch.default_generator.manual_seed(value)
     if device.type == "cuda":
         index = torch.cuda.current_device() if device.index is None else device.index
         torch.cuda.default_generators[index].manual_seed(value)
     elif device.type != "cpu":  # mps, xpu, ...: in use, so initialized
         getattr(torch, device.type).manual_seed(value)
+
+
+def seed_of(*parts: object) -> int:
+    """A 63-bit seed mixed from `parts`: neighbouring parts give unrelated seeds."""
+    key = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(key, "little") >> 1
+
+
+def seeded_items(train_set: Dataset, seed: int) -> Dataset:
+    """The train set as its loader reads it: one made item by item as `SeededItems`; one that makes its
+    batches itself (its own `__getitems__`, as digits' does) draws its random numbers as it likes."""
+    own_batches = getattr(type(train_set), "__getitems__", None) not in (None, Subset.__getitems__)
+    return train_set if own_batches else SeededItems(train_set, seed)
+
+
+class SeededItems(Dataset):
+    """Items that draw from the global generators as if each had them alone: torch's (CPU), numpy's and
+    Python's are seeded from (seed, epoch, index) before an item is made, in the main process or a worker,
+    and given back as they were after each batch. Augmentation drawn from them (the torchvision habit) then
+    follows the sample as the step's draws do: the same on any number of processes, and after a resume."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list) -> list:
+        states = torch.get_rng_state(), np.random.get_state(), random.getstate()  # 0.1 ms: once a batch
+        items = []
+        for index in indices:
+            value = seed_of("item", self.seed, self.epoch, index)
+            torch.default_generator.manual_seed(value)
+            np.random.seed(value & 0xFFFF_FFFF)
+            random.seed(value)
+            items.append(self.dataset[index])
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        return items
 
 
 def batch_tensors(batch: Any) -> Iterator[torch.Tensor]:
