@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
@@ -25,6 +26,10 @@ PROJECT = Path(__file__).resolve().parents[1]
 # The suite runs on the CPU, on a GPU machine too: the numbers are those of CI, and a 1-process run is
 # compared with 2 CPU processes. Runs made with `gpu=True` (tests/test_cuda.py) take the GPU back.
 os.environ["ACCELERATE_USE_CPU"] = "1"
+# The generic runs train the task's default model, or the smaller one of a preset's own tests (task fields
+# in tests/task/model.yaml): a task of one's own needs none.
+MODEL_FILE = PROJECT / "tests" / "task" / "model.yaml"
+MODEL = yaml.safe_load(MODEL_FILE.read_text()) if MODEL_FILE.is_file() else {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,7 +62,8 @@ def training_command(
         command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
         command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
         command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir), *args]
+    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir)]
+    command += [*(f"--{name}={value}" for name, value in MODEL.items()), *args]
     return command, env
 
 
