@@ -40,7 +40,7 @@ def main() -> None:
         assert isinstance(seeded, exact.SeededItems), "the images train set is made item by item"
         model = task.build_model(config)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
-        batches = [list(range(start, start + 64)) for start in range(0, 64 * steps, 64)]
+        batches = [[index % len(train_set) for index in range(64 * k, 64 * k + 64)] for k in range(steps)]
         added, step = [], []
         for _ in range(rounds):  # each batch read plainly and seeded, one after the other
             for indices in batches:

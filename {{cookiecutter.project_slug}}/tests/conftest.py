@@ -19,17 +19,19 @@ from safetensors.torch import load_file
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
 from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE
 
+from . import task_settings
 from .forked_runs import ForkedRun, ForkServer, free_port
-from .task_settings import IMPORTS, QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
 # The suite runs on the CPU, on a GPU machine too: the numbers are those of CI, and a 1-process run is
 # compared with 2 CPU processes. Runs made with `gpu=True` (tests/test_cuda.py) take the GPU back.
 os.environ["ACCELERATE_USE_CPU"] = "1"
-# The generic runs train the task's default model, or the smaller one of a preset's own tests (task fields
-# in tests/task/model.yaml): a task of one's own needs none.
+# The short runs of the generic tests (task_settings.py: TrainConfig's fields only), with the smaller model
+# of a preset's own tests where it has one (task fields, tests/task/model.yaml); a task of one's own has none.
 MODEL_FILE = PROJECT / "tests" / "task" / "model.yaml"
-MODEL = yaml.safe_load(MODEL_FILE.read_text()) if MODEL_FILE.is_file() else {}
+MODEL_FIELDS = yaml.safe_load(MODEL_FILE.read_text()) if MODEL_FILE.is_file() else {}
+MODEL = [f"--{name}={value}" for name, value in MODEL_FIELDS.items()]
+QUICK, SIGNAL_RUN = [*task_settings.QUICK, *MODEL], [*task_settings.SIGNAL_RUN, *MODEL]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -62,15 +64,14 @@ def training_command(
         command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
         command += ["--num_processes", str(processes), "--main_process_port", str(free_port())]
         command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir)]
-    command += [*(f"--{name}={value}" for name, value in MODEL.items()), *args]
+    command += ["train.py", "--config", "configs/local.yaml", "--output_dir", str(output_dir), *args]
     return command, env
 
 
 # The fork server imports the task's libraries (task_settings.IMPORTS) and the tracker's, which every run
 # that logs loads (MLflow's import alone takes 4 s).
 TRACKER_IMPORTS = {{ {"none": "()", "tensorboard": '("torch.utils.tensorboard",)', "mlflow": '("mlflow",)', "wandb": '("wandb",)'}[cookiecutter.tracker] }}
-FORK_SERVER = ForkServer((*IMPORTS, *TRACKER_IMPORTS))
+FORK_SERVER = ForkServer((*task_settings.IMPORTS, *TRACKER_IMPORTS))
 
 
 def forked(env: dict[str, str]) -> bool:

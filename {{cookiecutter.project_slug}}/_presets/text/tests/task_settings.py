@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils.config import load_config
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -15,7 +16,7 @@ IMPORTS = (
 )
 
 # A short real run, shared by the tests that only read its outputs: 2 epochs of 21 optimizer steps (1,352
-# training passages // 64); with the smaller BERT of tests/task/model.yaml, as every run of the generic tests.
+# training passages // 64); with the smaller BERT of tests/task/model.yaml (tests/conftest.py: QUICK).
 QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"]
 
 # A run that trains for several seconds, so that a signal sent once training has begun lands mid-run:
@@ -37,7 +38,7 @@ PIPELINE = ("text-classification", "But, soft! what light through yonder window 
 def save_pretrained_model(folder: Path) -> None:
     from .conftest import MODEL
 
-    config = task.Config(**MODEL)
+    config, _ = load_config(MODEL, PROJECT / "configs" / "local.yaml", task.Config)
     config.data_file = str(PROJECT / config.data_file)
     task.build_tokenizer(config).save_pretrained(folder)
     task.build_base(config).save_pretrained(folder)

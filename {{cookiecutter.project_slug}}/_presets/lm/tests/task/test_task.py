@@ -17,8 +17,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.chars import TrainWindows, load_corpus
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import QUICK, assert_same_run, last_eval, run_predict, run_training
-from ..task_settings import MODEL
+from ..conftest import MODEL, QUICK, assert_same_run, last_eval, run_predict, run_training
 
 
 @pytest.mark.slow
