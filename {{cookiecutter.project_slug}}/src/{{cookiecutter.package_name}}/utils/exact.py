@@ -1,19 +1,14 @@
-"""Exact by construction, and shown at every resume.
+"""Exact by construction, and shown at every resume (docs/resume.md).
 
 `follow_the_sample` seeds torch's generators before each micro-batch from the run's seed, the optimizer
 step and the micro-batch's place in the global batch. Accelerate hands process p the p-th share of each
 global batch (per-device batch x accumulation samples), which the loop cuts into micro-batches, so micro-batch
 j of process p holds the samples at place p x accumulation + j: the same samples, whatever the number of
-processes and accumulation steps, for the same per-device batch. Dropout and every other draw made inside
-the step (on the CPU or a GPU) then follow the samples, not the process: 1 process x 2 accumulation and 2
-processes x 1 draw the same masks, and a resumed step draws what the uninterrupted run drew.
+processes and accumulation steps, for the same per-device batch. `SeededItems` seeds the global generators
+for each train item the loader makes. Every draw then follows the samples, not the process.
 
-`StepDigest` records the first step after a checkpoint (or, when a session ends there, computes it without
-taking it): a hash of each sample as the model receives it, in global order, the loss and the gradient
-norm, as bits. The run's history keeps it; a session resumed from that checkpoint compares its own first
-step with it and says, in one line, whether the resume is bit for bit the uninterrupted run (`verdict`).
-`ResumeCheck` decides which steps the loop records, and keeps the records and verdicts in the history.
-`SeededItems` does for the loader's items what `follow_the_sample` does for the step.
+`StepDigest` records the first step after a checkpoint, as bits; `ResumeCheck` keeps the records in the
+history and compares a resumed session's first step with them (`verdict`).
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ def follow_the_sample(seed: int, step: int, place: int, device: torch.device) ->
     batch of optimizer step `step`: host-side, no device sync. Not torch.manual_seed: it also queues a
     seeding, with a stack trace, for every device kind not yet initialized (milliseconds, and a list that
     grows at every call)."""
-    value = seed_of(seed, step, place)
+    value = seed_of(f"{seed}/{step}/{place}")
     torch.default_generator.manual_seed(value)
     if device.type == "cuda":
         index = torch.cuda.current_device() if device.index is None else device.index
@@ -45,27 +40,21 @@ def follow_the_sample(seed: int, step: int, place: int, device: torch.device) ->
         getattr(torch, device.type).manual_seed(value)
 
 
-def seed_of(*parts: object) -> int:
+def seed_of(parts: str) -> int:
     """A 63-bit seed mixed from `parts`: neighbouring parts give unrelated seeds."""
-    key = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(key, "little") >> 1
-
-
-def seeded_items(train_set: Dataset, seed: int) -> Dataset:
-    """The train set as its loader reads it: one made item by item as `SeededItems`; one that makes its
-    batches itself (its own `__getitems__`, as digits' does) draws its random numbers as it likes."""
-    own_batches = getattr(type(train_set), "__getitems__", None) not in (None, Subset.__getitems__)
-    return train_set if own_batches else SeededItems(train_set, seed)
+    return int.from_bytes(hashlib.blake2b(parts.encode(), digest_size=8).digest(), "little") >> 1
 
 
 class SeededItems(Dataset):
-    """Items that draw from the global generators as if each had them alone: torch's (CPU), numpy's and
-    Python's are seeded from (seed, epoch, index) before an item is made, in the main process or a worker,
-    and given back as they were after each batch. Augmentation drawn from them (the torchvision habit) then
-    follows the sample as the step's draws do: the same on any number of processes, and after a resume."""
+    """The train set as its loader reads it. Its items draw from the global generators as if each had them
+    alone: torch's (CPU), numpy's and Python's are seeded from (seed, epoch, index) before an item is made,
+    in the main process or a worker, and given back as they were after each batch. Augmentation drawn from
+    them (the torchvision habit) then follows the sample, as the step's draws do. A set that makes its
+    batches itself (its own `__getitems__`, as digits' does) draws its random numbers as it likes."""
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset, self.seed, self.epoch = dataset, seed, 0
+        self.batches = getattr(type(dataset), "__getitems__", None) not in (None, Subset.__getitems__)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -76,13 +65,15 @@ class SeededItems(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: Any) -> Any:
-        return self.__getitems__([index])[0]
+        return self.dataset[index] if self.batches else self.__getitems__([index])[0]
 
-    def __getitems__(self, indices: list) -> list:
+    def __getitems__(self, indices: list) -> Any:
+        if self.batches:
+            return self.dataset.__getitems__(indices)
         states = torch.get_rng_state(), np.random.get_state(), random.getstate()  # 0.1 ms: once a batch
         items = []
         for index in indices:
-            value = seed_of("item", self.seed, self.epoch, index)
+            value = seed_of(f"item/{self.seed}/{self.epoch}/{index}")
             torch.default_generator.manual_seed(value)
             np.random.seed(value & 0xFFFF_FFFF)
             random.seed(value)
