@@ -229,6 +229,17 @@ def test_quick_fingerprint_benchmark_prints_every_row() -> None:
 
 
 @pytest.mark.slow
+def test_quick_item_seed_benchmark_prints_the_share_of_a_step() -> None:
+    """bench/item_seeds.py --quick: an images step in ms, what seeding its items adds, and the share."""
+    result = run([sys.executable, "bench/item_seeds.py", "--quick"], cwd=TEMPLATE, timeout=600)
+    assert result.returncode == 0, explain(result)
+    found = re.search(
+        r"a step ([\d.]+) ms; seeding its items adds ([\d.]+) ms, ([\d.]+)% of the step", result.stdout
+    )
+    assert found and all(float(value) > 0 for value in found.groups()), result.stdout
+
+
+@pytest.mark.slow
 def test_quick_stream_benchmark_prints_every_row() -> None:
     """bench/streams.py --quick: the text preset's stream loader at 0, 1 and 2 workers, a resume near and far
     into an epoch, and the data wait of train.py on it, each a number."""

@@ -254,6 +254,17 @@ def last_eval(output_dir: Path) -> dict:
     return [row for row in read_metrics(output_dir) if any(name.startswith("eval/") for name in row)][-1]
 
 
+def assert_quoted(value: float, pattern: str) -> None:
+    """Each figure that `pattern` (its one group) finds in README.md and docs/task.md is `value`, at the
+    precision quoted: what a fresh run prints (the template's bench/readme_figures.py writes them)."""
+    text = "".join((PROJECT / page).read_text(encoding="utf-8") for page in ("README.md", "docs/task.md"))
+    quotes = re.findall(pattern, text)
+    assert quotes, f"nothing in README.md or docs/task.md matches {pattern!r}"
+    for quote in quotes:
+        decimals = len(quote.partition(".")[2])
+        assert f"{value:.{decimals}f}" == quote, f"{quote} quoted, a fresh run gives {value}"
+
+
 @pytest.fixture(scope="session")
 def single_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """A short real run (task_settings.QUICK), shared by the tests that only read its outputs."""
