@@ -1,14 +1,11 @@
 """Exact by construction, and shown at every resume (docs/resume.md).
 
-`follow_the_sample` seeds torch's generators before each micro-batch from the run's seed, the optimizer
-step and the micro-batch's place in the global batch. Accelerate hands process p the p-th share of each
-global batch (per-device batch x accumulation samples), which the loop cuts into micro-batches, so micro-batch
-j of process p holds the samples at place p x accumulation + j: the same samples, whatever the number of
-processes and accumulation steps, for the same per-device batch. `SeededItems` seeds the global generators
-for each train item the loader makes. Every draw then follows the samples, not the process.
-
-`StepDigest` records the first step after a checkpoint, as bits; `ResumeCheck` keeps the records in the
-history and compares a resumed session's first step with them (`verdict`).
+`follow_the_sample` seeds torch's generators before each micro-batch from the seed, the optimizer step and
+the micro-batch's place in the global batch: Accelerate hands process p the p-th share of each global
+batch, which the loop cuts into micro-batches, so micro-batch j of process p holds the samples at place
+p x accumulation + j, whatever the number of processes and accumulation steps (for the same per-device
+batch). `SeededItems` seeds the global generators for each train item. Every draw follows the samples.
+`StepDigest` and `ResumeCheck` record the first step after each checkpoint and compare a resumed one.
 """
 
 from __future__ import annotations
@@ -46,11 +43,10 @@ def seed_of(parts: str) -> int:
 
 
 class SeededItems(Dataset):
-    """The train set as its loader reads it. Its items draw from the global generators as if each had them
-    alone: torch's (CPU), numpy's and Python's are seeded from (seed, epoch, index) before an item is made,
-    in the main process or a worker, and given back as they were after each batch. Augmentation drawn from
-    them (the torchvision habit) then follows the sample, as the step's draws do. A set that makes its
-    batches itself (its own `__getitems__`, as digits' does) draws its random numbers as it likes."""
+    """The train set as its loader reads it: torch's (CPU), numpy's and Python's global generators are
+    seeded from (seed, epoch, index) before an item is made (main process or worker) and given back after
+    each batch, so augmentation drawn from them follows the sample. A set that makes its batches itself
+    (its own `__getitems__`, as digits' does) draws its random numbers as it likes."""
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset, self.seed, self.epoch = dataset, seed, 0
@@ -143,8 +139,7 @@ class StepDigest:
 
 
 class ResumeCheck:
-    """The first step after each checkpoint, recorded in the run's history; a resumed session's first step
-    is also compared with what the uninterrupted run recorded of it (`verdict`), in one line."""
+    """The records in the history, and a resumed session's first step compared with its (`verdict`)."""
 
     def __init__(
         self,
