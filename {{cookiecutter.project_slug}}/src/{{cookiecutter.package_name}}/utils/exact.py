@@ -139,7 +139,7 @@ class StepDigest:
 
 
 class ResumeCheck:
-    """The records in the history, and a resumed session's first step compared with its (`verdict`)."""
+    """Which steps are recorded, the records in the history, and the resumed first step's `verdict`."""
 
     def __init__(
         self,
