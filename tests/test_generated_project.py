@@ -86,10 +86,12 @@ def test_pip_can_install_the_project_with_dev_extras(tmp_path: Path, name: str) 
 # the same text in every preset's render (test_the_machinery_and_its_tests_are_the_same_in_every_preset).
 MACHINERY = ("train.py", "predict.py", "src/*/utils/*.py", "src/*/launch.py", "scripts/*", "tests/*.py")
 # The generic tests whose outcome depends on the task they train, which each preset runs with its own
-# tests/task/. The machinery's other tests run whole once, with a user's own task
-# (test_the_whole_generated_suite_passes_with_a_task_of_its_own): a preset's task would not change them.
-# (The resume's verification with each task's batches is in test_guarantees.py's 1-2-1 hop.)
-TASK_BOUND = ["tests/task", "tests/test_guarantees.py", "tests/test_task_check.py"]
+# tests/task/, and the fast checks of its task and short runs (test_config.py: its Config's flags and
+# files; QUICK and SIGNAL_RUN set only TrainConfig's fields). The machinery's other tests run whole once,
+# with a user's own task (test_the_whole_generated_suite_passes_with_a_task_of_its_own): a preset's task
+# would not change them. (The resume's verification with each task's batches is in test_guarantees.py's
+# 1-2-1 hop.)
+TASK_BOUND = ["tests/task", "tests/test_guarantees.py", "tests/test_task_check.py", "tests/test_config.py"]
 
 
 def machinery(project: Path, task: str) -> dict[str, str]:
@@ -136,10 +138,11 @@ def test_generated_test_suite_passes(render: Callable[..., Render], task: str) -
 def test_the_whole_generated_suite_passes_with_a_task_of_its_own(tmp_path: Path) -> None:
     """tests/own_task/task.py in place of the render's task.py, and tests/task/ (the preset's own tests)
     deleted, as the README tells a user: a regression task as a new user writes one, with none of the
-    presets' fields, a BatchNorm model, input jitter behind set_epoch and metrics that read the config.
-    The whole generated suite passes with it (exact resume after SIGTERM and after a time stop; 1 against
-    2 processes; predictions; signals, faults, launchers, the task check): no generic test assumes a
-    preset. The one run of the whole generic suite: about 10 minutes on an idle 2-core machine."""
+    presets' fields, a BatchNorm model, input jitter drawn from the global generators (the loader seeds
+    them per row) and metrics that read the config. The whole generated suite passes with it (exact resume
+    after SIGTERM and after a time stop; 1 against 2 processes; predictions; signals, faults, launchers,
+    the task check): no generic test assumes a preset. The one run of the whole generic suite: about 10
+    minutes on an idle 2-core machine."""
     project = render_template(tmp_path, {})
     own_task = Path(__file__).parent / "own_task"
     shutil.copy(own_task / "task.py", project / "src" / DEFAULT_PACKAGE / "task.py")

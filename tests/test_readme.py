@@ -79,3 +79,12 @@ def test_publishing_code_matches_the_installed_huggingface_hub(render: Callable[
     for call in calls:
         signature = inspect.signature(getattr(HfApi, call.func.attr))
         signature.bind(HfApi(), *call.args, **{keyword.arg: keyword.value for keyword in call.keywords})
+
+
+def test_the_repository_readme_quotes_the_digits_accuracy_its_preset_quotes() -> None:
+    """The digits preset's test checks its README's figures against a fresh run (tests/task/test_task.py);
+    this README quotes the same run, so the same figure (bench/readme_figures.py writes them all)."""
+    template = Path(__file__).resolve().parent.parent
+    quoted = re.findall(r"`eval/accuracy (\d\.\d+)`", (template / "README.md").read_text(encoding="utf-8"))
+    preset = template / "{{cookiecutter.project_slug}}" / "_presets" / "digits" / "README.md"
+    assert quoted and set(quoted) == set(re.findall(r"eval accuracy \**(\d\.\d+)", preset.read_text()))

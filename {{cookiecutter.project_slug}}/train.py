@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
 from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
-from {{ cookiecutter.package_name }}.utils.exact import StepDigest, follow_the_sample, running_stats, seed_run
+from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest, follow_the_sample, running_stats, seed_run
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, warmup_cosine
@@ -290,7 +290,7 @@ def build_loaders(
     else:
         order = getattr(train_set, "sampler", None)  # a set's own random order (lm: none stored per sample)
         train_loader = DataLoader(
-            train_set,
+            SeededItems(train_set, config.seed),  # its items' random numbers follow the sample
             batch_size=config.per_device_batch_size * accelerator.gradient_accumulation_steps,
             shuffle=order is None,
             sampler=order,

@@ -2,9 +2,9 @@
 
 tests/test_generated_project.py puts this file in place of a render's task.py (and task_settings.py next
 to the project's tests) and runs the generic tests with it. It shares no field with the presets (no
-dropout, no eval_fraction, no hidden_size), its model keeps running statistics, its train set has
-augmentation behind set_epoch, and its metrics read the config: what the generic tests must not assume
-away. The data is generated from the seed, so nothing is downloaded or shipped.
+dropout, no eval_fraction, no hidden_size), its model keeps running statistics, its train set draws
+its augmentation from the global generators, and its metrics read the config: what the generic tests
+must not assume away. The data is generated from the seed, so nothing is downloaded or shipped.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ NUM_INPUTS = 6
 class Config(TrainConfig):
     num_rows: int = setting(2048, "rows of the generated table, a quarter of them held out for evaluation")
     width: int = setting(64, "width of the two BatchNorm hidden layers")
-    jitter: float = setting(0.05, "std of the noise added to the training inputs, new each epoch")
+    jitter: float = setting(0.05, "std of the noise added to the training inputs, new each time")
     close_enough: float = setting(0.25, "an eval row counts as close when its error is below this")
     best_metric: str = "eval/mse"
     learning_rate: float = 1e-2
@@ -52,24 +52,24 @@ def table(config: Config) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Jittered:
-    """Training rows with input noise that is a function of (seed, epoch, index): augmentation behind
-    set_epoch. A map-style dataset needs no base class, so torch loads only when the data is built."""
+    """Training rows with input noise drawn when a row is read, from torch's, numpy's and Python's global
+    generators (the torchvision habit): no set_epoch, no generator of its own. The loader seeds them per
+    row. A map-style dataset needs no base class, so torch loads only when the data is built."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, jitter: float, seed: int) -> None:
-        self.clean, self.targets, self.jitter, self.seed = inputs, targets, jitter, seed
-        self.set_epoch(0)
-
-    def set_epoch(self, epoch: int) -> None:
-        import torch
-
-        generator = torch.Generator().manual_seed(self.seed * 1000 + epoch)
-        self.inputs = self.clean + self.jitter * torch.randn(self.clean.shape, generator=generator)
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, jitter: float) -> None:
+        self.inputs, self.targets, self.jitter = inputs, targets, jitter
 
     def __len__(self) -> int:
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inputs[index], self.targets[index]
+        import random
+
+        import numpy as np
+        import torch
+
+        noise = torch.randn(NUM_INPUTS) * np.random.uniform(0.5, 1.5) + random.gauss(0, 0.1)
+        return self.inputs[index] + self.jitter * noise, self.targets[index]
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
@@ -77,7 +77,7 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
 
     inputs, targets = table(config)
     split = config.num_rows // 4
-    train = Jittered(inputs[split:], targets[split:], config.jitter, config.seed)
+    train = Jittered(inputs[split:], targets[split:], config.jitter)
     return train, TensorDataset(inputs[:split], targets[:split])
 
 

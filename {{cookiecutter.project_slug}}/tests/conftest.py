@@ -13,18 +13,25 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
 from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE
 
+from . import task_settings
 from .forked_runs import ForkedRun, ForkServer, free_port
-from .task_settings import IMPORTS, QUICK
 
 PROJECT = Path(__file__).resolve().parents[1]
 # The suite runs on the CPU, on a GPU machine too: the numbers are those of CI, and a 1-process run is
 # compared with 2 CPU processes. Runs made with `gpu=True` (tests/test_cuda.py) take the GPU back.
 os.environ["ACCELERATE_USE_CPU"] = "1"
+# The short runs of the generic tests (task_settings.py: TrainConfig's fields only), with the smaller model
+# of a preset's own tests where it has one (task fields, tests/task/model.yaml); a task of one's own has none.
+MODEL_FILE = PROJECT / "tests" / "task" / "model.yaml"
+MODEL_FIELDS = yaml.safe_load(MODEL_FILE.read_text()) if MODEL_FILE.is_file() else {}
+MODEL = [f"--{name}={value}" for name, value in MODEL_FIELDS.items()]
+QUICK, SIGNAL_RUN = [*task_settings.QUICK, *MODEL], [*task_settings.SIGNAL_RUN, *MODEL]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,7 +71,7 @@ def training_command(
 # The fork server imports the task's libraries (task_settings.IMPORTS) and the tracker's, which every run
 # that logs loads (MLflow's import alone takes 4 s).
 TRACKER_IMPORTS = {{ {"none": "()", "tensorboard": '("torch.utils.tensorboard",)', "mlflow": '("mlflow",)', "wandb": '("wandb",)'}[cookiecutter.tracker] }}
-FORK_SERVER = ForkServer((*IMPORTS, *TRACKER_IMPORTS))
+FORK_SERVER = ForkServer((*task_settings.IMPORTS, *TRACKER_IMPORTS))
 
 
 def forked(env: dict[str, str]) -> bool:
@@ -245,6 +252,17 @@ def sessions_of(output_dir: Path) -> list[dict]:
 def last_eval(output_dir: Path) -> dict:
     """The last logged evaluation (a task's metrics need not include eval/loss)."""
     return [row for row in read_metrics(output_dir) if any(name.startswith("eval/") for name in row)][-1]
+
+
+def assert_quoted(value: float, pattern: str) -> None:
+    """Each figure that `pattern` (its one group) finds in README.md and docs/task.md is `value`, at the
+    precision quoted: what a fresh run prints (the template's bench/readme_figures.py writes them)."""
+    text = "".join((PROJECT / page).read_text(encoding="utf-8") for page in ("README.md", "docs/task.md"))
+    quotes = re.findall(pattern, text)
+    assert quotes, f"nothing in README.md or docs/task.md matches {pattern!r}"
+    for quote in quotes:
+        decimals = len(quote.partition(".")[2])
+        assert f"{value:.{decimals}f}" == quote, f"{quote} quoted, a fresh run gives {value}"
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,7 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from .conftest import (
     PROJECT,
     QUICK,
+    SIGNAL_RUN,
     assert_same_run,
     free_port,
     gpu_env,
@@ -45,7 +46,6 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import SIGNAL_RUN
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 

@@ -43,13 +43,13 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
     PROJECT,
+    SIGNAL_RUN,
     assert_same_run,
     read_metrics,
     run_training,
     training_command,
     wait_for_training,
 )
-from .task_settings import SIGNAL_RUN
 
 pytestmark = pytest.mark.slow
 

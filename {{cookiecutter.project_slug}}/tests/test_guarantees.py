@@ -35,6 +35,7 @@ from .conftest import (
     FORK_SERVER,
     PROJECT,
     QUICK,
+    SIGNAL_RUN,
     assert_readable_log,
     assert_same_run,
     framework_warnings,
@@ -48,7 +49,6 @@ from .conftest import (
     training_command,
     wait_for_training,
 )
-from .task_settings import SIGNAL_RUN
 
 pytestmark = pytest.mark.slow
 

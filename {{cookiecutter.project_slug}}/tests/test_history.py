@@ -21,6 +21,7 @@ from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, declared
 from .conftest import (
     PROJECT,
     QUICK,
+    SIGNAL_RUN,
     assert_same_run,
     read_metrics,
     run_training,
@@ -28,7 +29,6 @@ from .conftest import (
     start_training,
     wait_for_checkpoint,
 )
-from .task_settings import SIGNAL_RUN
 
 # Off its platform, a platform config's paths are given on the command line.
 OFF_PLATFORM = ["--mirror_dir", "", "--import_from", ""]

@@ -30,8 +30,7 @@ from {{ cookiecutter.package_name }}.utils.mirror import Mirror
 from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
-from .conftest import PROJECT, read_metrics, wait_for_training
-from .task_settings import SIGNAL_RUN
+from .conftest import PROJECT, SIGNAL_RUN, read_metrics, wait_for_training
 
 
 @pytest.fixture

@@ -18,8 +18,7 @@ from {{ cookiecutter.package_name }}.utils.cli import check_contract
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.task_check import TaskError, build_datasets, check_task
 
-from .conftest import PROJECT, framework_warnings, training_command
-from .task_settings import QUICK
+from .conftest import PROJECT, QUICK, framework_warnings, training_command
 
 
 @pytest.fixture(scope="module")

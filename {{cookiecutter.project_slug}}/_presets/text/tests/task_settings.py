@@ -7,10 +7,6 @@ from {{ cookiecutter.package_name }}.utils.config import load_config
 
 PROJECT = Path(__file__).resolve().parents[1]
 
-# The tiny BERT at half its width and depth (attention, the pooler, dropout as in the default) for the tests
-# of the loop's guarantees; the stated accuracy is tested with the default (tests/task/test_task.py).
-MODEL = ["--hidden_size", "64", "--num_layers", "1", "--num_heads", "2"]
-
 # What every run of this task imports besides torch and Accelerate (BERT, its tokenizer, the padding): the
 # fork server (tests/forked_runs.py) imports it once, not each run (3 s of a short run's start).
 IMPORTS = (
@@ -20,15 +16,12 @@ IMPORTS = (
 )
 
 # A short real run, shared by the tests that only read its outputs: 2 epochs of 21 optimizer steps (1,352
-# training passages // 64).
-QUICK = [
-    *["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"],
-    *MODEL,
-]
+# training passages // 64); with the smaller BERT of tests/task/model.yaml (tests/conftest.py: QUICK).
+QUICK = ["--num_epochs", "2", "--checkpoint_every", "20", "--keep_checkpoints", "2", "--log_every", "5"]
 
 # A run that trains for several seconds, so that a signal sent once training has begun lands mid-run:
 # 5 epochs, 105 optimizer steps, dropout 0.1 (the default) on, accumulation 2 (per-device 32, global 64).
-SIGNAL_RUN = ["--num_epochs", "5", "--log_every", "5", "--checkpoint_every", "20", *MODEL]
+SIGNAL_RUN = ["--num_epochs", "5", "--log_every", "5", "--checkpoint_every", "20"]
 
 
 # Fine-tuning (tests/task/test_fine_tuning.py): a pretrained model stood in for by the tiny BERT with random
@@ -43,6 +36,8 @@ PIPELINE = ("text-classification", "But, soft! what light through yonder window 
 
 
 def save_pretrained_model(folder: Path) -> None:
+    from .conftest import MODEL
+
     config, _ = load_config(MODEL, PROJECT / "configs" / "local.yaml", task.Config)
     config.data_file = str(PROJECT / config.data_file)
     task.build_tokenizer(config).save_pretrained(folder)

@@ -1,16 +1,11 @@
-"""Exact by construction, and shown at every resume.
+"""Exact by construction, and shown at every resume (docs/resume.md).
 
-`follow_the_sample` seeds torch's generators before each micro-batch from the run's seed, the optimizer
-step and the micro-batch's place in the global batch. Accelerate hands process p the p-th share of each
-global batch (per-device batch x accumulation samples), which the loop cuts into micro-batches, so micro-batch
-j of process p holds the samples at place p x accumulation + j: the same samples, whatever the number of
-processes and accumulation steps, for the same per-device batch. Dropout and every other draw made inside
-the step (on the CPU or a GPU) then follow the samples, not the process: 1 process x 2 accumulation and 2
-processes x 1 draw the same masks, and a resumed step draws what the uninterrupted run drew.
-
-`StepDigest` records the first step after a checkpoint (each sample's hash, the loss and gradient norm, as
-bits); `ResumeCheck` keeps it in the history, and compares a resumed session's first step with it in one
-line (`verdict`; docs/resume.md, "Verified at every resume").
+`follow_the_sample` seeds torch's generators before each micro-batch from the seed, the optimizer step and
+the micro-batch's place in the global batch: Accelerate hands process p the p-th share of each global
+batch, which the loop cuts into micro-batches, so micro-batch j of process p holds the samples at place
+p x accumulation + j, whatever the number of processes and accumulation steps (for the same per-device
+batch). `SeededItems` seeds the global generators for each train item. Every draw follows the samples.
+`StepDigest` and `ResumeCheck` record the first step after each checkpoint and compare a resumed one.
 """
 
 from __future__ import annotations
@@ -18,13 +13,16 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import random
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
+from torch.utils.data import Dataset, Subset
 
 from .config import TrainConfig
 
@@ -55,14 +53,56 @@ def follow_the_sample(seed: int, step: int, place: int, device: torch.device) ->
     batch of optimizer step `step`: host-side, no device sync. Not torch.manual_seed: it also queues a
     seeding, with a stack trace, for every device kind not yet initialized (milliseconds, and a list that
     grows at every call)."""
-    key = hashlib.blake2b(f"{seed}/{step}/{place}".encode(), digest_size=8).digest()
-    value = int.from_bytes(key, "little") >> 1
+    value = seed_of(f"{seed}/{step}/{place}")
     torch.default_generator.manual_seed(value)
     if device.type == "cuda":
         index = torch.cuda.current_device() if device.index is None else device.index
         torch.cuda.default_generators[index].manual_seed(value)
     elif device.type != "cpu":  # mps, xpu, ...: in use, so initialized
         getattr(torch, device.type).manual_seed(value)
+
+
+def seed_of(parts: str) -> int:
+    """A 63-bit seed mixed from `parts`: neighbouring parts give unrelated seeds."""
+    return int.from_bytes(hashlib.blake2b(parts.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class SeededItems(Dataset):
+    """The train set as its loader reads it: torch's (CPU), numpy's and Python's global generators are
+    seeded from (seed, epoch, index) before an item is made (main process or worker) and given back after
+    each batch, so augmentation drawn from them follows the sample. A set that makes its batches itself
+    (its own `__getitems__`, as digits' does) draws its random numbers as it likes."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+        self.batches = getattr(type(dataset), "__getitems__", None) not in (None, Subset.__getitems__)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index] if self.batches else self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list) -> Any:
+        if self.batches:
+            return self.dataset.__getitems__(indices)
+        states = torch.get_rng_state(), np.random.get_state(), random.getstate()  # 0.1 ms: once a batch
+        items = []
+        for index in indices:
+            value = seed_of(f"item/{self.seed}/{self.epoch}/{index}")
+            torch.default_generator.manual_seed(value)
+            np.random.seed(value & 0xFFFF_FFFF)
+            random.seed(value)
+            items.append(self.dataset[index])
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        return items
 
 
 def batch_tensors(batch: Any) -> Iterator[torch.Tensor]:
@@ -124,8 +164,7 @@ class StepDigest:
 
 
 class ResumeCheck:
-    """The first step after each checkpoint, recorded in the run's history; a resumed session's first step
-    is also compared with what the uninterrupted run recorded of it (`verdict`), in one line."""
+    """Which steps are recorded, the records in the history, and the resumed first step's `verdict`."""
 
     def __init__(
         self,

@@ -368,8 +368,7 @@ def epoch_batches(
         state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
         state.epoch_samples = 0
         return
-    if hasattr(train_set, "set_epoch"):
-        train_set.set_epoch(state.epoch)  # its augmentation (Accelerate forwards it only sometimes)
+    train_loader.dataset.set_epoch(state.epoch)  # SeededItems (utils/exact.py): Accelerate calls it sometimes
     batches = train_loader
     if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
         seen = state.epoch_samples // config.global_batch_size

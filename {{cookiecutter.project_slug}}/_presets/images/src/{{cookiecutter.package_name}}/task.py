@@ -65,7 +65,6 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
         config.image_size,
         config.crop_padding,
         config.flip,
-        config.seed,
         normalization(config),
     )
     return train_set, eval_set

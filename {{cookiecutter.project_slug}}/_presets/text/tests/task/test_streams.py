@@ -47,6 +47,7 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
 
 from ..conftest import (
+    MODEL,
     PROJECT,
     assert_same_run,
     framework_warnings,
@@ -57,7 +58,6 @@ from ..conftest import (
     wait_for_checkpoint,
     wait_for_training,
 )
-from ..task_settings import MODEL
 
 datasets = pytest.importorskip("datasets", reason="data_files streams with datasets: pip install datasets")
 parquet = pytest.importorskip("pyarrow.parquet", reason="datasets brings pyarrow")

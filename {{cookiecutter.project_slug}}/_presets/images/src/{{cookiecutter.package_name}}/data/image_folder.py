@@ -95,21 +95,16 @@ def to_tensor(image: np.ndarray, normalization: Normalization | None = None) -> 
     return (pixels / 255 - mean) / std
 
 
-def augment(image: np.ndarray, seed: int, epoch: int, index: int, padding: int, flip: bool) -> np.ndarray:
+def augment(image: np.ndarray, padding: int, flip: bool) -> np.ndarray:
     """A random crop of the image padded by `padding` (edge pixels repeated); with `flip`, mirrored left to
-    right with probability 1/2.
-
-    The crop and the mirror are a function of (seed, epoch, index) only, never of a global random stream:
-    the loader reads ahead and a resumed run skips batches, so anything else would make a resumed run see
-    other images than the uninterrupted one.
-    """
-    rng = np.random.default_rng([seed, epoch, index])
-    top, left = rng.integers(0, 2 * padding + 1, size=2)
+    right with probability 1/2. Drawn from numpy's global generator, which the loader seeds from (seed,
+    epoch, index) for each training image (utils/exact.py): a resumed run sees the crops it would have."""
+    top, left = np.random.randint(0, 2 * padding + 1, size=2)
     height, width = image.shape[:2]
     # Indices clipped to the image: the same pixels as a crop of the edge-padded image, without padding it.
     rows = np.clip(np.arange(height) + top - padding, 0, height - 1)
     columns = np.clip(np.arange(width) + left - padding, 0, width - 1)
-    if flip and rng.random() < 0.5:
+    if flip and np.random.random() < 0.5:
         columns = columns[::-1]
     return image.take(rows, axis=0).take(columns, axis=1)
 
@@ -117,8 +112,7 @@ def augment(image: np.ndarray, seed: int, epoch: int, index: int, padding: int, 
 class ImageFolder(Dataset):
     """(image, label) pairs of a list of samples, each read when asked for: nothing is held in memory.
 
-    Training images are augmented (`augment`) with `padding` > 0 or `flip`; `set_epoch` gives each epoch
-    other crops and mirrors.
+    Training images are augmented (`augment`) with `padding` > 0 or `flip`.
     """
 
     def __init__(
@@ -127,15 +121,10 @@ class ImageFolder(Dataset):
         size: int,
         padding: int = 0,
         flip: bool = False,
-        seed: int = 0,
         normalization: Normalization | None = None,
     ) -> None:
-        self.samples, self.size, self.padding, self.flip, self.seed = samples, size, padding, flip, seed
+        self.samples, self.size, self.padding, self.flip = samples, size, padding, flip
         self.normalization = normalization
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -144,17 +133,17 @@ class ImageFolder(Dataset):
         path, label = self.samples[index]
         image = load_image(path, self.size)
         if self.padding or self.flip:
-            image = augment(image, self.seed, self.epoch, index, self.padding, self.flip)
+            image = augment(image, self.padding, self.flip)
         return to_tensor(image, self.normalization), label
 
 
 def image_folder_splits(
-    data_dir: str, size: int, padding: int, flip: bool, seed: int, normalization: Normalization | None = None
+    data_dir: str, size: int, padding: int, flip: bool, normalization: Normalization | None = None
 ) -> tuple[list[str], ImageFolder, ImageFolder]:
     """(class names, train set, eval set) from `data_dir`/train and `data_dir`/val; only the training
     images are augmented."""
     root = resolve(data_dir)
     classes = class_names(root / "train")
-    train_set = ImageFolder(list_samples(root / "train", classes), size, padding, flip, seed, normalization)
+    train_set = ImageFolder(list_samples(root / "train", classes), size, padding, flip, normalization)
     eval_set = ImageFolder(list_samples(root / "val", classes), size, normalization=normalization)
     return classes, train_set, eval_set
