@@ -29,13 +29,9 @@ def speed_up_accelerate() -> None:
 
 
 def cache_lomo_check() -> None:
-    """Ask once per run, not twice per optimizer step, whether the lomo_optim package is installed.
-
-    Accelerate's `AcceleratedOptimizer.step` calls `is_lomo_available()` on every step, and each call
-    searches sys.path with importlib: about 0.9 ms per step on a 2-core CPU, a third of a small
-    model's step. Installing a package halfway through a run could not change this run's optimizer,
-    so the cached answer is the right one.
-    """
+    """Ask once per run whether lomo_optim is installed: `AcceleratedOptimizer.step` asks twice per step,
+    each a search of sys.path (0.9 ms on a 2-core CPU, a third of a small model's step). A package
+    installed halfway through a run could not change its optimizer: the cached answer is the right one."""
     check = accelerate.optimizer.is_lomo_available
     if not hasattr(check, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(check)
@@ -47,13 +43,10 @@ def takes_set_to_none(optimizer_type: type) -> bool:
 
 
 def cache_zero_grad_check() -> None:
-    """Inspect the optimizer's `zero_grad` signature once per optimizer type, not at every step.
-
-    `AcceleratedOptimizer.zero_grad` calls `inspect.signature` on the wrapped optimizer's `zero_grad`
-    each time, to know whether it takes `set_to_none`: about 3% of a small model's step on a 2-core CPU.
-    Where it does (every torch optimizer), Accelerate then calls `zero_grad(set_to_none=True)`, which is
-    what the fast path does; any other case goes to Accelerate's method.
-    """
+    """Inspect the optimizer's `zero_grad` signature once per optimizer type, not at every step as
+    `AcceleratedOptimizer.zero_grad` does to know whether it takes `set_to_none` (about 3% of a small
+    model's step on a 2-core CPU). Where it does (every torch optimizer), Accelerate then calls
+    `zero_grad(set_to_none=True)`, as the fast path does; any other case goes to Accelerate's method."""
     optimizer_class = accelerate.optimizer.AcceleratedOptimizer
     original = optimizer_class.zero_grad
     if getattr(original, "skips_the_signature", False):
@@ -72,14 +65,11 @@ def cache_zero_grad_check() -> None:
 
 
 def skip_division_by_one() -> None:
-    """Without gradient accumulation, back-propagate the loss itself rather than `loss / 1`.
-
-    `Accelerator.backward` divides the loss by the accumulation steps even when they are 1: one more
-    operation forward and one backward at every micro-batch (about 3% of a small model's step on a
-    2-core CPU; on a GPU, two more kernel launches). Dividing by 1 changes no bit of the loss or of the
-    gradients. Only where Accelerate's backward is exactly that division then `loss.backward()` (no
-    DeepSpeed, Megatron or XLA, no fp16 loss scaler, no LOMO learning rate) is it skipped.
-    """
+    """Without gradient accumulation, back-propagate the loss itself: `Accelerator.backward` divides it by
+    1, one more operation forward and backward per micro-batch (about 3% of a small model's step on a
+    2-core CPU; on a GPU, two more kernel launches) that changes no bit. Skipped only where Accelerate's
+    backward is exactly that division then `loss.backward()` (no DeepSpeed, Megatron or XLA, no fp16 loss
+    scaler, no LOMO learning rate)."""
     accelerator_class = accelerate.accelerator.Accelerator
     original = accelerator_class.backward
     if getattr(original, "skips_division_by_one", False):
@@ -102,14 +92,10 @@ def skip_division_by_one() -> None:
 
 
 def clip_without_dtensor_checks() -> None:
-    """Clip the gradients with torch's clip_grad_norm_ directly where no gradient can be a DTensor.
-
-    `Accelerator.clip_grad_norm_` unscales fp16 gradients, then (Accelerate 1.10 and newer) compares the
-    torch version and walks every parameter in Python to group DTensor gradients by device mesh, at every
-    optimizer step, before it calls `torch.nn.utils.clip_grad_norm_` on them all: about 2% of a small
-    model's step on a 2-core CPU, and per-step Python that keeps a GPU waiting. Without FSDP, DeepSpeed,
-    XLA or a parallelism config (tensor parallelism) there are no DTensors, and this is the same call.
-    """
+    """Unscale fp16 gradients, then clip with torch's clip_grad_norm_, where no gradient can be a DTensor
+    (no FSDP, DeepSpeed, XLA or parallelism config): the same call as `Accelerator.clip_grad_norm_`'s, which
+    (1.10 and newer) first walks every parameter in Python at every step to group DTensor gradients by
+    device mesh (about 2% of a small model's step on a 2-core CPU, and Python that keeps a GPU waiting)."""
     accelerator_class = accelerate.accelerator.Accelerator
     original = accelerator_class.clip_grad_norm_
     if getattr(original, "skips_dtensor_checks", False):
@@ -127,12 +113,9 @@ def clip_without_dtensor_checks() -> None:
 
 
 def read_fsdp_flag_once() -> None:
-    """Read the ACCELERATE_USE_FSDP environment variable once per process, not at every optimizer step.
-
-    `AcceleratedOptimizer.step` asks `GradientState.is_xla_gradients_synced` first thing, which parses
-    that variable each time (about 1% of a small model's step on a 2-core CPU); the answer matters on
-    XLA only. The launcher sets the variable before the process starts, so it cannot change within a run.
-    """
+    """Read ACCELERATE_USE_FSDP once per process: `AcceleratedOptimizer.step` parses it at every step, in
+    `GradientState.is_xla_gradients_synced` (about 1% of a small model's step on a 2-core CPU; it matters on
+    XLA only), and the launcher sets it before the process starts, so it cannot change within a run."""
     state_class = accelerate.state.GradientState
     original = state_class.is_xla_gradients_synced
     if getattr(original.fget, "reads_the_flag_once", False):

@@ -1,12 +1,6 @@
-"""train.py's command line, answered before torch and Accelerate load: only what reading the config needs.
-
-`read_config` reads the run's config (the platform's file unless --config names one, then the command
-line's fields) and checks it without writing anything. `check_first` is what `python train.py` does
-first: --help, --check_task and a config error answer in seconds, not after PyTorch has loaded; otherwise
-it says what comes next, and train.main reads the config again (milliseconds).
-`check_contract` (train.py and predict.py): every function of task.py there, taking what they pass, so that
-a missing `predict_inputs` is not found after a whole run; what each returns is task_check.py's to check.
-"""
+"""train.py's command line, answered before torch and Accelerate load (--help, --check_task and a config
+error in seconds; train.main reads the config again, in milliseconds), and task.py's contract checked
+before a run (what each function returns is task_check.py's to check)."""
 
 from __future__ import annotations
 

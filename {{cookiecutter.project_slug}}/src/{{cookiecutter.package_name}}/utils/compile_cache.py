@@ -1,10 +1,6 @@
-"""torch.compile's work kept with the run (`compile: true`): every checkpoint holds Inductor's cache
-artifacts (`torch.compiler.save_cache_artifacts`) as `compile_cache.bin`, which a resume loads before its
-first compiled call instead of compiling from scratch. In the checkpoint, not the run folder: checkpoints
-are what the mirror and `import_from` carry to a new machine, checksummed and sealed. Its first line says
-what it was made for; one made for another GPU or torch is not loaded (docs/resume.md). The main process's
-artifacts are saved; every process loads them.
-"""
+"""torch.compile's work kept with the run (`compile: true`, docs/resume.md): in each checkpoint, not the run
+folder, because checkpoints are what the mirror and `import_from` carry to a new machine, checksummed and
+sealed. The main process's artifacts are saved; every process loads them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The run's configuration: one typed dataclass, filled from a YAML file and command-line flags.
 
 Precedence is flag > YAML > default. Anything that is not a field, or not of the field's type,
-stops the run before training with the file (or flag) and the key named.
+stops the run before training with the file (or flag) and the key named. Each field: docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -60,23 +60,14 @@ class RunConfig:
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
     seed: int = setting(42, "seeds the weights, dropout, the data split and the data order")
-    # e.g. Google Drive while output_dir is the session's fast local disk (Colab). A failing copy is
-    # reported and retried; it never stops training.
     mirror_dir: str = session(
         "", "a second, persistent copy of the run, written in the background and verified ('': none)"
     )
-    # Run folders (an earlier session's output, a mirror, an upload), a few levels deep. Kaggle: its
-    # inputs; Colab: the project's folder on Drive.
     import_from: str = session("", "where to look for newer copies of this run to continue ('': nowhere)")
-    # "Cannot continue": other settings or data, or no readable checkpoint. Nothing is deleted either way.
     start_over: bool = session(
         False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
     )
-    # Counted once train.py has loaded PyTorch. When the next logging interval, a checkpoint and the
-    # export would not fit in what is left (estimated from this run's own slowest interval and checkpoint),
-    # the run checkpoints, exports model/ and exits with status 75.
     time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
-    # Counted in optimizer steps, as every interval is.
     log_every: int = session(10, "log the train loss every this many optimizer steps")
     tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = session("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
 
@@ -96,7 +87,6 @@ class OptimizationConfig:
     so the same file gives the same optimization on 1 CPU, 1 GPU or 8 GPUs."""
 
     num_epochs: int = setting(20, "length of training, which sizes the learning-rate schedule")
-    # The schedule stays sized by num_epochs, so a later run with a higher cap continues exactly.
     max_steps: int = session(0, "stop after this many optimizer steps")
     per_device_batch_size: int = session(32, "samples per process per forward pass: fit it to the device")
     global_batch_size: int = setting(64, "samples per optimizer step, over all processes and accumulation")
@@ -109,8 +99,6 @@ class OptimizationConfig:
     )
     auto_batch_size: bool = session(False, "on out of memory: smaller per-device batches, more accumulation")
     compile: bool = session(False, "torch.compile the model (slow start, faster steps)")
-    # An op that has no deterministic kernel stops the run with its name; false: reruns are equal up
-    # to float rounding only.
     deterministic: bool = session(True, "deterministic kernels: bitwise-equal reruns and resumes on a GPU")
     # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
     fp16_skip_patience: int = session(
@@ -130,12 +118,9 @@ class CheckpointConfig:
     max_time_lost: str = session("1m", "the most training a kill may cost, e.g. 1m, 30s ('': no such bound)")
     checkpoint_every: int = session(0, "also save a checkpoint every this many optimizer steps (0: off)")
     keep_checkpoints: int = session(3, "how many of the newest checkpoints to keep")
-    # background: the loop copies the state to CPU memory and trains on while a thread writes, checksums,
-    # fsyncs and publishes it (utils/persist.py; docs/resume.md has the measurements).
     checkpoint_mode: Literal["background", "sync"] = session(
         "background", "background: write checkpoints while training goes on; sync: the loop waits for them"
     )
-    # As Hugging Face's torch_dtype: halves model/ and best_model/; checkpoints keep the training dtype.
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"] = session(
         "auto", "the dtype of the exported weights (auto: as trained)"
     )

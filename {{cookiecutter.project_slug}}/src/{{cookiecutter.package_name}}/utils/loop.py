@@ -1,9 +1,6 @@
-"""The step's bookkeeping: what the training loop decides after each optimizer step, one method per concern.
-
-train.py's loop calls `Bookkeeping`'s methods in the order it shows. Beside it: `TrainLoss` (the train loss,
-summed on the device and read back once per logging interval) and `Ending` (why training stops). After the
-loop, `finish` says why it ended and leaves what the ending calls for.
-"""
+"""The step's bookkeeping: what the training loop decides after each optimizer step, one method per concern
+(`Bookkeeping`, called in the order train.py shows), the train loss (`TrainLoss`), why training stops
+(`Ending`), and after the loop (`finish`) what the ending calls for."""
 
 from __future__ import annotations
 
@@ -121,9 +118,8 @@ class Bookkeeping:
         self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """After an epoch's batches. A stream's epoch ends where it runs out, known only after its last step
-        (checkpointed, if due): with eval_every 0 it is evaluated here, as a map-style epoch is at its last
-        step, and a resumed run too. (The loop leaves an epoch early only to stop: else a stream ran out.)"""
+        """A stream's epoch ends where it runs out, known only after its last step (checkpointed if due): with
+        eval_every 0 it is evaluated here (the loop leaves an epoch early only to stop: else it ran out)."""
         if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True  # until the next step's count
             self.evaluate(model, forward, eval_loader)
@@ -133,10 +129,8 @@ class Bookkeeping:
         ends here with steps left first computes the next step without taking it (`probe`)."""
         state, config, accelerator = self.state, self.config, self.accelerator
         self.persister.announce()  # the background save before, once published
-        if self.end.diverged:
-            return
         due = self.clock.due(state.step) or state.step == self.total_steps or state.stopped_early
-        if not (due or self.end.stopping):
+        if self.end.diverged or not (due or self.end.stopping):
             return
         saving = time.monotonic()  # the loop's stop, which max_time_lost's checkpoints keep under 2%
         # Never a checkpoint of broken weights: it would rotate the last good one out.
@@ -154,8 +148,7 @@ class Bookkeeping:
         step, why = state.step, self.end.why()
         files = {HISTORY_FILE: self.history.text(step, why)}
         files |= cache_files(accelerator, config)  # what was compiled (utils/compile_cache.py)
-        # Staged and written in the background (checkpoint_mode), then mirrored: utils/persist.py. Published
-        # before finish() names it.
+        # Written in the background and mirrored (utils/persist.py); published before finish() names it.
         published = functools.partial(self.check.saved, step, why)  # what a kill from then on resumes from
         self.last_saved = self.persister.save(state, self.resumed_from, files, published)
         self.clock.saved(step, saving, self.persister.last_seconds)

@@ -1,32 +1,17 @@
 """Training from a stream: a train set that is a torch IterableDataset (a Hugging Face `datasets` stream
-read from local files, or your own with `state_dict`/`load_state_dict` and `set_epoch`), resumed exactly.
+read from local files, or your own with `state_dict`/`load_state_dict` and `set_epoch`), resumed exactly
+(docs/own-task.md; a shuffle that resumes: `WorkerShare`).
 
-How each process gets its share without changing the optimization: every process reads the same stream,
-in the same (seeded) order, and Accelerate's IterableDatasetShard keeps, of each run of global batch
-samples, this process's block. So an optimizer step sees the same samples on 1 or N processes. It reads a
-whole global batch before yielding any of it, so after each batch the stream stands where a single
-process would be, on every process.
+Every process reads the same stream in the same (seeded) order, and Accelerate's IterableDatasetShard keeps,
+of each run of global batch samples, this process's block: an optimizer step sees the same samples on 1 or
+N processes, and after each batch the stream stands where a single process would be, on every process.
 
-Workers (`num_workers`): torchdata's StatefulDataLoader reads, tokenizes and collates in worker processes.
-Each worker reads whole files of a `datasets` stream (`shard`: file i goes to worker i mod num_workers)
-and forms global batches from them; the loader takes one batch from each worker in turn. Its state (each
-worker's position at the last batch the loop took, and whose turn is next) is what Accelerate's
-`save_state` stores with each checkpoint (`register_for_checkpointing`: one file, the same on every
-process), so a resume, also on another number of processes, continues at the next batch. The number of
-workers is part of the data order (which worker reads which file), so a resume with another num_workers
-is refused. Each worker iterates its part with `datasets`' `iter()`, not as a torch IterableDataset:
-inside a worker, `datasets` (5.2) would split it again by worker and load the saved position into the
-unsplit stream (an IndexError on resume).
-
-A shuffle that resumes: a task's Config may set `shuffle_window` (the text preset does). Each worker then
-takes its rows in windows of that many and yields each window in an order drawn from (seed, epoch,
-worker, window): a row moves at most window - 1 places in its worker's sequence, never out of its window.
-The saved state is the position at the window's start and the rows taken from it, so a resume reads that
-window again (at most window - 1 rows read twice) and draws the same order. A `datasets` shuffle buffer
-stays refused: its contents are not in the saved state, so a resume would draw other samples.
-
-There is no length: an epoch ends when the stream runs out (each worker drops its last, partial global
-batch), and `max_steps` sets the length of training. The eval set stays map-style.
+Workers (torchdata's StatefulDataLoader) each read whole files of a `datasets` stream (file i goes to
+worker i mod num_workers) and take turns giving a batch. The loader's state, saved with each checkpoint
+(`register_for_checkpointing`), resumes at the next batch on any number of processes; num_workers is part
+of the data order, so a resume with another is refused. A worker iterates with `datasets`' `iter()`: as a
+torch IterableDataset, `datasets` (5.2) would split it again by worker and load the saved position into
+the unsplit stream (an IndexError on resume).
 """
 
 from __future__ import annotations
