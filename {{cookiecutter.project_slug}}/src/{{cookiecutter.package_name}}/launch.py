@@ -200,22 +200,15 @@ def accelerate_command(
     """`accelerate launch` for several processes; on several nodes (a head node given), with each node's
     rank ($SLURM_NODEID, expanded there) and the head node's address."""
     machine = ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", head] if head else []
-    return [
-        "accelerate",
-        "launch",
-        "--multi_gpu",
-        *machine,
-        "--num_processes",
-        str(processes),
-        "--num_machines",
-        str(nodes),
-        "--main_process_port",
-        str(port),
-        "--mixed_precision",
-        precision,
-        "--dynamo_backend",
-        "no",
-    ]
+    options = {
+        "--num_processes": processes,
+        "--num_machines": nodes,
+        "--main_process_port": port,
+        "--mixed_precision": precision,
+        "--dynamo_backend": "no",
+    }
+    flags = [str(part) for option in options.items() for part in option]
+    return ["accelerate", "launch", "--multi_gpu", *machine, *flags]
 
 
 def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str, str], str]:

@@ -19,8 +19,7 @@ SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ wher
 
 
 def data_fingerprint(train_set: Any, eval_set: Any) -> dict[str, str]:
-    """The fingerprint of what a run trains on and evaluates on: one entry per file or sample set,
-    "<train|eval> <name>" -> its description, in reading order."""
+    """One entry per file or sample set of both: "<train|eval> <name>" -> its description, in order."""
     return {**describe(train_set, "train"), **describe(eval_set, "eval")}
 
 

@@ -39,9 +39,8 @@ PLATFORM_FOLDERS = {"colab": PurePosixPath("/content"), "kaggle": PurePosixPath(
 
 
 def wrong_platform(platform: str) -> str | None:
-    """The platform this machine is, where `platform` is Colab or Kaggle and this machine is not it (then
-    that platform's paths would be written on this disk); None where it is, or where ANY_PLATFORM=1 says
-    to use them anyway. The launchers and train.py refuse on it."""
+    """This machine's platform where `platform` is Colab or Kaggle and this machine is not (its paths would
+    be written on this disk: the launchers and train.py refuse); None where it is, or with ANY_PLATFORM=1."""
     here = detect_platform()
     if platform in PLATFORM_FOLDERS and here != platform and os.environ.get("ANY_PLATFORM") != "1":
         return here
@@ -49,9 +48,8 @@ def wrong_platform(platform: str) -> str | None:
 
 
 def foreign_paths_problem(paths: dict[str, str], config_path: str) -> str | None:
-    """One line refusing a config whose paths (output_dir, mirror_dir, import_from) lie in another
-    platform's own folders (configs/colab.yaml on a laptop would write /content at the root), saying the
-    ways out; None where every path is this machine's, a URL, or empty."""
+    """One line refusing a config whose paths lie in another platform's own folders (configs/colab.yaml on
+    a laptop would write /content at the root), with the ways out; None where none does."""
     for name, value in paths.items():
         for owner, folder in PLATFORM_FOLDERS.items():
             if value and PurePosixPath(value).is_relative_to(folder) and (here := wrong_platform(owner)):
@@ -129,9 +127,8 @@ def has_kernels(arch: str, capability: tuple[int, int]) -> bool:
 
 
 def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
-    """The mixed precision these GPUs run best, and why: bf16 where every GPU computes it natively (compute
-    capability 8.0+: A100, L4, H100, RTX 30xx and newer), fp16 below (T4, V100: bf16 would be emulated,
-    slowly), no mixed precision without an NVIDIA GPU (fp16 on the CPU would silently run in fp32)."""
+    """The mixed precision these GPUs run best, and why (docs/platforms.md): bf16 from compute capability
+    8.0 (A100, L4, H100, RTX 30xx), fp16 below (T4, V100: bf16 only emulated), none on the CPU."""
     if not gpus:
         return "no", "no GPU; fp16 on the CPU would silently run in fp32"
     older = [gpu for gpu in gpus if gpu.compute_capability < (8, 0)]
@@ -220,9 +217,8 @@ def launch_problem(num_processes: int) -> str | None:
 
 
 def resolve_mixed_precision(choice: str) -> tuple[str, str]:
-    """Turn the config's `mixed_precision` into what Accelerate should use here, and say why; a RunError
-    where this PyTorch has no kernels for the GPU. fp16 asked for on a CPU would silently run in fp32, so it
-    is turned off with a warning instead; on Apple's MPS it runs from torch 2.5 (Accelerate's floor)."""
+    """The config's `mixed_precision` as Accelerate should use it here, and why; a RunError where this
+    PyTorch has no kernels for the GPU. fp16 without a GPU (or MPS, torch >= 2.5): off, with a warning."""
     import torch
     from accelerate.utils import is_torch_version
 
