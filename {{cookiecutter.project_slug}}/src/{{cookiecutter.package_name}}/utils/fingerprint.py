@@ -1,6 +1,6 @@
 """What a run trains and evaluates on, as a fingerprint that every checkpoint keeps: a resume on other
-data stops with one line naming the first entry that differs (docs/resume.md, "The same data"; the rules,
-first that applies: docs/own-task.md). Measured cost: bench/fingerprint.py.
+data stops with one line naming the first entry that differs (docs/resume.md, "The same data"; how each
+dataset is fingerprinted: docs/own-task.md). Measured cost: bench/fingerprint.py.
 """
 
 from __future__ import annotations
