@@ -1,12 +1,8 @@
-"""Start training on this machine or a cluster: each launch decision printed with its reason, then the run.
-
-scripts/run_<platform>.sh run this from the project root with src/ importable; without bash, run it
-yourself from there (after `pip install -e .`):
+"""Start training on this machine or a cluster: each launch decision printed with its reason, then the run
+(docs/platforms.md, docs/slurm.md). Standard library only: this runs before anything is installed.
+scripts/run_<platform>.sh run it from the project root; without bash (after `pip install -e .`):
 
     python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
-
-What it decides, and the variables that change it: docs/platforms.md and docs/slurm.md.
-Standard library only: this runs before anything is installed.
 """
 
 from __future__ import annotations
@@ -59,13 +55,6 @@ def check_platform(platform: str) -> str:
             f"configs/{platform}.yaml here anyway"
         )
     return f"platform: {platform} (project {Path.cwd()})"
-
-
-def gpus_here() -> tuple[list[Gpu], str]:
-    gpus, why_none = query_gpus()
-    if not gpus:
-        return gpus, f"GPUs: none ({why_none}): CPU only"
-    return gpus, f"GPUs: {len(gpus)} x {', '.join(str(gpu) for gpu in gpus)}"
 
 
 def slurm_tasks_per_node() -> int | None:
@@ -211,22 +200,15 @@ def accelerate_command(
     """`accelerate launch` for several processes; on several nodes (a head node given), with each node's
     rank ($SLURM_NODEID, expanded there) and the head node's address."""
     machine = ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", head] if head else []
-    return [
-        "accelerate",
-        "launch",
-        "--multi_gpu",
-        *machine,
-        "--num_processes",
-        str(processes),
-        "--num_machines",
-        str(nodes),
-        "--main_process_port",
-        str(port),
-        "--mixed_precision",
-        precision,
-        "--dynamo_backend",
-        "no",
-    ]
+    options = {
+        "--num_processes": processes,
+        "--num_machines": nodes,
+        "--main_process_port": port,
+        "--mixed_precision": precision,
+        "--dynamo_backend": "no",
+    }
+    flags = [str(part) for option in options.items() for part in option]
+    return ["accelerate", "launch", "--multi_gpu", *machine, *flags]
 
 
 def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str, str], str]:
@@ -241,8 +223,9 @@ def multi_process_env(gpus: list[Gpu], total: int, where: str) -> tuple[dict[str
 def decide(platform: str, args: list[str]) -> dict:
     """Every decision for this machine, printed; the numbers the launch needs."""
     say(platform, check_platform(platform))
-    gpus, line = gpus_here()
-    say(platform, line)
+    gpus, why_none = query_gpus()
+    listed = f"{len(gpus)} x {', '.join(str(gpu) for gpu in gpus)}"
+    say(platform, f"GPUs: {listed}" if gpus else f"GPUs: none ({why_none}): CPU only")
     processes, line = choose_processes(gpus, platform)
     say(platform, line)
     nodes = 1

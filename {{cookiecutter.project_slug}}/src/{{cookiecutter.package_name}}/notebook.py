@@ -78,8 +78,7 @@ def run_training(platform: str, *args: str) -> int:
 
 
 def show_metrics(run: str | Path, lines: int = 5) -> None:
-    """The last `lines` rows of the run's metrics.jsonl, the files of its exported model and its curves.png,
-    if any."""
+    """The last `lines` rows of the run's metrics.jsonl, its exported model's files and curves.png, if any."""
     metrics = Path(run) / "metrics.jsonl"
     if not metrics.is_file():
         print(f"nothing yet: {metrics} does not exist (training has not logged a step there)")

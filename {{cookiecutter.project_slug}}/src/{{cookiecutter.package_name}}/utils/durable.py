@@ -1,10 +1,4 @@
-"""Files that are whole or absent: what a run writes outside its checkpoints goes through here.
-
-`write_atomically` writes a temporary file next to the target, flushes it and renames it over the target,
-so that a kill or a full disk leaves the old file or the new one; a failed write raises OSError naming the
-target (run_dir.write_error names its folder's free space). `write_durably` is the same without the rename,
-for files in a staging folder that is itself renamed when complete.
-"""
+"""Files that are whole or absent: what a run writes outside its checkpoints goes through here."""
 
 from __future__ import annotations
 
@@ -26,7 +20,8 @@ def write_durably(path: Path, data: str | bytes, durable: bool = True) -> None:
 
 
 def write_atomically(path: Path, data: str | bytes, durable: bool = True) -> None:
-    """Replace `path` with `data` (text is UTF-8) in one rename; `durable`: on the disk before returning."""
+    """Replace `path` with `data` (text is UTF-8) in one rename, so that a kill or a full disk leaves the old
+    file or the new one; `durable`: on the disk before returning. An OSError names `path`."""
     path = Path(path)
     temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}")
     try:

@@ -1,10 +1,6 @@
-"""What a run trains and evaluates on, as a fingerprint that every checkpoint keeps (sealed in its loop
-state): a resume on other data stops with one line naming the first file that differs, was added or was
-removed (utils/start.py; docs/resume.md, "The same data"). Each dataset is fingerprinted by the first rule
-that applies, without asking the task: its own `fingerprint()` (or that of an object it holds), the local
-files of a `datasets` stream or dataset, paths among its attributes, its tensors and plain values whole,
-else its samples one by one (docs/own-task.md). Files are named relative to the folder they have in
-common, so a run moved to another platform keeps its fingerprint. Measured cost: bench/fingerprint.py.
+"""What a run trains and evaluates on, as a fingerprint that every checkpoint keeps: a resume on other
+data stops with one line naming the first entry that differs (docs/resume.md, "The same data"; how each
+dataset is fingerprinted: docs/own-task.md). Measured cost: bench/fingerprint.py.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ wher
 
 
 def data_fingerprint(train_set: Any, eval_set: Any) -> dict[str, str]:
-    """The fingerprint of what a run trains on and evaluates on: one entry per file or sample set,
-    "<train|eval> <name>" -> its description, in reading order."""
+    """One entry per file or sample set of both: "<train|eval> <name>" -> its description, in order."""
     return {**describe(train_set, "train"), **describe(eval_set, "eval")}
 
 
@@ -104,7 +99,8 @@ def plain_state(dataset: Any) -> dict[str, Any]:
 
 
 def file_entries(files: list[Path], role: str) -> dict[str, str]:
-    """Each file by its name under the folder the files share, its size and its XXH3-128."""
+    """Each file by its name under the folder the files share (the same on another platform), its size
+    and its XXH3-128."""
     paths = [os.path.abspath(file) for file in files]
     root = os.path.commonpath([os.path.dirname(path) for path in paths])
     entries = {}

@@ -1,10 +1,8 @@
 """Where the run landed: platform, devices, and the decisions that follow from them.
 
-Standard library at import: the launcher (`python -m {{ cookiecutter.package_name }}.launch`, behind
-scripts/run_*.sh) uses it before anything is installed, and train.py checks its output_dir
-(`check_output_dir`) with the config, before torch loads; torch and Accelerate are imported inside the
-functions that use them. The one source of GPU facts is `nvidia-smi --query-gpu=...` (no CUDA
-initialised, nothing imported), so tests can fake a T4 or an A100 with a stand-in `nvidia-smi` first on PATH.
+Standard library at import: the launcher uses it before anything is installed (torch and Accelerate are
+imported inside the functions that need them). GPU facts come from `nvidia-smi` alone (no CUDA
+initialised), so tests can fake a T4 or an A100 with a stand-in `nvidia-smi` first on PATH.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ QUERY = ["--query-gpu=name,compute_cap", "--format=csv,noheader"]
 
 
 def main_process_of_launch() -> bool:
-    """Whether this is the process that speaks for the run: the only one, or rank 0 of a launch. Readable
-    before torch loads (launchers set RANK in every process they start)."""
+    """Whether this is the only process or rank 0 of a launch: read from RANK, before torch loads."""
     return os.environ.get("RANK", "0") == "0"
 
 
@@ -42,9 +39,8 @@ PLATFORM_FOLDERS = {"colab": PurePosixPath("/content"), "kaggle": PurePosixPath(
 
 
 def wrong_platform(platform: str) -> str | None:
-    """The platform this machine is, where `platform` is Colab or Kaggle and this machine is not it (then
-    that platform's paths would be written on this disk); None where it is, or where ANY_PLATFORM=1 says
-    to use them anyway. The launchers and train.py refuse on it."""
+    """This machine's platform where `platform` is Colab or Kaggle and this machine is not (its paths would
+    be written on this disk: the launchers and train.py refuse); None where it is, or with ANY_PLATFORM=1."""
     here = detect_platform()
     if platform in PLATFORM_FOLDERS and here != platform and os.environ.get("ANY_PLATFORM") != "1":
         return here
@@ -52,9 +48,8 @@ def wrong_platform(platform: str) -> str | None:
 
 
 def foreign_paths_problem(paths: dict[str, str], config_path: str) -> str | None:
-    """One line refusing a config whose paths (output_dir, mirror_dir, import_from) lie in another
-    platform's own folders (configs/colab.yaml on a laptop would write /content at the root), saying the
-    ways out; None where every path is this machine's, a URL, or empty."""
+    """One line refusing a config whose paths lie in another platform's own folders (configs/colab.yaml on
+    a laptop would write /content at the root), with the ways out; None where none does."""
     for name, value in paths.items():
         for owner, folder in PLATFORM_FOLDERS.items():
             if value and PurePosixPath(value).is_relative_to(folder) and (here := wrong_platform(owner)):
@@ -132,9 +127,8 @@ def has_kernels(arch: str, capability: tuple[int, int]) -> bool:
 
 
 def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
-    """The mixed precision these GPUs run best, and why: bf16 where every GPU computes it natively (compute
-    capability 8.0+: A100, L4, H100, RTX 30xx and newer), fp16 below (T4, V100: bf16 would be emulated,
-    slowly), no mixed precision without an NVIDIA GPU (fp16 on the CPU would silently run in fp32)."""
+    """The mixed precision these GPUs run best, and why (docs/platforms.md): bf16 from compute capability
+    8.0 (A100, L4, H100, RTX 30xx), fp16 below (T4, V100: bf16 only emulated), none on the CPU."""
     if not gpus:
         return "no", "no GPU; fp16 on the CPU would silently run in fp32"
     older = [gpu for gpu in gpus if gpu.compute_capability < (8, 0)]
@@ -155,14 +149,9 @@ def cpu_forced() -> bool:
 
 
 def choose_cpu_threads() -> str:
-    """Set the intra-op threads of torch for this process; return them and why, for the start line.
-
-    OMP_NUM_THREADS wins where set (torchrun sets 1 for several processes, `accelerate launch` 1 unless
-    told otherwise). Else the CPUs this process may use (its affinity, as SLURM and taskset restrict it,
-    and a container's CPU quota, which torch's default of every core of the host ignores), shared by
-    the processes of this machine. On a machine other work keeps busy, OMP_NUM_THREADS=1 may be faster
-    still (docs/benchmarks.md): threads that wait for each other's cores spin.
-    """
+    """Set torch's intra-op threads for this process; return them and why, for the start line.
+    OMP_NUM_THREADS wins where set; else the CPUs this process may use (usable_cpus: torch's default,
+    every core of the host, ignores affinity and a container's quota), shared by this machine's processes."""
     import torch
 
     if os.environ.get("OMP_NUM_THREADS"):
@@ -206,16 +195,12 @@ def start_line(accelerator: Any, config: Any, config_path: Path, precision_why: 
 
 
 def hide_gpus_from_cpu_run() -> None:
-    """Make a CPU run blind to the machine's GPUs; call it before anything touches CUDA.
-
-    CPU processes that still see a GPU use it behind the run's back: Accelerate's barrier allocates on
-    cuda:<local rank>, which crashes rank 1 of 2 CPU processes on a one-GPU machine ("invalid device
-    ordinal"), and every checkpoint would record the CUDA random state, creating a context on GPU 0 in
-    each process. CUDA reads CUDA_VISIBLE_DEVICES once, when it starts, hence the order.
-    """
-    if not cpu_forced():
-        return
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    """Make a CPU run blind to the machine's GPUs, before anything touches CUDA (which reads
+    CUDA_VISIBLE_DEVICES once): Accelerate's barrier would allocate on cuda:<local rank> ("invalid device
+    ordinal" in rank 1 of 2 CPU processes on a one-GPU machine), and each checkpoint would create a CUDA
+    context on GPU 0 to record its random state."""
+    if cpu_forced():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def launch_problem(num_processes: int) -> str | None:
@@ -232,9 +217,8 @@ def launch_problem(num_processes: int) -> str | None:
 
 
 def resolve_mixed_precision(choice: str) -> tuple[str, str]:
-    """Turn the config's `mixed_precision` into what Accelerate should use here, and say why; a RunError
-    where this PyTorch has no kernels for the GPU. fp16 asked for on a CPU would silently run in fp32, so it
-    is turned off with a warning instead; on Apple's MPS it runs from torch 2.5 (Accelerate's floor)."""
+    """The config's `mixed_precision` as Accelerate should use it here, and why; a RunError where this
+    PyTorch has no kernels for the GPU. fp16 without a GPU (or MPS, torch >= 2.5): off, with a warning."""
     import torch
     from accelerate.utils import is_torch_version
 
@@ -257,12 +241,9 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
 
 
 def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[str]:
-    """Warnings for an output_dir that will not survive the platform's session; raise if it cannot work.
-
-    `where` is the detected platform; `mirror_dir` the run's persistent copy, if any. Raises ValueError
-    for a Google Drive path on a Colab session where Drive is not mounted (writing there would fill the
-    mount point and lose everything), and for a mirror that is output_dir itself or inside it.
-    """
+    """Warnings for an output_dir that the session of platform `where` will not keep; ValueError for one
+    that cannot work: on an unmounted Google Drive (it would fill the mount point), or overlapping
+    `mirror_dir`, the run's persistent copy."""
     from .remote import is_url  # not at import: the launcher imports this module before yaml is installed
 
     path = Path(output_dir).absolute()

@@ -1,12 +1,6 @@
-"""Turn SIGTERM, SIGINT and SIGUSR1, or the death of the launcher, into a request to stop cleanly.
-
-The handler only records the request; the training loop acts on it at the next point where all
-processes meet, so every rank finishes the same optimizer step, saves the same checkpoint and exits.
-Colab and Kaggle give no warning before they stop a session; SLURM and the launchers do, with these
-signals (SLURM: `--signal=USR1@300`; `accelerate launch`/torchrun forward SIGTERM and SIGINT to every
-process, and SIGUSR1 when it is listed in PET_SIGNALS_TO_HANDLE). Their processes, each in a session of its
-own, outlive a kill -9 of the launcher's group (a notebook kernel's restart): each stops once it is gone.
-"""
+"""Turn SIGTERM, SIGINT and SIGUSR1, or the death of the launcher, into a request to stop cleanly
+(docs/resume.md, "Signals"). The handler only records it: the loop acts on it where all processes meet,
+so every rank finishes the same step and saves the same checkpoint."""
 
 from __future__ import annotations
 
@@ -107,28 +101,17 @@ class StopRequest:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: leave stop signals to the main process.
-
-    SLURM signals every process of a job step, and `kill -- -PGID` every process of a group, DataLoader
-    workers included. A worker that died of it would crash the main process at its next fetch, before
-    the checkpoint the signal asked for; a worker that ignores it is stopped by its loader as usual.
-    """
+    """DataLoader `worker_init_fn`: leave stop signals to the main process. SLURM and `kill -- -PGID`
+    signal workers too, and a worker that died of it would crash the main process before its checkpoint."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 
 def exit_process(status: int | str | None) -> NoReturn:
     """End the process as `sys.exit(status)` would (a string goes to stderr, with status 1); in a process
-    of a multi-process launch, without Python's interpreter teardown.
-
-    By then every file is written and closed, and the process group destroyed. gloo's worker threads
-    outlive that (references to the group remain), and one that needs the interpreter while it is torn down
-    aborts the process: "terminate called without an active exception", SIGABRT, and the launcher reports
-    a failed run that had finished. Seen with plain Accelerate and DDP, on rank 1, about once in 100
-    two-process runs on a loaded 2-core machine; every time when a gloo thread runs a Python callback then
-    (tests/test_signals.py). Threads are still joined and the atexit functions (the trackers', logging's)
-    still run; then the process ends at once.
-    """
+    of a multi-process launch, without Python's interpreter teardown: a gloo worker thread that outlives the
+    group and needs the interpreter while it is torn down aborts the process (SIGABRT, about once in 100
+    two-process runs; tests/test_signals.py), and the launcher reports a finished run as failed."""
     if os.environ.get("WORLD_SIZE", "1") == "1":
         sys.exit(status)
     if isinstance(status, str):
