@@ -1,6 +1,6 @@
-"""Turn SIGTERM, SIGINT and SIGUSR1, or the death of the launcher, into a request to stop cleanly
-(docs/resume.md, "Signals"). The handler only records it: the loop acts on it where all processes meet,
-so every rank finishes the same step and saves the same checkpoint."""
+"""Turn SIGTERM, SIGINT, SIGUSR1 and SIGHUP (a closed terminal), or the launcher's death, into a request to
+stop cleanly (docs/resume.md, "Signals"). The handler only records it: the loop acts on it where all
+processes meet, so every rank finishes the same step and saves the same checkpoint."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import NoReturn
 
@@ -24,7 +25,7 @@ EXIT_STOPPED = 75
 # reaches training twice, from Jupyter (it signals the kernel's process group) and from notebook.py's relay.
 SAME_PRESS_S = 1.0
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 LAUNCHER_CHECK_S = 1.0
 LAUNCHER_DIED = "the launcher's death"
 
@@ -43,7 +44,8 @@ class StopRequest:
         self._announce = main_process_of_launch()
         self._below = "\n" if sys.stdout.isatty() else ""  # the line of a progress bar (utils/progress.py)
         for signum in STOP_SIGNALS:
-            signal.signal(signum, self._handle)
+            if not (signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):  # nohup's stays
+                signal.signal(signum, self._handle)
         # Started by torch's launcher (accelerate launch, torchrun): it is the parent.
         self._launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         if self._launcher is not None:
@@ -62,6 +64,8 @@ class StopRequest:
         if os.getpid() != self._pid:
             return
         name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:  # its terminal is gone: a write there would fail (EIO)
+            self._quiet(os.isatty)
         if self._name is None:
             self._name, self._first_at = name, time.monotonic()
             message = f"{name} received: finishing the current step, then saving a checkpoint"
@@ -83,13 +87,17 @@ class StopRequest:
         if launcher is None or os.getppid() == launcher:
             return
         self._launcher = None
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in (1, 2):
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.dup2(devnull, fd)
+        self._quiet(lambda fd: not stat.S_ISREG(os.fstat(fd).st_mode))
         if self._name is None:
             self._name = LAUNCHER_DIED
             self._say(f"the launcher (pid {launcher}) is gone: finishing the step, then saving a checkpoint")
+
+    def _quiet(self, reader_gone: Callable[[int], bool]) -> None:
+        """Standard output and error to /dev/null where `reader_gone(fd)`: on to the checkpoint, unheard."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            if reader_gone(fd):
+                os.dup2(devnull, fd)
 
     def _say(self, message: str) -> None:
         if self._announce:

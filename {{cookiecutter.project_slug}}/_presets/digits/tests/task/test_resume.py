@@ -68,13 +68,14 @@ def launcher_forwards_sigusr1() -> bool:
 
 
 # SIGTERM on 1 and 2 processes: tests/test_guarantees.py.
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGUSR1], ids=lambda s: s.name)
+# SIGHUP: a closed terminal (the launcher passes it on to every process, as SIGINT).
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGUSR1, signal.SIGHUP], ids=lambda s: s.name)
 def test_signal_stops_saves_and_resumes_exactly(
     reference: tuple[int, Path], tmp_path: Path, stop_signal: signal.Signals
 ) -> None:
     processes, reference_dir = reference
-    if processes == 2 and stop_signal == signal.SIGINT:
-        pytest.skip("SIGINT goes to the launcher like SIGTERM; covered in 1 process")
+    if processes == 2 and stop_signal in (signal.SIGINT, signal.SIGHUP):
+        pytest.skip(f"{stop_signal.name} goes to the launcher like SIGTERM; covered in 1 process")
     if processes == 2 and stop_signal == signal.SIGUSR1 and not launcher_forwards_sigusr1():
         pytest.skip(
             "this torch's launcher dies of SIGUSR1 (it passes it on from torch 2.10); the SLURM batch script "
