@@ -1,10 +1,6 @@
-"""Checkpoints that survive kills: Accelerate's `save_state` plus the loop's position, published atomically.
-
-`<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes, `config.yaml`, the run's history
-(`history.json`: platform, versions, batch split) and `loop_state.json`, written last: the size and
-XXH3-128 checksum of every other file, sealed by a SHA-256 of itself; staged in a hidden folder, then
-renamed (docs/resume.md, "Kills and crashes"). Which checkpoint a run continues is decided in start.py;
-this module writes, verifies and reads one.
+"""Checkpoints that survive kills: `<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes,
+`config.yaml`, `history.json` and, written last, `loop_state.json`: every other file's size and checksum,
+sealed (docs/resume.md, "Kills and crashes"). start.py decides which checkpoint a run continues.
 """
 
 from __future__ import annotations
@@ -45,11 +41,8 @@ logging.getLogger("accelerate.utils.other").addFilter(
 
 LOOP_STATE_FILE = "loop_state.json"
 STAGING_PREFIX = ".incomplete_"
-# The checksum of every file: XXH3-128. It guards against damage (a flipped bit, a truncated copy, a sync
-# that stopped half-way), not against an attacker, who could rewrite loop_state.json too; for that 128
-# bits of a non-cryptographic hash serve as well as SHA-256, at about 25 GB/s instead of 1.8 (SHA-NI): a
-# 1.5 GB checkpoint is read back and hashed in 0.1 s instead of 0.9, at its save and again at its resume
-# (docs/benchmarks.md).
+# XXH3-128 guards against damage (a flipped bit, a cut copy), not an attacker, who could rewrite
+# loop_state.json too: for that it serves as well as SHA-256, at 25 GB/s instead of 1.8 (docs/benchmarks.md).
 CHECKSUM = "xxh3_128"
 # In each exported folder (model/, best_model/): its files' sizes and checksums, written last.
 EXPORT_MANIFEST = "checksums.json"
@@ -139,7 +132,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [path for path in root.glob("step_*") if path.is_dir() and path.name[5:].isdigit()]
-    return sorted(found, key=lambda path: int(path.name[5:]))
+    return sorted(found, key=checkpoint_step)
 
 
 def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
