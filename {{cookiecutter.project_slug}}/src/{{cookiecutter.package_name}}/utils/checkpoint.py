@@ -136,10 +136,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
-    """Why `path` cannot be resumed from, or None if it is complete and undamaged.
-
-    Sizes are always compared; `contents` also compares every file's checksum (reads the whole checkpoint).
-    """
+    """Why `path` cannot be resumed from, or None if it is complete and undamaged. Sizes are always
+    compared; `contents` also compares every file's checksum (reads the whole checkpoint)."""
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
         loop_state(record)
@@ -234,12 +232,9 @@ def save_checkpoint(
     protect: Path | None = None,
     files: dict[str, str | bytes] | None = None,
 ) -> Path:
-    """Save on every process (each writes its own RNG state), then publish by renaming on the main one.
-
-    All processes must call this at the same step. `protect` (the checkpoint the run resumed from)
-    is never removed by rotation. `files` (name: text or bytes: the run's history, the compile cache) are
-    sealed in with the rest.
-    """
+    """Save on every process (all at the same step; each writes its own RNG state), then publish by renaming
+    on the main one. `protect` (the checkpoint the run resumed from) is never removed by rotation. `files`
+    (name: text or bytes: the run's history, the compile cache) are sealed in with the rest."""
     root = checkpoint_root(config.output_dir)
     final = root / f"step_{state.step:08d}"
     staging = root / f"{STAGING_PREFIX}{final.name}"
@@ -288,11 +283,8 @@ def export_model(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, folder: Path, info: dict[str, Any]
 ) -> None:
     """Write the model (the task's `export`, or plain safetensors weights), the config that rebuilds it and
-    `info` to `folder`.
-
-    All processes must call it (a sharded model is gathered first). The new export is staged and
-    swapped in by renames, so `folder` never holds a mix of two exports.
-    """
+    `info` to `folder`. All processes must call it (a sharded model is gathered first). The new export is
+    staged and swapped in by renames, so `folder` never holds a mix of two exports."""
     from .. import task  # the task may write a format of its own (a Hugging Face folder)
 
     staging = folder.with_name(f"{STAGING_PREFIX}{folder.name}")
