@@ -39,7 +39,17 @@ def check_task(
     The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check.
     """
     with _kept_random_state():
-        warnings, model = _check_training(config, train_set, eval_set)
+        train_batch = _first_batch(train_set, "training")
+        eval_batch = _first_batch(eval_set, "eval")
+        _rows(train_batch)
+        rows = _rows(eval_batch)
+        model = _call("build_model(config)", task.build_model, config)
+        if not isinstance(model, torch.nn.Module):
+            raise TaskError(
+                f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
+            )
+        warnings = _check_loss(model, train_batch)
+        _check_metrics(config, _check_eval_step(model, eval_batch, rows))
         _check_predict(config, model.eval(), predict_inputs)
         return warnings
 
@@ -71,25 +81,6 @@ def _check_sets(train_set: Dataset, eval_set: Dataset) -> None:
                 f"build_datasets returned an empty {name} set (a {type(dataset).__name__} of 0 samples): the "
                 "contract wants samples in both sets; check the path or the split that selects them"
             )
-
-
-def _check_training(
-    config: TrainConfig, train_set: Dataset, eval_set: Dataset
-) -> tuple[list[str], torch.nn.Module]:
-    train_batch = _first_batch(train_set, "training")
-    eval_batch = _first_batch(eval_set, "eval")
-    _rows(train_batch)
-    rows = _rows(eval_batch)
-
-    model = _call("build_model(config)", task.build_model, config)
-    if not isinstance(model, torch.nn.Module):
-        raise TaskError(
-            f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
-        )
-    warnings = _check_loss(model, train_batch)
-    values = _check_eval_step(model, eval_batch, rows)
-    _check_metrics(config, values)
-    return warnings, model
 
 
 def _check_loss(model: torch.nn.Module, train_batch: Any) -> list[str]:
