@@ -1,7 +1,5 @@
 """Batch predictions from the exported model, on one process or many (docs/outputs.md).
 
-    python predict.py [--model_dir outputs/<run>/model] [--input FILE] [--output p.csv] [--format jsonl]
-
 The model is rebuilt from `<model_dir>/config.yaml` and `<model_dir>/model.safetensors` with plain PyTorch,
 or read by the task's `load_export` (a Hugging Face folder). Without --input the eval split is predicted,
 with labels, and the task's metrics over it (`eval_step`, `metrics`) are printed.

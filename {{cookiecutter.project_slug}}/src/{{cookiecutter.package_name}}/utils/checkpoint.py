@@ -1,10 +1,6 @@
-"""Checkpoints that survive kills: Accelerate's `save_state` plus the loop's position, published atomically.
-
-`<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes, `config.yaml`, the run's history
-(`history.json`: platform, versions, batch split) and `loop_state.json`, written last: the size and
-XXH3-128 checksum of every other file, sealed by a SHA-256 of itself; staged in a hidden folder, then
-renamed (docs/resume.md, "Kills and crashes"). Which checkpoint a run continues is decided in start.py;
-this module writes, verifies and reads one.
+"""Checkpoints that survive kills: `<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes,
+`config.yaml`, `history.json` and, written last, `loop_state.json`: every other file's size and checksum,
+sealed (docs/resume.md, "Kills and crashes"). start.py decides which checkpoint a run continues.
 """
 
 from __future__ import annotations
@@ -45,11 +41,8 @@ logging.getLogger("accelerate.utils.other").addFilter(
 
 LOOP_STATE_FILE = "loop_state.json"
 STAGING_PREFIX = ".incomplete_"
-# The checksum of every file: XXH3-128. It guards against damage (a flipped bit, a truncated copy, a sync
-# that stopped half-way), not against an attacker, who could rewrite loop_state.json too; for that 128
-# bits of a non-cryptographic hash serve as well as SHA-256, at about 25 GB/s instead of 1.8 (SHA-NI): a
-# 1.5 GB checkpoint is read back and hashed in 0.1 s instead of 0.9, at its save and again at its resume
-# (docs/benchmarks.md).
+# XXH3-128 guards against damage (a flipped bit, a cut copy), not an attacker, who could rewrite
+# loop_state.json too: for that it serves as well as SHA-256, at 25 GB/s instead of 1.8 (docs/benchmarks.md).
 CHECKSUM = "xxh3_128"
 # In each exported folder (model/, best_model/): its files' sizes and checksums, written last.
 EXPORT_MANIFEST = "checksums.json"
@@ -139,14 +132,12 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [path for path in root.glob("step_*") if path.is_dir() and path.name[5:].isdigit()]
-    return sorted(found, key=lambda path: int(path.name[5:]))
+    return sorted(found, key=checkpoint_step)
 
 
 def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
-    """Why `path` cannot be resumed from, or None if it is complete and undamaged.
-
-    Sizes are always compared; `contents` also compares every file's checksum (reads the whole checkpoint).
-    """
+    """Why `path` cannot be resumed from, or None if it is complete and undamaged. Sizes are always
+    compared; `contents` also compares every file's checksum (reads the whole checkpoint)."""
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
         loop_state(record)
@@ -241,12 +232,9 @@ def save_checkpoint(
     protect: Path | None = None,
     files: dict[str, str | bytes] | None = None,
 ) -> Path:
-    """Save on every process (each writes its own RNG state), then publish by renaming on the main one.
-
-    All processes must call this at the same step. `protect` (the checkpoint the run resumed from)
-    is never removed by rotation. `files` (name: text or bytes: the run's history, the compile cache) are
-    sealed in with the rest.
-    """
+    """Save on every process (all at the same step; each writes its own RNG state), then publish by renaming
+    on the main one. `protect` (the checkpoint the run resumed from) is never removed by rotation. `files`
+    (name: text or bytes: the run's history, the compile cache) are sealed in with the rest."""
     root = checkpoint_root(config.output_dir)
     final = root / f"step_{state.step:08d}"
     staging = root / f"{STAGING_PREFIX}{final.name}"
@@ -295,11 +283,8 @@ def export_model(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, folder: Path, info: dict[str, Any]
 ) -> None:
     """Write the model (the task's `export`, or plain safetensors weights), the config that rebuilds it and
-    `info` to `folder`.
-
-    All processes must call it (a sharded model is gathered first). The new export is staged and
-    swapped in by renames, so `folder` never holds a mix of two exports.
-    """
+    `info` to `folder`. All processes must call it (a sharded model is gathered first). The new export is
+    staged and swapped in by renames, so `folder` never holds a mix of two exports."""
     from .. import task  # the task may write a format of its own (a Hugging Face folder)
 
     staging = folder.with_name(f"{STAGING_PREFIX}{folder.name}")

@@ -1,9 +1,5 @@
-"""The run's output folder: one run at a time, and nothing of an earlier run lost or mixed.
-
-`OutputLock` (a kernel lock on `<output_dir>/.lock` plus a heartbeat for filesystems that do not share
-locks between machines) and `RemoteLease` (the same for a folder in an object store) keep a second run
-out; `set_aside` moves what this run did not write itself into `<output_dir>/set_aside/<time>/`, never
-deleting it. docs/resume.md, "Never lose or mix a run", says what the user sees.
+"""The run's output folder: one run at a time (`OutputLock`, `RemoteLease` for an object store), and
+nothing of an earlier run lost or mixed (`set_aside`). docs/resume.md, "Never lose or mix a run".
 """
 
 from __future__ import annotations
@@ -161,8 +157,7 @@ class OutputLock:
                 os.utime(self.path)
 
     def release(self) -> None:
-        """Give the lock back (a no-op if not held): the file stays, empty, meaning free. A folder this run
-        created and left with nothing but the lock (a run refused at its checks) is removed."""
+        """Give the lock back (a no-op if not held): the file stays, empty, meaning free."""
         if self._fd is None:
             return
         self._stop.set()

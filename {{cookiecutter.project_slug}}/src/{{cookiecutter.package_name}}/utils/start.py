@@ -52,13 +52,9 @@ def resume(
     frozen: tuple[str, str] = ("", ""),
     data: dict[str, str] | None = None,
 ) -> tuple[LoopState, Path | None]:
-    """Load the checkpoint to continue, if any; return the loop state and where it came from.
-
-    The main process decides, reading every checksum once, and may set files aside (`decide_start`);
-    then every process loads the same checkpoint, or all stop with the same error. `frozen` is
-    `frozen_weights` of the model as built: a checkpoint of other frozen weights is refused. `data`: the
-    data's fingerprint (main process), checked (other_data) and carried into the next checkpoints.
-    """
+    """Load the checkpoint to continue, if any; return the loop state and where it came from. `frozen`:
+    `frozen_weights` of the model as built (a checkpoint of others is refused); `data`: the data's
+    fingerprint (main process), checked (other_data) and carried into the next checkpoints."""
     decided = on_main(accelerator, lambda: (*decide_start(config, data), uuid.uuid4().hex[:12]))
     path, notes, new_run_id = decided
     for note in notes:
@@ -130,13 +126,9 @@ def describe_frozen(sha256: str, source: str) -> str:
 
 
 def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
-    """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe.
-
-    Refuses to start fresh over an earlier run's outputs unless `start_over` (they are then set aside),
-    to continue a run with other settings, and to restart a folder whose checkpoints cannot be read.
-    Unreadable checkpoints newer than the one continued are set aside, never deleted. A checkpoint of
-    other data than `data` is refused before anything is set aside (other_data).
-    """
+    """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe
+    (docs/resume.md, "Never lose or mix a run"). Unreadable checkpoints newer than the one continued are
+    set aside; one of other data than `data` is refused before anything is set aside."""
     output_dir = Path(config.output_dir)
     notes = bring_in_newest_copy(config, data)
     checkpoints = list_checkpoints(output_dir)
@@ -173,12 +165,8 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
 
 def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
     """Notes for a fresh start in output_dir; raise if an earlier run's outputs are there without start_over.
-
-    Allowed without asking: an empty folder, and the same run stopped before its first checkpoint (same
-    settings, nothing exported): starting it again repeats it. What that run wrote besides its config
-    (metrics, best_model/, tracker logs) is set aside all the same: the folder may also hold an
-    earlier run's, whose checkpoints and model/ were deleted, and nothing proves which.
-    """
+    The same run stopped before its first checkpoint starts again, but its other files are set aside all
+    the same: they may be an earlier run's, whose checkpoints and model/ were deleted."""
     output_dir = Path(config.output_dir)
     earlier = earlier_outputs(output_dir)
     if not earlier:

@@ -1,11 +1,6 @@
-"""The task's contract (task.py), checked on two real samples before a run takes its folder.
-
-A mistake in task.py otherwise ends in a traceback from deep inside train.py, some only after a whole epoch
-(a per-sample loss, a scalar from eval_step, a metric that METRIC_GOALS names but `metrics` does not
-return). Here each function of the contract runs once, on two training and two eval samples and a freshly
-built model on the CPU, and a breach stops the run with one line: the function, what it returned, what
-the contract wants. An exception raised inside a task function is one line too: the function, the
-exception and the line of the project's code it came from. When it runs: docs/own-task.md, "The task check".
+"""The task's contract (task.py), checked on two real samples and a fresh model on the CPU before a run
+takes its folder: a breach, or an exception inside a task function, stops it with one line naming the
+function (docs/own-task.md, "The task check").
 """
 
 from __future__ import annotations
@@ -44,7 +39,17 @@ def check_task(
     The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check.
     """
     with _kept_random_state():
-        warnings, model = _check_training(config, train_set, eval_set)
+        train_batch = _first_batch(train_set, "training")
+        eval_batch = _first_batch(eval_set, "eval")
+        _rows(train_batch)
+        rows = _rows(eval_batch)
+        model = _call("build_model(config)", task.build_model, config)
+        if not isinstance(model, torch.nn.Module):
+            raise TaskError(
+                f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
+            )
+        warnings = _check_loss(model, train_batch)
+        _check_metrics(config, _check_eval_step(model, eval_batch, rows))
         _check_predict(config, model.eval(), predict_inputs)
         return warnings
 
@@ -78,36 +83,12 @@ def _check_sets(train_set: Dataset, eval_set: Dataset) -> None:
             )
 
 
-def _check_training(
-    config: TrainConfig, train_set: Dataset, eval_set: Dataset
-) -> tuple[list[str], torch.nn.Module]:
-    train_batch = _first_batch(train_set, "training")
-    eval_batch = _first_batch(eval_set, "eval")
-    _rows(train_batch)
-    rows = _rows(eval_batch)
-
-    model = _call("build_model(config)", task.build_model, config)
-    if not isinstance(model, torch.nn.Module):
-        raise TaskError(
-            f"build_model(config) returned {_describe(model)}: the contract wants a torch.nn.Module"
-        )
-    warnings = _check_loss(model, train_batch)
-    values = _check_eval_step(model, eval_batch, rows)
-    _check_metrics(config, values)
-    return warnings, model
-
-
 def _check_loss(model: torch.nn.Module, train_batch: Any) -> list[str]:
     """loss on a training batch: a finite scalar with a gradient; warnings for buffers it changed."""
     model.train()
     buffers = {name: value.clone() for name, value in model.named_buffers()}
     # The model as the loop passes it (TaskModel): what loss may use of it is the same on 1 and N processes.
-    loss = _call(
-        "loss(model, batch)",
-        task.loss,
-        TaskModel(model, model, training=True),
-        train_batch,
-    )
+    loss = _call("loss(model, batch)", task.loss, TaskModel(model, model, training=True), train_batch)
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         raise TaskError(
             f"loss(model, batch) returned {_describe(loss)} for a batch of {SAMPLES} samples: the contract "
@@ -129,12 +110,7 @@ def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapp
     """eval_step on an eval batch: a dict of named tensors with one value per sample."""
     model.eval()
     with torch.no_grad():
-        values = _call(
-            "eval_step(model, batch)",
-            task.eval_step,
-            TaskModel(model, model),
-            eval_batch,
-        )
+        values = _call("eval_step(model, batch)", task.eval_step, TaskModel(model, model), eval_batch)
     if not isinstance(values, Mapping) or not values:
         raise TaskError(
             f"eval_step(model, batch) returned {_describe(values)}: the contract wants a dict of named "
