@@ -263,6 +263,8 @@ def finish(
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
     book.progress.close()
+    if book.streamed:  # its workers end now: the last checkpoint holds the stream's state already
+        book.loader.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:

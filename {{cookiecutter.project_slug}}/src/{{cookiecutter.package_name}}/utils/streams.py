@@ -237,6 +237,11 @@ class StreamLoader:
                 "global_batch_size; add data or lower global_batch_size"
             )
 
+    def close(self) -> None:
+        """End the workers. torchdata keeps the last iterator, and its workers, for state_dict; alive at exit,
+        multiprocessing would wait for workers that ignore SIGTERM (ignore_stop_signals) for ever."""
+        self.loader._iterator = None
+
     # What save_state stores (custom_checkpoint_0.pkl) and load_state gives back. max_steps rides along:
     # it sizes a stream's schedule, so a resume with another value would change the run, not continue it;
     # num_workers too: it decides which worker reads which file, and so the order of the batches.
