@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import signal
 import stat
 import sys
@@ -28,6 +29,9 @@ SAME_PRESS_S = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 LAUNCHER_CHECK_S = 1.0
 LAUNCHER_DIED = "the launcher's death"
+# The project's launcher's pid, which it sets (launch.py): a worker that starts after its death still knows
+# it, where os.getppid() would name the process that adopted the worker.
+LAUNCHER_PID = "TRAIN_LAUNCHER_PID"
 
 
 class StopRequest:
@@ -47,13 +51,17 @@ class StopRequest:
             if not (signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):  # nohup's stays
                 signal.signal(signum, self._handle)
         # Started by torch's launcher (accelerate launch, torchrun): it is the parent.
-        self._launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
-        if self._launcher is not None:
+        self._launcher = None
+        self._lock = threading.Lock()  # the launcher's death is checked by two threads, said by one
+        self._polled = False  # by the loop, which votes on a stop: before that, there is nothing to save
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            self._launcher = int(os.environ.get(LAUNCHER_PID) or os.getppid())
             threading.Thread(target=self._watch, name="launcher", daemon=True).start()
 
     @property
     def signal_name(self) -> str | None:
         """The first stop signal's name, or LAUNCHER_DIED: checked as each process votes, so all name it."""
+        self._polled = True
         self._check_launcher()
         return self._name
 
@@ -64,8 +72,8 @@ class StopRequest:
         if os.getpid() != self._pid:
             return
         name = signal.Signals(signum).name
-        if signum == signal.SIGHUP:  # its terminal is gone: a write there would fail (EIO)
-            self._quiet(os.isatty)
+        if signum == signal.SIGHUP:  # its terminal is gone (hung up), or a pipe's reader: a write would fail
+            self._quiet(lambda fd: os.isatty(fd) or hung_up(fd))
         if self._name is None:
             self._name, self._first_at = name, time.monotonic()
             message = f"{name} received: finishing the current step, then saving a checkpoint"
@@ -79,18 +87,22 @@ class StopRequest:
         while self._launcher is not None:
             time.sleep(LAUNCHER_CHECK_S)
             self._check_launcher()
+        if not self._polled:  # still starting: maybe waiting for ever on the launcher's rendezvous store
+            os._exit(EXIT_STOPPED)
 
     def _check_launcher(self) -> None:
         """Once the launcher is gone (another process adopted this one, on Linux and macOS): a stop, and the
         output to its terminal or pipe, whose reader died with it (a write would fail), to /dev/null."""
-        launcher = self._launcher
-        if launcher is None or os.getppid() == launcher:
-            return
-        self._launcher = None
+        with self._lock:
+            launcher = self._launcher
+            if launcher is None or os.getppid() == launcher:
+                return
+            self._launcher = None
         self._quiet(lambda fd: not stat.S_ISREG(os.fstat(fd).st_mode))
         if self._name is None:
             self._name = LAUNCHER_DIED
-            self._say(f"the launcher (pid {launcher}) is gone: finishing the step, then saving a checkpoint")
+            then = "finishing the step, then saving a checkpoint" if self._polled else "ending (no step yet)"
+            self._say(f"the launcher (pid {launcher}) is gone: {then}")
 
     def _quiet(self, reader_gone: Callable[[int], bool]) -> None:
         """Standard output and error to /dev/null where `reader_gone(fd)`: on to the checkpoint, unheard."""
@@ -106,6 +118,13 @@ class StopRequest:
             # second write from here would re-enter it: Python raises "reentrant call", and wandb 0.17
             # deadlocks on its own socket, so the run hangs instead of saving its checkpoint.
             os.write(sys.stderr.fileno(), f"{self._below}{message}\n".encode())
+
+
+def hung_up(fd: int) -> bool:
+    """Whether the terminal of `fd` hung up, or its pipe's reader is gone."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def ignore_stop_signals(worker_id: int) -> None:
