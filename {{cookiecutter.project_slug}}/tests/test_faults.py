@@ -7,6 +7,7 @@ that are byte for byte what they were, or set aside (never deleted) where the us
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from subprocess import DEVNULL, PIPE
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -48,6 +50,7 @@ from .conftest import (
     read_metrics,
     run_training,
     training_command,
+    wait_for_checkpoint,
     wait_for_training,
 )
 
@@ -633,3 +636,32 @@ def test_a_config_write_cut_off_by_a_kill_does_not_block_the_rerun(tmp_path: Pat
     assert f"starting fresh in {output_dir}" in result.stdout
     assert not cut_off.exists()
     assert "seed: " in (output_dir / "config.yaml").read_text()
+
+
+def test_a_killed_loader_worker_is_one_line_the_checkpoint_untouched_and_the_rerun_continues(
+    tmp_path: Path,
+) -> None:
+    """A DataLoader worker killed with SIGKILL (as the out-of-memory killer does), and those started after
+    it: one line that says so and that the rerun continues, not PyTorch's traceback; exit 1; the newest
+    checkpoint byte for byte what it was; the rerun resumes from it."""
+    workers = ["--num_workers", "2"]
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *SIGNAL_RUN, *workers)
+    process = psutil.Popen(command, cwd=PROJECT, env=env, stdout=PIPE, stderr=PIPE, text=True)
+    wait_for_checkpoint(output_dir, process)
+    process.suspend()  # what it has saved stays as it is now
+    newest = list_checkpoints(output_dir)[-1]
+    saved = snapshot(newest)
+    process.resume()
+    while process.poll() is None:
+        for worker in process.children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+        time.sleep(0.02)
+    out, err = process.communicate(timeout=120)
+    line = refused(subprocess.CompletedProcess(command, process.returncode, out, err), "loader worker died")
+    # torch's reason ("is killed by signal: Killed", or "exited unexpectedly": which it saw first)
+    assert "DataLoader worker (pid" in line and "rerun the same command to continue" in line, line
+    assert snapshot(newest) == saved
+    resumed = run_training(output_dir, *SIGNAL_RUN, *workers)
+    assert f"resuming from {output_dir / 'checkpoints'}" in resumed.stdout, resumed.stdout[-2000:]
