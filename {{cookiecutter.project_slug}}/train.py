@@ -56,7 +56,7 @@ from {{ cookiecutter.package_name }}.utils.persist import Persister
 from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, on_main, write_error
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, exit_process, ignore_stop_signals
 from {{ cookiecutter.package_name }}.utils.start import resume
-from {{ cookiecutter.package_name }}.utils.streams import StreamLoader, loader_workers, worker_death
+from {{ cookiecutter.package_name }}.utils.streams import StreamLoader, loader_workers
 from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
 from {{ cookiecutter.package_name }}.utils.tracking import start_trackers, trackers, truncate_metrics
@@ -357,9 +357,10 @@ if __name__ == "__main__":
         status = f"config error: {error}"
     except RunError as error:
         status = f"error: {error}"
-    except RuntimeError as error:  # torch's, for a loader worker that died: one line instead
-        if not (status := worker_death(error)):
+    except RuntimeError as error:  # torch's when a loader worker died (killed for memory, often): one line
+        if not str(error).startswith("DataLoader worker (pid"):
             raise
+        status = f"error: {str(error).split('. ')[0]} (out of memory?): rerun the same command to continue"
     except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise

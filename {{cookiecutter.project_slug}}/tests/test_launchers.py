@@ -800,6 +800,7 @@ def test_a_killed_launcher_leaves_no_orphan_and_the_rerun_ends_bitwise(
     assert len(training) == 2 and (output_dir / ".lock").read_text() == "", log.read_text()[-3000:]
     (session,) = sessions_of(output_dir)
     assert session["ending"] == "stopped by the launcher's death", log.read_text()[-3000:]
+    assert log.read_text().count("is gone: stopping") == 1, log.read_text()[-3000:]
     stopped = session["end_step"]
     last = log.read_text().splitlines()[-1]
     assert last.startswith(f"stopped by the launcher's death at step {stopped}: checkpoint saved"), last
@@ -855,5 +856,5 @@ def test_a_launcher_killed_while_its_processes_start_leaves_no_orphan(tmp_path: 
         for child in training:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
-    said = re.findall(r"the launcher \(pid \d+\) is gone: ending \(no step yet\)", log.read_text())
+    said = re.findall(r"the launcher \(pid \d+\) is gone: stopping", log.read_text())
     assert len(said) == 1 and not output_dir.exists(), log.read_text()[-3000:]

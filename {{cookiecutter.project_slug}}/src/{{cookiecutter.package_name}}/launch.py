@@ -366,10 +366,8 @@ def run_step(command: list[str], env: dict[str, str], signals: StepSignals) -> t
 
 
 def run_accelerate(args: list[str]) -> int:
-    """`accelerate launch ARGS` in this process, for several processes on one machine. A stop (a signal,
-    or train.py's time_budget) ends its workers with 75 after a checkpoint, which torch's launcher reports
-    as a failure: a 30-line traceback and exit 1. train.py's main process says how it ended
-    (report_outcome); when that is "stopped", this exits 75 and train.py's last line is the last line."""
+    """`accelerate launch ARGS` in this process, for several processes on one machine; 75 after a stop
+    (report_outcome), where torch's launcher would print a traceback of the workers' 75 and exit 1."""
     import torch.distributed.run  # noqa: F401 (creates the loggers quieted below)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException

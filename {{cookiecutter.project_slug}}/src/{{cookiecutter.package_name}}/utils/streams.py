@@ -86,17 +86,6 @@ def stream_workers(stream: IterableDataset, num_workers: int) -> int:
     return min(num_workers, files) if files is not None else num_workers
 
 
-def worker_death(error: RuntimeError) -> str:
-    """train.py's one line for torch's error when a loader worker died (of any loader); "" for another."""
-    what = str(error).split(". ")[0].rstrip(".")
-    if not what.startswith("DataLoader worker (pid"):
-        return ""
-    return (
-        f"error: a data loader worker died: {what} (SIGKILL is often the out-of-memory killer: lower "
-        "num_workers or the batch size); the checkpoints are untouched: rerun the same command to continue"
-    )
-
-
 class WorkerShare(IterableDataset):
     """This process's block of each global batch, from the part of the stream this worker reads (the
     whole stream without workers), its rows shuffled in windows of `window` (off below 2): each window's
