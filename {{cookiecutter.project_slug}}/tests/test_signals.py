@@ -1,7 +1,8 @@
 """Stop signals: every rank records the request, one line per signal says so (rank 0's), a forked
 DataLoader worker, which inherits the handler until its worker_init_fn ignores stop signals, does nothing,
-a signal in the middle of a write to stderr does not write into it again, and a process of a gloo job ends
-without the interpreter teardown that gloo's threads can abort."""
+a signal in the middle of a write to stderr does not write into it again, a process of a gloo job ends
+without the interpreter teardown that gloo's threads can abort, and a SIGHUP whose terminal hung up (a real
+pty) or whose pipe's reader is gone still ends in a checkpoint and exit 75."""
 
 from __future__ import annotations
 
