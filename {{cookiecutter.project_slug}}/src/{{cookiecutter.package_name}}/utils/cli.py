@@ -16,14 +16,17 @@ from .hardware import check_output_dir, detect_platform, foreign_paths_problem, 
 from .remote import check_urls, is_url
 
 
-def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, Path, list[str]]:
-    """The run's config, its file, and warnings (fields that no longer exist, its output_dir); a ConfigError
-    says what is wrong."""
+def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, str, list[str]]:
+    """The run's config, its file(s), and warnings (fields that no longer exist, its output_dir); a
+    ConfigError says what is wrong."""
     check_contract(task)  # every function of task.py there: a missing one is not found after training
     where, notes = detect_platform(), []
-    config, config_path = load_config(argv, project / "configs" / f"{where}.yaml", task.Config, notes=notes)
+    platforms = ("local", "colab", "kaggle", "slurm")
+    platform_files = tuple(project / "configs" / f"{name}.yaml" for name in platforms)
+    default = project / "configs" / f"{where}.yaml"
+    config, config_path = load_config(argv, default, task.Config, notes=notes, platform_files=platform_files)
     paths = {name: getattr(config, name) for name in ("output_dir", "mirror_dir", "import_from")}
-    if problem := foreign_paths_problem(paths, str(config_path)):
+    if problem := foreign_paths_problem(paths, config_path):
         raise ConfigError(problem)
     # Relative to the project, not to the working directory: the same command finds its run from anywhere.
     # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.

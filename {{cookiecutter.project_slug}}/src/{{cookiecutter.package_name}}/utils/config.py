@@ -274,12 +274,18 @@ def read_yaml(
     types = _field_types(config_class)
     # What a text field accepts, for a number written where text was expected (time_budget: 90).
     text_forms = {name: forms for name, _, forms in config_class.CHECKS if types.get(name) is str}
+    # Every field that no longer exists, in one line: refused where a person set one of REFUSED_FIELDS.
+    removed = [key for key in raw if key in REMOVED_FIELDS]
+    refused = not saved and any(key in REFUSED_FIELDS for key in removed)
+    skipped = "" if refused else ", skipped"
+    gone = [f"{key} no longer exists{skipped}: {REMOVED_FIELDS[key]}" for key in removed]
+    if refused:
+        raise ConfigError(f"{path}: " + "; ".join(gone))
+    if gone:
+        notes.append(f"{path}: " + "; ".join(gone))
     values = {}
     for key, value in raw.items():
-        if key in REFUSED_FIELDS and not saved:
-            raise ConfigError(f"{path}: {key} no longer exists: {REMOVED_FIELDS[key]}")
         if key in REMOVED_FIELDS:
-            notes.append(f"{path}: {key} no longer exists, skipped: {REMOVED_FIELDS[key]}")
             continue
         if key not in types:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
@@ -343,23 +349,26 @@ def load_config(
     own_flags: tuple[str, ...] = (),
     notes: list[str] | None = None,
     saved: bool = False,
-) -> tuple[TrainConfig, Path]:
+    platform_files: tuple[Path, ...] = (),
+) -> tuple[TrainConfig, str]:
     """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
-    flags; `own_flags`: the caller's other flags (predict.py's), for an unknown one's hint; `notes` gets a
-    warning for each field of the file that no longer exists; `saved`: a run's or an export's file."""
+    flags, and name the file(s) read; `own_flags`: the caller's other flags (predict.py's), for an unknown
+    one's hint; `notes` gets a warning for fields of a file that no longer exist; `saved`: a run's or an
+    export's file. With `platform_files` (train.py's), a FILE that is not one of them is read over
+    default_path, the platform's: a user's file keeps the platform's paths and time budget."""
     types = _field_types(config_class)
     parser = argparse.ArgumentParser(
         usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",
         description="Train with Accelerate. Every field is a flag and a key of the YAML --config file: "
-        "a flag wins over the file, the file over the defaults shown.",
+        "a flag wins over the file, the file over the platform's file, that over the defaults shown.",
         allow_abbrev=False,
     )
     parser.add_argument(
         "--config",
         type=Path,
-        default=Path(default_path),
         metavar="FILE",
-        help=f"YAML file of field values (default here: {os.path.relpath(default_path)})",
+        help=f"YAML file of field values, read over the platform's {os.path.relpath(default_path)} (another "
+        "platform's file replaces it)",
     )
     shared = parser.add_argument_group("fields of every task (TrainConfig, utils/config.py)")
     own = parser.add_argument_group("fields of this task (Config, task.py)")
@@ -378,8 +387,16 @@ def load_config(
         hint = _nearest(flag.split("=")[0], [*own_flags, *(f"--{name}" for name in types)])
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
 
-    values = read_yaml(args.config, config_class, [] if notes is None else notes, saved)
-    sources = {key: str(args.config) for key in values}
+    files = [Path(default_path)] if args.config is None else [args.config]
+    own_file = args.config and args.config.resolve() not in {path.resolve() for path in platform_files}
+    if platform_files and own_file and Path(default_path).is_file():
+        files.insert(0, Path(default_path))
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for path in files:
+        read = read_yaml(path, config_class, [] if notes is None else notes, saved)
+        values |= read
+        sources |= dict.fromkeys(read, str(path))
     for name, kind in types.items():
         text = getattr(args, name)
         if text is not None:
@@ -394,7 +411,7 @@ def load_config(
             raise ConfigError(f"{where}: {name}={path!r} names an unset environment variable")
         setattr(config, name, path)
     check_values(config, sources)
-    return config, args.config
+    return config, " + ".join(map(str, files))
 
 
 def save_config(config: TrainConfig, path: Path, durable: bool = True) -> None:

@@ -181,7 +181,7 @@ def usable_cpus() -> int:
     return cpus
 
 
-def start_line(accelerator: Any, config: Any, config_path: Path, precision_why: str, threads: str) -> str:
+def start_line(accelerator: Any, config: Any, config_path: str, precision_why: str, threads: str) -> str:
     """The run's start line: where it runs, on what, in which precision and batches."""
     processes, deterministic = accelerator.num_processes, "on" if config.deterministic else "off"
     return (
