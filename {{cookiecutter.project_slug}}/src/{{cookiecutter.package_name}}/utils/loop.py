@@ -91,6 +91,8 @@ class Bookkeeping:
         if self.end_of_epoch:
             state.epoch += 1
             state.epoch_samples = 0
+        per_epoch = self.steps_per_epoch * config.global_batch_size  # 0 for a stream: whole epochs shown
+        self.progress.epoch = state.epoch + (state.epoch_samples / per_epoch if per_epoch else 0)
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Every log_every steps, and after a session's first: the loss, a stop, the checkpoint interval."""
@@ -111,6 +113,7 @@ class Bookkeeping:
             self.end.diverged = f"the eval metrics at step {state.step} are {metrics}"
             return
         self.metrics = metrics
+        self.progress.metric = f"{config.best_metric} {metrics[config.best_metric]:.4f}"
         track_best(self.accelerator, model, config, state, metrics)  # logged too
         # A signal during the evaluation (minutes, on a large eval set) is acted on now; so is early stopping.
         patience = config.early_stopping_patience and state.evals_since_best >= config.early_stopping_patience

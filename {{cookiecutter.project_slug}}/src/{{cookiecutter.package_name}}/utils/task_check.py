@@ -118,9 +118,16 @@ def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapp
         )
     for name, value in values.items():
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows,):
+            # Several values per sample (per-class counts for a mean IoU, an embedding) fit as several names.
+            way_out = ""
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and len(value) == rows:
+                way_out = (
+                    f"; for {value.shape[1]} values per sample return one name per column ('{name}_0': "
+                    f"v[:, 0], '{name}_1': v[:, 1], ...) and torch.stack them in metrics"
+                )
             raise TaskError(
                 f"eval_step(model, batch) returned {_describe(value)} as {name!r} for a batch of {rows} "
-                f"samples: the contract wants one value per sample, a tensor of shape [{rows}]"
+                f"samples: the contract wants one value per sample, a tensor of shape [{rows}]{way_out}"
             )
     return values
 
