@@ -232,8 +232,10 @@ def test_bad_config_stops_train_py_before_training(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "config error: global_batch_size=48 is not divisible" in result.stderr
     assert not (output_dir / "metrics.jsonl").exists()
-    # The first line comes as soon as the config is read, before the seconds torch takes to load.
-    assert result.stdout.startswith(f"config {path} checked: loading PyTorch and Accelerate\n")
+    # The first line comes as soon as the config is read, before the seconds torch takes to load; a user's
+    # file is read over the platform's.
+    platform = PROJECT / "configs" / f"{hardware.detect_platform()}.yaml"
+    assert result.stdout.startswith(f"config {platform} + {path} checked: loading PyTorch and Accelerate\n")
 
 
 @pytest.mark.parametrize(

@@ -186,7 +186,7 @@ def test_the_default_model_is_the_best_evaluations_and_the_last_is_one_flag_away
     assert result.stdout.startswith(f"predicting with {best_dir} ({best}"), result.stdout
     result = predict_elsewhere(project, tmp_path, "--output", "last.csv", "--last")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith(f"predicting with {model_dir} (the last step's) into"), result.stdout
+    assert result.stdout.startswith(f"predicting with {model_dir} into"), result.stdout
 
 
 @pytest.mark.slow
@@ -198,7 +198,7 @@ def test_a_new_session_predicts_with_the_model_of_the_mirror(single_run: tuple, 
     shutil.copytree(single_run[0] / "model", project / "drive" / "run" / "model")
     result = predict_elsewhere(project, tmp_path, "--output", "p.csv")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"predicting with {project / 'drive' / 'run' / 'model'} (the last step's) into" in result.stdout
+    assert f"predicting with {project / 'drive' / 'run' / 'model'} into" in result.stdout
     assert not model_dir.exists()
 
 

@@ -170,18 +170,18 @@ def test_the_model_line_counts_the_parameters_and_a_checkpoints_size() -> None:
     base.requires_grad_(False)
     head = torch.nn.Linear(1000, 10)  # 10,010
     assert model_line(torch.nn.Sequential(base, head)) == (
-        "model: 1.0M parameters, 10.0K trainable; a checkpoint holds about 120.1 KB"
+        "model: 1.0M parameters, 10.0K trainable; a checkpoint holds about 120.1KB"
     )
     tied = torch.nn.Sequential(torch.nn.Linear(20, 20, bias=False), torch.nn.Linear(20, 20, bias=False))
     tied[1].weight = tied[0].weight
-    assert model_line(tied) == "model: 400 parameters, 400 trainable; a checkpoint holds about 4.8 KB"
+    assert model_line(tied) == "model: 400 parameters, 400 trainable; a checkpoint holds about 4.8KB"
 
 
 @pytest.mark.slow  # trains (single_run)
 def test_a_runs_model_line_gives_the_size_of_its_checkpoints(single_run: tuple) -> None:
     output_dir, result = single_run
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("model: ")]
-    number, prefix = re.search(r"a checkpoint holds about ([\d.]+) ([KMGT]?)B$", line).groups()
+    number, prefix = re.search(r"a checkpoint holds about ([\d.]+)([KMGT]?)B$", line).groups()
     estimate = float(number) * 1000 ** " KMGT".index(prefix or " ")
     newest = list_checkpoints(output_dir)[-1]
     size = sum(path.stat().st_size for path in newest.rglob("*") if path.is_file())

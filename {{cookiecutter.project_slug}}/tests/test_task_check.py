@@ -85,7 +85,7 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         lambda model, batch: {
             name: value[:, None].repeat(1, 4) for name, value in original_eval_step(model, batch).items()
         },
-        "[2]; for 4 values per sample return one name per column ('",
+        "[2]; return one name per column ('",
     ),
     "metrics without best_metric": (
         "metrics",

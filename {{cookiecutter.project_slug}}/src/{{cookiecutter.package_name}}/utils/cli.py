@@ -1,6 +1,5 @@
-"""train.py's command line, answered before torch and Accelerate load (--help, --check_task and a config
-error in seconds; train.main reads the config again, in milliseconds), and task.py's contract checked
-before a run (what each function returns is task_check.py's to check)."""
+"""train.py's command line, answered before torch loads (train.main reads the config again, in milliseconds),
+and task.py's contract checked before a run (what each function returns is task_check.py's to check)."""
 
 from __future__ import annotations
 
@@ -21,10 +20,8 @@ def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, str
     ConfigError says what is wrong."""
     check_contract(task)  # every function of task.py there: a missing one is not found after training
     where, notes = detect_platform(), []
-    platforms = ("local", "colab", "kaggle", "slurm")
-    platform_files = tuple(project / "configs" / f"{name}.yaml" for name in platforms)
-    default = project / "configs" / f"{where}.yaml"
-    config, config_path = load_config(argv, default, task.Config, notes=notes, platform_files=platform_files)
+    files = {name: project / "configs" / f"{name}.yaml" for name in ("local", "colab", "kaggle", "slurm")}
+    config, config_path = load_config(argv, files[where], task.Config, notes=notes, platforms=files.values())
     paths = {name: getattr(config, name) for name in ("output_dir", "mirror_dir", "import_from")}
     if problem := foreign_paths_problem(paths, config_path):
         raise ConfigError(problem)

@@ -182,8 +182,7 @@ def usable_cpus() -> int:
 
 
 def start_line(accelerator: Any, config: Any, config_path: str, precision_why: str, threads: str) -> str:
-    """The run's start line: where it runs, on what, in which precision and batches (with auto_batch_size,
-    its own line states the per-device batch it chose)."""
+    """The run's start line: where it runs, on what, in which precision and batches."""
     processes, deterministic = accelerator.num_processes, "on" if config.deterministic else "off"
     accumulation = accelerator.gradient_accumulation_steps
     batch = f"{config.per_device_batch_size} x {processes} processes x {accumulation} accumulation"
@@ -199,28 +198,16 @@ def start_line(accelerator: Any, config: Any, config_path: str, precision_why: s
 
 
 def model_line(model: Any) -> str:
-    """The model at a glance, its parameters as a person counts them (shared ones once) and what a checkpoint
-    holds of it: the trained weights and AdamW's two moments, e.g. `model: 1.2M parameters, 12.3K trainable;
-    a checkpoint holds about 150.2 KB`."""
+    """`model: 1.2M parameters, 12.3K trainable; a checkpoint holds about 150.2KB`, in thousands as people
+    count: shared parameters once; a checkpoint, the trained weights and AdamW's two moments."""
     params = list(model.parameters())
     trained = [param for param in params if param.requires_grad]
-    total = short(sum(param.numel() for param in params))
-    size = 3 * sum(param.numel() * param.element_size() for param in trained)
-    return (
-        f"model: {total} parameters, {short(sum(param.numel() for param in trained))} trainable; "
-        f"a checkpoint holds about {short(size, 'B')}"
-    )
-
-
-def short(value: float, unit: str = "") -> str:
-    """A count or a size as a person reads it, in thousands: 850, 12.3K, 1.2M; 150.2 KB."""
-    prefix = ""
-    for larger in ("K", "M", "G", "T"):
-        if value < 1000:
-            break
-        value, prefix = value / 1000, larger
-    number = f"{value:.1f}" if prefix else f"{value:.0f}"
-    return f"{number} {prefix}{unit}" if unit else f"{number}{prefix}"
+    size = 3 * sum(param.nbytes for param in trained)
+    shown = []
+    for value in (sum(param.numel() for param in params), sum(param.numel() for param in trained), size):
+        power = min(4, (len(str(value)) - 1) // 3)
+        shown.append(f"{value / 1000**power:.1f}{' KMGT'[power]}" if power else str(value))
+    return f"model: {shown[0]} parameters, {shown[1]} trainable; a checkpoint holds about {shown[2]}B"
 
 
 def hide_gpus_from_cpu_run() -> None:

@@ -91,8 +91,7 @@ class Bookkeeping:
         if self.end_of_epoch:
             state.epoch += 1
             state.epoch_samples = 0
-        per_epoch = self.steps_per_epoch * config.global_batch_size  # 0 for a stream: whole epochs shown
-        self.progress.epoch = state.epoch + (state.epoch_samples / per_epoch if per_epoch else 0)
+        self.progress.epoch = state.step / self.steps_per_epoch if self.steps_per_epoch else state.epoch
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Every log_every steps, and after a session's first: the loss, a stop, the checkpoint interval."""

@@ -1,7 +1,6 @@
-"""Training progress: a live tqdm bar from the first step where a person watches (stdout a terminal, or a
-notebook cell that relays the run: PROGRESS_BAR=1), else a plain line now and then, since in a file, a
-SLURM .out, a Kaggle commit log or CI every redraw of a bar would land as another carriage-return frame.
-Both show the same parts (`parts`). Only the main process shows progress.
+"""Training progress, on the main process: a live tqdm bar where a person watches (a terminal, or a notebook
+cell that relays the run: PROGRESS_BAR=1), else a plain line now and then with the same parts, since in a
+file (a SLURM .out, a Kaggle commit log, CI) every redraw of a bar would land as another frame.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ class Progress:
             print(line, flush=True)
 
     def parts(self) -> list[str]:
-        """What the bar's postfix and the plain line show beside step, speed and time left: the epoch, the
-        loss, the last evaluation's metric, and what a kill now would cost (max_time_lost)."""
+        """Beside step, speed and time left: epoch, loss, the last evaluation, what a kill would cost now."""
         parts = [f"epoch {self.epoch:.2f}"] if self.epoch is not None else []
         parts += [f"loss {self.loss:.4f}"] if self.loss is not None else []
         parts += [self.metric] if self.metric else []
