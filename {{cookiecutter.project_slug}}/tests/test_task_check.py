@@ -3,15 +3,12 @@ functions, is one line naming the function, what it returned and what the contra
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, Subset
@@ -19,7 +16,7 @@ from torch.utils.data import Dataset, Subset
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.cli import check_contract
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.task_check import TaskError, TaskModel, build_datasets, check_task
+from {{ cookiecutter.package_name }}.utils.task_check import TaskError, build_datasets, check_task
 
 from .conftest import PROJECT, QUICK, framework_warnings, training_command
 
@@ -136,30 +133,6 @@ def test_a_setting_kept_on_the_model_is_read_in_loss_and_eval_step(
     scaled = lambda model, batch: original_eval_step(model, batch) if model.loss_scale else {}  # noqa: E731
     monkeypatch.setattr(task, "eval_step", scaled)
     assert check_task(*setup) == []
-
-
-def test_the_worked_example_of_own_task_md_imports_what_it_uses_and_its_loss_reads_its_setting(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """docs/own-task.md's worked example, run as a module of this package: its imports are all it needs
-    (TrainConfig, setting), its data loads from a table, and its loss divides by the temperature that
-    build_model kept on the model (loss gets no config)."""
-    pytest.importorskip(f"{task.__package__}.models.mlp", reason="the example builds the digits preset's MLP")
-    text = (PROJECT / "docs" / "own-task.md").read_text(encoding="utf-8")
-    (code,) = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "(TrainConfig):" in block]
-    example = types.ModuleType(f"{task.__package__}.own_task_example")
-    example.__package__ = task.__package__
-    monkeypatch.setitem(sys.modules, example.__name__, example)  # where @dataclass looks its module up
-    exec(compile(code, "docs/own-task.md", "exec"), vars(example))
-    generator = np.random.default_rng(0)
-    table = np.column_stack([generator.normal(size=(40, 20)), generator.integers(0, 3, size=40)])
-    np.savetxt(tmp_path / "train.csv", table, delimiter=",", header="features and label", comments="")
-    config = example.Config(data_file=str(tmp_path / "train.csv"), temperature=2.0)
-    train_set, _ = example.build_datasets(config)
-    model = example.build_model(config).eval()  # no dropout: the same loss twice
-    inputs, labels = train_set[:8]
-    loss = example.loss(TaskModel(model, model, training=True), [inputs, labels])
-    assert torch.equal(loss, torch.nn.functional.cross_entropy(model(inputs) / 2.0, labels))
 
 
 DATASETS = {
