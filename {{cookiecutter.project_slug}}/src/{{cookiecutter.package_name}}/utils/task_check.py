@@ -198,8 +198,7 @@ class TaskModel:
 
 
 def _first_batch(dataset: Dataset, split: str) -> Any:
-    """What the training loop would get: the first items, through the dataset's `__getitems__` if it has
-    one, collated by task.collate."""
+    """The first items as the loop gets them: through the dataset's `__getitems__` if any, by task.collate."""
     loader = DataLoader(dataset, batch_size=SAMPLES, collate_fn=task.collate)
     batch = _call(f"collate(the first {SAMPLES} {split} samples)", lambda: next(iter(loader)))
     tensors = list(batch_tensors(batch))
