@@ -370,7 +370,7 @@ def load_config(
             help=_flag_help(config_class, field.name, field.default),
         )
     args, unknown = parser.parse_known_args(argv)
-    if flag := next(iter(unknown), None):
+    if (flag := next(iter(unknown), None)) is not None:
         if (name := flag.split("=")[0].removeprefix("--")) in REFUSED_FIELDS:
             raise ConfigError(f"--{name} no longer exists: {REMOVED_FIELDS[name]}")
         hint = _nearest(flag.split("=")[0], [*own_flags, *(f"--{name}" for name in types)])
