@@ -28,6 +28,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
     hide_gpus_from_cpu_run,
     launch_problem,
+    model_line,
     resolve_mixed_precision,
     start_line,
 )
@@ -343,6 +344,7 @@ def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: i
     trained = [param for param in model.parameters() if param.requires_grad]  # listed once: clipped each step
     frozen = frozen_weights(model)
     save_trained_weights_only(accelerator)
+    accelerator.print(model_line(model))  # parameters, trained ones, a checkpoint's size
     optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(config.warmup_steps, schedule_steps)

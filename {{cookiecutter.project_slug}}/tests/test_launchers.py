@@ -29,6 +29,8 @@ import psutil
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }}.launch import train_args
+
 from .conftest import (
     FORK_SERVER,
     PROJECT,
@@ -423,6 +425,12 @@ def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -
     ]
     assert "precision: bf16 (your --mixed_precision; the hardware suggests fp16" in run.result.stdout
     assert "config: configs/local.yaml (your --config, instead of configs/kaggle.yaml)" in run.result.stdout
+
+
+def test_a_users_own_config_is_said_to_be_read_over_the_platforms() -> None:
+    """As train.py reads it: a file of the user's own over the platform's (which keeps its paths)."""
+    line = train_args("colab", "no", ["--config", "my.yaml"])[1]
+    assert line == "config: my.yaml (your --config, read over configs/colab.yaml)"
 
 
 SLURM_ENV = {

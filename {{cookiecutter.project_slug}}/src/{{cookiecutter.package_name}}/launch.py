@@ -122,7 +122,8 @@ def nccl_settings(platform: str, total_processes: int, gpus: list[Gpu]) -> tuple
 def train_args(platform: str, precision: str, args: list[str]) -> tuple[list[str], str]:
     config = f"configs/{platform}.yaml"
     chosen = last_flag_value("--config", args)
-    line = f"config: {chosen} (your --config, instead of {config})" if chosen else f"config: {config}"
+    how = "instead of" if Path(chosen or "").stem in PLATFORMS else "read over"  # a platform's file, or yours
+    line = f"config: {chosen} (your --config, {how} {config})" if chosen else f"config: {config}"
     return ["train.py", "--config", config, "--mixed_precision", precision, *args], line
 
 

@@ -91,6 +91,7 @@ class Bookkeeping:
         if self.end_of_epoch:
             state.epoch += 1
             state.epoch_samples = 0
+        self.progress.epoch = state.step / self.steps_per_epoch if self.steps_per_epoch else state.epoch
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Every log_every steps, and after a session's first: the loss, a stop, the checkpoint interval."""
@@ -111,6 +112,7 @@ class Bookkeeping:
             self.end.diverged = f"the eval metrics at step {state.step} are {metrics}"
             return
         self.metrics = metrics
+        self.progress.metric = f"{config.best_metric} {metrics[config.best_metric]:.4f}"
         track_best(self.accelerator, model, config, state, metrics)  # logged too
         # A signal during the evaluation (minutes, on a large eval set) is acted on now; so is early stopping.
         patience = config.early_stopping_patience and state.evals_since_best >= config.early_stopping_patience

@@ -81,6 +81,9 @@ def test_auto_batch_size_steps_down_and_trains_as_that_batch_given_by_hand(
     searched = run_training(tmp_path / "searched", *args, "--auto_batch_size", "true")
     line = "auto_batch_size: per-device batch 8 x 8 accumulation = global batch 64 (32, 16 ran out of memory)"
     assert line in searched.stdout.splitlines()
+    # The start line, printed before the tries, states no per-device batch that was not trained.
+    batch = "up to 32 (auto_batch_size, below) x 1 processes = global batch 64"
+    assert start_line(searched.stdout)["per-device batch"] == batch
     assert_same_run(tmp_path / "searched", tmp_path / "by_hand")
     assert sessions_of(tmp_path / "searched")[-1]["per_device_batch"] == 8
 
