@@ -68,7 +68,7 @@ class StopRequest:
             self._quiet(os.isatty)
         if self._name is None:
             self._name, self._first_at = name, time.monotonic()
-            message = f"{name} received: finishing the current step, then saving a checkpoint"
+            message = f"{name} received: saving a checkpoint within a second or a step, then stopping"
         elif name == self._name and time.monotonic() - self._first_at < SAME_PRESS_S:
             return  # one press that reached training twice (see SAME_PRESS_S)
         else:
@@ -90,7 +90,7 @@ class StopRequest:
         self._quiet(lambda fd: not stat.S_ISREG(os.fstat(fd).st_mode))
         if self._name is None:
             self._name = LAUNCHER_DIED
-            self._say(f"the launcher (pid {launcher}) is gone: finishing the step, then saving a checkpoint")
+            self._say(f"the launcher (pid {launcher}) is gone: checkpointing within seconds, then stopping")
 
     def _quiet(self, reader_gone: Callable[[int], bool]) -> None:
         """Standard output and error to /dev/null where `reader_gone(fd)`: on to the checkpoint, unheard."""

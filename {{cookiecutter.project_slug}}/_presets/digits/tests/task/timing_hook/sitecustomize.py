@@ -1,7 +1,7 @@
-"""Put on PYTHONPATH by test_timing.py: a session's first optimizer step takes $FIRST_STEP_S seconds more (as
-compiling a model does), and the main process appends to $TIMING_MARKS, line-buffered (a SIGKILL keeps what
-was written): `start <step> <time>` as the loop starts, `step <step> <time> <at risk>` after each step's
-vote, `stop <step> <seconds>` for each checkpoint's stop of the loop."""
+"""Put on PYTHONPATH by test_time_lost.py: a session's first optimizer step takes $FIRST_STEP_S seconds more
+(as compiling a model does), and the main process appends to $TIMING_MARKS, line-buffered (a SIGKILL keeps
+what was written): `start <step> <time>` as the loop starts, `step <step> <time> <at risk>` after each
+step's vote, `stop <step> <seconds>` for each checkpoint's stop of the loop."""
 
 import os
 import time
@@ -9,7 +9,12 @@ import time
 from {{ cookiecutter.package_name }}.utils import loop, timing
 
 _marks = open(os.environ["TIMING_MARKS"], "a", buffering=1)  # noqa: SIM115 (open while the process runs)
-_init, _count, _log, _saved = loop.Bookkeeping.__init__, loop.Bookkeeping.count, loop.Bookkeeping.log, timing.SessionClock.saved
+_init, _count, _log, _saved = (
+    loop.Bookkeeping.__init__,
+    loop.Bookkeeping.count,
+    loop.Bookkeeping.log,
+    timing.SessionClock.saved,
+)
 _main = os.environ.get("RANK", "0") == "0"
 
 
@@ -38,4 +43,9 @@ def saved(self, step, *args, **kwargs):
         _marks.write(f"stop {step} {self.stop_s}\n")
 
 
-loop.Bookkeeping.__init__, loop.Bookkeeping.count, loop.Bookkeeping.log, timing.SessionClock.saved = init, count, log, saved
+loop.Bookkeeping.__init__, loop.Bookkeeping.count, loop.Bookkeeping.log, timing.SessionClock.saved = (
+    init,
+    count,
+    log,
+    saved,
+)
