@@ -93,10 +93,9 @@ class Bookkeeping:
             state.epoch_samples = 0
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """At votes (utils/timing.py: about twice a second, and every log_every steps): a stop, the checkpoint
-        interval, the next vote; the loss at logging steps."""
+        """At votes (utils/timing.py), about twice a second: a stop, the checkpoint interval; the loss too."""
         logging = self.state.step % self.config.log_every == 0
-        if self.clock.voting(self.state.step, logging):
+        if logging or self.state.step >= self.clock.next_vote:  # the step the last vote planned (all agree)
             self.loss.vote(self.end, self.clock, scheduler, logging)
         self.progress.update()  # after the log: a progress line shows the loss just computed
 

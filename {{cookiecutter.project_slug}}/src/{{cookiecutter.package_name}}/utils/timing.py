@@ -1,8 +1,7 @@
 """Time limits of a session: checkpoints so that a kill loses at most `max_time_lost`, a stop before
-`time_budget` (docs/resume.md), and a stop signal acted on within a second. All are decided on the main
-process's clock (the processes advance in lockstep) at votes: steps about VOTE_S apart, which the clock plans
-from the pace since the last, and logging steps. A vote's reduce carries them (the other processes add
-zeros): every process acts at the same step without a sync of its own."""
+`time_budget` (docs/resume.md), a signal's within a second; decided on the main process's clock (processes
+advance in lockstep) at votes, steps about VOTE_S apart and logging steps, and carried by the vote's reduce
+(the other processes add zeros): every process acts at the same step without a sync of its own."""
 
 from __future__ import annotations
 
@@ -90,10 +89,6 @@ class SessionClock:
         while len(self.taken) > 1 and self.taken[1][0] <= durable:
             self.taken.pop(0)
         return time.monotonic() - self.taken[0][1]
-
-    def voting(self, step: int, logging: bool) -> bool:
-        """Whether `step` is a vote (on every process): a logging step, or the one the last vote planned."""
-        return logging or step >= self.next_vote
 
     def due(self, step: int) -> bool:
         """Whether a checkpoint is due at `step`, for max_time_lost or checkpoint_every (on every process)."""
