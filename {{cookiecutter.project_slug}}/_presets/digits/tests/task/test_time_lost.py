@@ -57,7 +57,8 @@ def read_marks(marks: Path) -> tuple[float, dict[int, tuple[float, float]], list
         for line in lines
         if line[0] == "step" and len(line) == 4
     }
-    return started, steps, [(int(line[1]), float(line[2])) for line in lines if line[0] == "stop" and len(line) == 3]
+    stops = [(int(line[1]), float(line[2])) for line in lines if line[0] == "stop" and len(line) == 3]
+    return started, steps, stops
 
 
 def wait_for_step(marks: Path, process: subprocess.Popen, step: int, timeout: float = 180) -> None:
@@ -147,7 +148,8 @@ def test_a_stop_is_acted_on_within_two_seconds_whatever_log_every_is(
     marks = tmp_path / "marks"
     output_dir = tmp_path / "run"
     # No logging step and no evaluation (each acts on a stop) in the run
-    args = ["--max_steps", "100000", "--num_epochs", "10000", "--log_every", "100000", "--eval_every", "100000"]
+    args = ["--max_steps", "100000", "--num_epochs", "10000", "--log_every", "100000"]
+    args += ["--eval_every", "100000"]
     process = hooked(monkeypatch, marks, 0.0, output_dir, *args, processes=processes)
     wait_for_step(marks, process, 200)
     sent = time.time()
