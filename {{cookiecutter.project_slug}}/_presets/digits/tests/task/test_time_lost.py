@@ -95,7 +95,7 @@ def test_slow_first_steps_a_load_and_sigkills_lose_at_most_max_time_lost_then_en
     end is the uninterrupted run's, bit for bit."""
     chooser = random.Random(0)
     output_dir = tmp_path / "run"
-    reached_last, lost = 0, []
+    reached_last = 0
     for session, kill_after in enumerate((chooser.uniform(14, 20), chooser.uniform(3, 12))):
         marks = tmp_path / f"marks{session}"
         process = hooked(monkeypatch, marks, FIRST_STEP_S, output_dir, *ARGS)
@@ -122,8 +122,8 @@ def test_slow_first_steps_a_load_and_sigkills_lose_at_most_max_time_lost_then_en
                 each.kill()
         steps, longest = check_session(marks, FIRST_STEP_S)
         resumed = checkpoint_step(list_checkpoints(output_dir)[-1])
-        lost.append(killed_at - steps[resumed][0])
-        assert lost[-1] <= LOST_S + longest, (lost, longest)
+        lost = killed_at - steps[resumed][0]  # the training the rerun does again
+        assert lost <= LOST_S + longest, (lost, longest)
         reached_last = max(steps)
     end = ["--max_steps", str(reached_last + 100)]
     last = hooked(monkeypatch, tmp_path / "marks_last", FIRST_STEP_S, output_dir, *ARGS, *end)
@@ -171,6 +171,8 @@ def test_a_stop_is_acted_on_within_two_seconds_whatever_log_every_is(
     assert steps[last][0] - sent <= max(2.0, longest), (steps[last][0] - sent, longest)
     assert checkpoint_step(list_checkpoints(output_dir)[-1]) == last
     if stop is not None:
-        name = stop.name
-        assert f"stopped by {name} at step {last}: checkpoint saved" in output, output[-3000:]
+        said = f"{stop.name} received: saving a checkpoint within a second or a step, then stopping"
+        assert said in output and f"stopped by {stop.name} at step {last}: checkpoint saved" in output, (
+            output[-3000:]
+        )
         assert process.returncode == (EXIT_STOPPED if processes == 1 else 1), output[-3000:]
