@@ -49,7 +49,7 @@ def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "True"]  # the worker ignored it; the process recorded it
-    line = "SIGUSR1 received: finishing the current step, then saving a checkpoint"
+    line = "SIGUSR1 received: saving a checkpoint within a second or a step, then stopping"
     assert result.stderr.splitlines() == ([] if rank == "1" else [line])
 
 
@@ -84,7 +84,7 @@ def test_one_stop_button_press_that_reaches_training_twice_is_said_once() -> Non
     process.send_signal(signal.SIGINT)  # a second press
     _, stderr = process.communicate(timeout=60)
     assert stderr.splitlines() == [
-        "SIGINT received: finishing the current step, then saving a checkpoint",
+        "SIGINT received: saving a checkpoint within a second or a step, then stopping",
         "SIGINT received again: already stopping (kill -9 is safe too)",
     ]
 
@@ -127,7 +127,7 @@ def test_a_signal_during_a_write_to_stderr_does_not_write_into_it() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True"]
     assert result.stderr.splitlines() == [
-        "SIGTERM received: finishing the current step, then saving a checkpoint",
+        "SIGTERM received: saving a checkpoint within a second or a step, then stopping",
         "train: step 5/100",
     ]
 

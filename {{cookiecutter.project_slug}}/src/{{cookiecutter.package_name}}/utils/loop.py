@@ -94,10 +94,10 @@ class Bookkeeping:
         self.progress.epoch = state.step / self.steps_per_epoch if self.steps_per_epoch else state.epoch
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """Every log_every steps, and after a session's first: the loss, a stop, the checkpoint interval."""
+        """At votes (utils/timing.py), about twice a second: a stop, the checkpoint interval; the loss too."""
         logging = self.state.step % self.config.log_every == 0
-        if logging or self.state.step == self.progress.start_step + 1:
-            self.loss.at_log(self.end, self.clock, scheduler, logging)
+        if logging or self.state.step >= self.clock.next_vote:  # the step the last vote planned (all agree)
+            self.loss.vote(self.end, self.clock, scheduler, logging)
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
@@ -192,8 +192,8 @@ class Ending:
 
 
 class TrainLoss:
-    """The train loss since the last log, summed on the device and read back once per logging interval
-    (no host-device sync per step), with the votes that ride along. A checkpoint saves the window (the sum
+    """The train loss since the last log, summed on the device and read back at votes (no host-device sync
+    per step), with the votes that ride along. A checkpoint saves the window (the sum
     over processes, the micro-batch count): a resumed run logs the interval it stopped inside whole."""
 
     def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress) -> None:
@@ -214,17 +214,18 @@ class TrainLoss:
         flags = torch.tensor(votes, device=self.accelerator.device, dtype=self.sum.dtype).reshape(-1)
         return self.accelerator.reduce(torch.cat([self.sum.reshape(1), flags]), "sum").tolist()
 
-    def at_log(self, end: Ending, clock: SessionClock, scheduler: Any, logging: bool = True) -> None:
-        """The one host-device sync of training, once per logging interval: the loss, with the stop vote and
-        the main process's clock riding along, so that all processes stop, or checkpoint for time, at the
-        same step, whenever each got its signal (utils/timing.py: why one clock decides). Sets `end`'s
-        reasons and the checkpoint interval, and logs the loss; not `logging`: the interval alone."""
+    def vote(self, end: Ending, clock: SessionClock, scheduler: Any, logging: bool) -> None:
+        """The one host-device sync of training, at votes: the loss, with the stop vote and the main process's
+        clock riding along, so that all processes stop, or checkpoint for time, at the same step, whenever
+        each got its signal (utils/timing.py: why one clock decides). Sets `end`'s reasons, the checkpoint
+        interval and the next vote; at logging steps, logs the loss (else its window goes on)."""
         vote = 1.0 if end.stop_request else 0.0
-        loss_total, votes, clock.every, late = self.total(vote, *clock.at_log(self.state.step, logging))
-        if not logging:
-            return
+        loss_total, votes, clock.every, late, ahead = self.total(vote, *clock.vote(self.state.step, logging))
+        clock.next_vote = self.state.step + round(ahead)
         # A signal wins over the clock: the platform wants the machine back now, without exports.
         end.stopping, end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
+        if not logging:
+            return
         if not math.isfinite(loss_total):  # the same sum on every process: all stop here
             end.diverged = f"the train loss of steps up to {self.state.step} is {loss_total}"
         else:

@@ -71,7 +71,7 @@ class StopRequest:
             self._quiet(hung_up)
         if self._name is None:
             self._name, self._first_at = name, time.monotonic()
-            message = f"{name} received: finishing the current step, then saving a checkpoint"
+            message = f"{name} received: saving a checkpoint within a second or a step, then stopping"
         elif name == self._name and time.monotonic() - self._first_at < SAME_PRESS_S:
             return  # one press that reached training twice (see SAME_PRESS_S)
         else:
