@@ -3,8 +3,10 @@ batch, and so the optimization, stay (more accumulation)."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, send_to_device
@@ -30,8 +32,11 @@ def fit_batch_size(
     sizes = [size for size in range(config.per_device_batch_size, 0, -1) if share % size == 0]
     model.to(accelerator.device).train()  # where prepare puts it
     buffers = [buffer.clone() for buffer in model.buffers()]  # BatchNorm's statistics
+    host_generators = np.random.get_state(), random.getstate()  # a task's items or loss may draw from them
     with torch.random.fork_rng(devices=[] if accelerator.device.type == "cpu" else [accelerator.device]):
         fitted = next((size for size in sizes if fits(accelerator, model, train_set, size)), 0)
+    np.random.set_state(host_generators[0])
+    random.setstate(host_generators[1])
     with torch.no_grad():
         for buffer, kept in zip(model.buffers(), buffers, strict=True):
             buffer.copy_(kept)
