@@ -44,7 +44,7 @@ from accelerate.utils.operations import slice_tensors
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
-from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
+from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest, follow_the_sample, running_stats, seed_run
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
@@ -130,20 +130,19 @@ def train(
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
-    fit_batch_size(accelerator, config, model, train_set)  # auto_batch_size: true (utils/memory.py)
-    eval_loader = eval_batches(accelerator, config, eval_set)  # per_device_batch_size as it is now
 
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
-    model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
-        model, optimizer, scheduler, train_loader, eval_loader
-    )
+    model, optimizer, scheduler, train_loader = accelerator.prepare(model, optimizer, scheduler, train_loader)
     # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
     forward = torch.compile(model) if config.compile else model
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
+    state, resumed_from = resume(accelerator, config, frozen, data)
+    fit_batch_size(accelerator, config, model, train_set, resumed_from)  # auto_batch_size (utils/memory.py)
     book = resume_session(
-        accelerator, config, frozen, data, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
+        accelerator, config, state, resumed_from, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
     )
+    eval_loader = accelerator.prepare(eval_batches(accelerator, config, eval_set))  # the per-device size now
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
     gradients = step_gradients(accelerator, config, model, forward, trained, book)
@@ -239,8 +238,8 @@ def make_accelerator(config: TrainConfig, precision: str) -> Accelerator:
 def resume_session(
     accelerator: Accelerator,
     config: TrainConfig,
-    frozen: tuple[str, str],
-    data: dict[str, str] | None,
+    state: LoopState,
+    resumed_from: Path | None,
     mirror: Mirror,
     steps_per_epoch: int,
     schedule_steps: int,
@@ -248,12 +247,9 @@ def resume_session(
     clock: SessionClock,
     saver: Persister,
 ) -> Bookkeeping:
-    """Where this session starts: the run's newest checkpoint (the newest of this run in mirror_dir or
-    under import_from is brought in first, if newer than ours), or a refusal: a folder of another run, or
-    of other data, or whose checkpoints cannot be read. Then what the session writes as it starts (the
-    config, metrics.jsonl cut back to the checkpoint, the history, the trackers), and its bookkeeping, for
-    `total_steps`: the schedule's, or max_steps if sooner. The mirror starts once the run is known."""
-    state, resumed_from = resume(accelerator, config, frozen, data)
+    """What the session writes as it starts from `state` (utils/start.py): the config, metrics.jsonl cut back
+    to the checkpoint, the history, the trackers; and its bookkeeping, for `total_steps`: the schedule's, or
+    max_steps if sooner. The mirror starts once the run is known."""
     mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:
         save_config(config, Path(config.output_dir) / "config.yaml")  # what this run is, once it may run

@@ -46,7 +46,7 @@ def test_the_tries_leave_no_gradient_statistic_or_random_draw(
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     random_state = torch.get_rng_state()
     numpy_state, python_state = np.random.get_state(), random.getstate()
-    fit_batch_size(accelerator, config, model, samples)
+    fit_batch_size(accelerator, config, model, samples, None)
     assert tried == [32, 16, 8]
     assert (config.per_device_batch_size, accelerator.gradient_accumulation_steps) == (8, 8)
     assert torch.equal(torch.get_rng_state(), random_state)
@@ -61,4 +61,4 @@ def test_the_tries_leave_no_gradient_statistic_or_random_draw(
 
     monkeypatch.setattr(task, "loss", other_error)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):  # not taken for out of memory
-        fit_batch_size(accelerator, config, model, samples)
+        fit_batch_size(accelerator, config, model, samples, None)

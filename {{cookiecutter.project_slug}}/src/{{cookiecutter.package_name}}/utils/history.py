@@ -101,12 +101,9 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
 
 def session_record(accelerator: Any, config: Any, step: int) -> Record:
     """What this session is: where, on what and with which split of the global batch."""
-    device = accelerator.device
-    name, versions = str(device.type), {"python": platform.python_version(), "torch": torch.__version__}
-    if device.type == "cuda":  # and the CUDA torch was built with: its kernels' own version
-        name = f"cuda ({torch.cuda.get_device_name(device)})"
+    versions = declared_versions() | {"python": platform.python_version(), "torch": torch.__version__}
+    if accelerator.device.type == "cuda":  # the CUDA torch was built with: its kernels' own version
         versions["cuda"] = str(torch.version.cuda)
-    versions = declared_versions() | versions
     task_file, code_sha256 = code_hashes()
     return {
         "session": 0,  # numbered once the sessions before it are read
@@ -120,7 +117,7 @@ def session_record(accelerator: Any, config: Any, step: int) -> Record:
         "processes": accelerator.num_processes,
         "per_device_batch": config.per_device_batch_size,
         "accumulation": accelerator.gradient_accumulation_steps,
-        "device": name,
+        "device": device_name(accelerator.device),
         "mixed_precision": str(accelerator.mixed_precision),
         "deterministic": config.deterministic,
         "compile": config.compile,
@@ -128,6 +125,10 @@ def session_record(accelerator: Any, config: Any, step: int) -> Record:
         "task_sha256": task_file,
         "code_sha256": code_sha256,
     }
+
+
+def device_name(device: torch.device) -> str:
+    return f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type
 
 
 def declared_versions() -> dict[str, str]:

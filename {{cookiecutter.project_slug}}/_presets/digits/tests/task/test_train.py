@@ -93,3 +93,23 @@ def test_auto_batch_size_steps_down_and_trains_as_that_batch_given_by_hand(
     assert f"{line} memory)" in two.stdout.splitlines()
     session = sessions_of(tmp_path / "two")[-1]
     assert (session["processes"], session["per_device_batch"], session["accumulation"]) == (2, 4, 8)
+
+
+def test_a_resume_keeps_the_batch_size_auto_batch_size_chose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session 1 finds that 8 fits; session 2, on the same device and number of processes, keeps 8 without
+    trying (more memory is free now: a try would find 16); session 3, on 2 processes, tries again, and the
+    history says the per-device batch changed."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(OOM_HOOK), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OOM_ABOVE", "8")
+    args = ["--log_every", "4", "--mixed_precision", "no", "--auto_batch_size", "true"]
+    run_training(tmp_path, *args, "--max_steps", "4")
+    monkeypatch.setenv("OOM_ABOVE", "16")
+    kept = run_training(tmp_path, *args, "--max_steps", "8").stdout.splitlines()
+    line = "auto_batch_size: per-device batch 8 x 8 accumulation = global batch 64 (kept from session 1, on"
+    assert f"{line} this device and number of processes)" in kept
+    two = run_training(tmp_path, *args, "--max_steps", "10", processes=2).stdout
+    assert "auto_batch_size: per-device batch 16 x 2 accumulation = global batch 64 (32 ran out of" in two
+    assert "per-device batch 8 -> 16" in two
+    assert [session["per_device_batch"] for session in sessions_of(tmp_path)] == [8, 8, 16]
