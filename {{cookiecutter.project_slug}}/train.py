@@ -59,7 +59,7 @@ from {{ cookiecutter.package_name }}.utils.start import resume
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader, loader_workers
 from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
-from {{ cookiecutter.package_name }}.utils.tracking import start_trackers, trackers, truncate_metrics
+from {{ cookiecutter.package_name }}.utils.tracking import save_curves, start_trackers, trackers, truncate_metrics
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Checkpoints: staged by the loop, written by a thread, then handed to the mirror (utils/persist.py).
     saver = Persister(accelerator, config, published=mirror.request)
+    began: list[Bookkeeping] = []  # the session's bookkeeping, once it trains: its curves are drawn last
     try:
         if unconnected := launch_problem(accelerator.num_processes):
             raise ConfigError(unconnected)
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
         accelerator.print(start_line(accelerator, config, config_path, precision_why, threads))
         accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
-        finished = train(accelerator, config, stop, lock, mirror, saver)
+        finished = train(accelerator, config, stop, lock, mirror, saver, began)
         ignore_stop_signals(0)  # training is over: a late signal must not replace the exit status
     finally:
         # After a crash, an error while closing (a tracker's file on the same full disk) would hide it.
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             mirror.finish(STOP_WAIT_S if stop.signal_name == "SIGTERM" else FINISH_TIMEOUT_S)
             with contextlib.suppress(*failed):
                 accelerator.end_training()  # closes trackers and the process group, also after a crash
+            if began and accelerator.is_main_process:  # after a divergence too; the run is saved and copied
+                save_curves(config.output_dir, config.best_metric, began[0].state.best_step)
         finally:
             lock.release()  # after the trackers' last writes; a no-op where it was not taken
     return 0 if finished else EXIT_STOPPED
@@ -113,9 +116,11 @@ def train(
     lock: OutputLock,
     mirror: Mirror,
     saver: Persister,
+    began: list[Bookkeeping],
 ) -> bool:
     """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
-    (False). `lock` is taken once the config and data have passed their checks, before anything is written."""
+    (False). `lock` is taken once the config and data have passed their checks, before anything is written;
+    the bookkeeping goes into `began` once the session is known."""
     clock = SessionClock(config, accelerator.is_main_process, saver, mirror)  # time_budget counts from here
     seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
 
@@ -130,7 +135,6 @@ def train(
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
-
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader = accelerator.prepare(model, optimizer, scheduler, train_loader)
     # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
@@ -143,6 +147,7 @@ def train(
         accelerator, config, state, resumed_from, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
     )
     eval_loader = accelerator.prepare(eval_batches(accelerator, config, eval_set))  # the per-device size now
+    began.append(book)
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
     gradients = step_gradients(accelerator, config, model, forward, trained, book)

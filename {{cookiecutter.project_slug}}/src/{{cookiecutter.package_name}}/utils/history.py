@@ -34,6 +34,7 @@ class History:
 
     def __init__(self, run_id: str, sessions: list[Record], current: Record, enabled: bool) -> None:
         self.run_id, self.sessions, self.current, self.enabled = run_id, sessions, current, enabled
+        self.unwritable = False  # the run folder's copy could not be replaced: said once
 
     def text(self, step: int, ending: str = "") -> str:
         """The history as written into a checkpoint at `step` (`ending`: why this session ends there)."""
@@ -41,9 +42,16 @@ class History:
         return json.dumps({"run": self.run_id, "sessions": [*self.sessions, self.current]}, indent=1)
 
     def save(self, output_dir: str | Path, step: int, ending: str = "") -> None:
-        """Rewrite the run folder's copy, atomically: a kill leaves the previous one or this one."""
-        if self.enabled:
-            write_atomically(Path(output_dir) / HISTORY_FILE, self.text(step, ending))
+        """Rewrite the run folder's copy, atomically: a kill leaves the previous one or this one. One that
+        cannot be replaced (read-only, immutable) is a warning, once: the checkpoints hold the history too."""
+        path = Path(output_dir) / HISTORY_FILE
+        try:
+            if self.enabled:
+                write_atomically(path, self.text(step, ending))
+        except OSError as error:
+            if not self.unwritable:
+                print(f"WARNING: {path} cannot be replaced ({error.strerror}): make it writable (chattr -i)")
+            self.unwritable = True
 
     def note(self, key: str, line: str) -> None:
         """A fact of this session (the compile cache it loaded): kept in its record, printed once."""
@@ -161,14 +169,17 @@ def code_hashes() -> tuple[str, str]:
 def read_sessions(
     path: Path, run_id: str, like: Record, problems: list[str], set_aside: bool = False
 ) -> list[Record]:
-    """The sessions a history file holds for run `run_id` (none if absent or another run's). One that cannot
-    be read, or has a record without a field of `like` or of another type, adds its line to `problems`;
-    with `set_aside` (the run folder's copy: a checkpoint's is sealed) it becomes history.json.unreadable."""
+    """The sessions a history file holds for run `run_id` (none if absent or another run's); a record of an
+    older version gets the fields of `like` it lacks, one of a newer version keeps those `like` lacks. One
+    that cannot be read, or with a field of another type, adds its line to `problems`; with `set_aside` (the
+    run folder's copy: a checkpoint's is sealed) it becomes history.json.unreadable."""
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
         sessions = saved["sessions"] if saved["run"] == run_id else []
         for record in sessions:
-            bad = [key for key, value in like.items() if not isinstance(record.get(key), type(value))]
+            for key, value in like.items():
+                record.setdefault(key, value)
+            bad = [key for key, value in like.items() if not isinstance(record[key], type(value))]
             if bad or not isinstance(record.get("after_checkpoint", {}), dict):
                 raise TypeError(f"a session's {', '.join(bad) or 'after_checkpoint'} is missing or wrong")
         return sessions
