@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         # After a crash, an error while closing (a tracker's file on the same full disk) would hide it.
         failed = (Exception,) if sys.exc_info()[0] is not None else ()
         try:
+            if began and began[0].streamed:  # its workers end, also after a crash (its state is checkpointed)
+                began[0].loader.close()
             saver.join()  # a save in flight is finished, also after a crash
             # The last checkpoint and exports reach the persistent copy, also after a crash; briefly after
             # SIGTERM (the platform's: it kills soon after), not after the stop button's SIGINT.
@@ -118,9 +120,8 @@ def train(
     saver: Persister,
     began: list[Bookkeeping],
 ) -> bool:
-    """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
-    (False). `lock` is taken once the config and data have passed their checks, before anything is written;
-    the bookkeeping goes into `began` once the session is known."""
+    """Train until done (True), or until a stop or the time budget was agreed on and checkpointed (False).
+    `lock` is taken once the config and data have passed their checks; `began` gets the bookkeeping."""
     clock = SessionClock(config, accelerator.is_main_process, saver, mirror)  # time_budget counts from here
     seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
 
@@ -252,9 +253,8 @@ def resume_session(
     clock: SessionClock,
     saver: Persister,
 ) -> Bookkeeping:
-    """What the session writes as it starts from `state` (utils/start.py): the config, metrics.jsonl cut back
-    to the checkpoint, the history, the trackers; and its bookkeeping, for `total_steps`: the schedule's, or
-    max_steps if sooner. The mirror starts once the run is known."""
+    """The session's start from `state` (utils/start.py): the mirror, the config, metrics.jsonl cut back, the
+    history, the trackers; and its bookkeeping, for the schedule's steps, or max_steps if sooner."""
     mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:
         save_config(config, Path(config.output_dir) / "config.yaml")  # what this run is, once it may run

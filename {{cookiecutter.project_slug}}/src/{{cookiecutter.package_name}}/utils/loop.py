@@ -118,9 +118,8 @@ class Bookkeeping:
         self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """A stream's epoch ends where it runs out, known only after its last step (checkpointed if due): with
-        eval_every 0 it is evaluated here (the loop leaves an epoch early only to stop: else it ran out), and
-        a stop it decides is checkpointed as one decided in the loop is."""
+        """A stream's epoch ends where it runs out, known after its last step: with eval_every 0 it is
+        evaluated here (the loop leaves an epoch early only to stop: else it ran out), a stop checkpointed."""
         if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True  # until the next step's count
             self.evaluate(model, forward, eval_loader)
@@ -266,8 +265,6 @@ def finish(
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
     book.progress.close()
-    if book.streamed:  # its workers end now: the last checkpoint holds the stream's state already
-        book.loader.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
@@ -343,7 +340,6 @@ def done(
         f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
         + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
     )
-    # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
     export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
     exported = f"exported {output_dir / 'model'} (last step)"
     if best_kept:
