@@ -181,6 +181,7 @@ def test_damage_of_the_right_size_is_caught_by_checksums(
     loop state: that checkpoint is skipped, with the file named, the older one continues, and the damaged
     one is set aside intact."""
     shutil.rmtree(copy_of / "model")
+    (copy_of / "curves.png").unlink()  # drawn again, after the divergence too
     newest, older = list_checkpoints(copy_of)[::-1]
     target = newest / name
     data = bytearray(target.read_bytes())
@@ -219,6 +220,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     """Weights that blow up after a resume (poisoned, checksums made to match): the run stops at the first
     logging step, and the checkpoint it resumed from, model/ and best_model/ stay as they were."""
     shutil.rmtree(copy_of / "model")
+    (copy_of / "curves.png").unlink()  # drawn again, after the divergence too
     newest, older = list_checkpoints(copy_of)[::-1]
     shutil.rmtree(newest)
     weights = older / "model.safetensors"
@@ -233,6 +235,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     before = snapshot(copy_of)
     result = run_training(copy_of, *FAST, check=False)
     refused(result, "training diverged", f"the last checkpoint, {older}")
+    assert result.stdout.splitlines()[-1] == f"curves: {copy_of / 'curves.png'}"
     assert list_checkpoints(copy_of) == [older]
     # The run's history records the divergence, which no checkpoint saw.
     last = json.loads((copy_of / "history.json").read_text())["sessions"][-1]
@@ -240,7 +243,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     # What the session writes at its start aside: config.yaml (with this copy's output_dir), the metrics,
     # the history and the tracker's files (TensorBoard's logs/; MLflow marks its run as running again in
     # mlflow.db).
-    session = ("config.yaml", "metrics.jsonl", "history.json", "logs/", "mlflow.db", "wandb/")
+    session = ("config.yaml", "metrics.jsonl", "history.json", "logs/", "mlflow.db", "wandb/", "curves.png")
     assert {k: v for k, v in snapshot(copy_of).items() if not k.startswith(session)} == {
         k: v for k, v in before.items() if not k.startswith(session)
     }

@@ -7,6 +7,7 @@ import io
 import os
 import re
 import select
+import signal
 import struct
 import sys
 from pathlib import Path
@@ -20,9 +21,10 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
 from {{ cookiecutter.package_name }}.utils.hardware import model_line
 from {{ cookiecutter.package_name }}.utils.progress import Progress
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.tracking import curves_figure, save_curves
 
-from .conftest import read_metrics
+from .conftest import SIGNAL_RUN, read_metrics, start_training, wait_for_checkpoint
 
 
 class Clock:
@@ -230,3 +232,21 @@ def test_a_session_leaves_its_curves_as_a_png(single_run: tuple) -> None:
     picture = imread(output_dir / "curves.png")
     assert picture.ndim == 3 and picture.shape[1] > picture.shape[0] > 100, picture.shape
     assert "WARNING" not in result.stdout
+    assert result.stdout.splitlines()[-1] == f"curves: {output_dir / 'curves.png'}"  # drawn last
+
+
+@pytest.mark.slow  # trains
+def test_a_stopped_session_draws_its_curves_after_the_mirror_has_its_last_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM: the checkpoint first, then its copy in mirror_dir, then curves.png, named on the last line."""
+    output_dir, mirror = tmp_path / "run", tmp_path / "mirror"
+    process = start_training(output_dir, *SIGNAL_RUN, "--mirror_dir", str(mirror))
+    wait_for_checkpoint(output_dir, process)
+    process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=300)
+    assert process.returncode == EXIT_STOPPED, stdout[-3000:]
+    lines = stdout.splitlines()
+    assert lines[-1] == f"curves: {output_dir / 'curves.png'}", stdout[-3000:]
+    held = next(index for index, line in enumerate(lines) if line.startswith(f"mirror: {mirror} holds step"))
+    stopped = next(index for index, line in enumerate(lines) if line.startswith("stopped by SIGTERM at step"))
+    assert stopped < held < len(lines) - 1
+    assert (output_dir / "curves.png").is_file()

@@ -406,12 +406,14 @@ def save_config(config: TrainConfig, path: Path, durable: bool = True) -> None:
 
 def gradient_accumulation_steps(config: TrainConfig, num_processes: int) -> int:
     """Accumulation steps that keep `global_batch_size`; a ConfigError that says what works otherwise."""
+    per_process, remainder = divmod(config.global_batch_size, num_processes)
+    divisors = [d for d in range(1, per_process + 1) if per_process % d == 0] if remainder == 0 else []
+    if config.auto_batch_size and divisors:  # it tries sizes down from the largest that divides the share
+        config.per_device_batch_size = max(d for d in divisors if d <= config.per_device_batch_size)
     per_step = config.per_device_batch_size * num_processes
     if config.global_batch_size % per_step == 0:
         return config.global_batch_size // per_step
     lower = max(per_step, config.global_batch_size // per_step * per_step)
-    per_process, remainder = divmod(config.global_batch_size, num_processes)
-    divisors = [d for d in range(1, per_process + 1) if per_process % d == 0] if remainder == 0 else []
     hint = f"set global_batch_size to a multiple of {per_step} (e.g. {lower} or {lower + per_step})"
     if divisors:
         hint += f", or per_device_batch_size to one of {divisors[-8:]}"

@@ -32,7 +32,7 @@ from .run_dir import RunError
 from .signals import StopRequest
 from .task_check import TaskModel
 from .timing import SessionClock
-from .tracking import metrics_size, save_curves
+from .tracking import metrics_size
 
 
 class Bookkeeping:
@@ -120,13 +120,15 @@ class Bookkeeping:
         self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """A stream's epoch ends where it runs out, known only after its last step (checkpointed if due): with
-        eval_every 0 it is evaluated here (the loop leaves an epoch early only to stop: else it ran out)."""
+        """A stream's epoch ends where it runs out, known after its last step: with eval_every 0 it is
+        evaluated here (the loop leaves an epoch early only to stop: else it ran out), a stop checkpointed."""
         if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True  # until the next step's count
             self.evaluate(model, forward, eval_loader)
+            if self.end.now() and self.check.record_at != self.state.step:  # not saved at this step yet
+                self.checkpoint(model, gradients=None)  # a stream's next batch is not probed
 
-    def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
+    def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any] | None) -> None:
         """Save when due (max_time_lost, checkpoint_every, the last step) or before stopping. A session that
         ends here with steps left first computes the next step without taking it (`probe`)."""
         state, config, accelerator = self.state, self.config, self.accelerator
@@ -266,8 +268,6 @@ def finish(
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
     book.progress.close()
-    if book.streamed:  # its workers end now: the last checkpoint holds the stream's state already
-        book.loader.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
@@ -276,8 +276,6 @@ def finish(
         stopped(book, model)
     else:
         done(book, model, forward, eval_loader, scheduler)
-    if book.accelerator.is_main_process:  # once, after the session's last evaluation
-        save_curves(config.output_dir, config.best_metric, state.best_step)
     book.accelerator.wait_for_everyone()  # a launcher ends the others when one exits first with 75
     return not (book.end.stopping or book.end.out_of_time)
 
@@ -329,29 +327,28 @@ def done(
             raise RunError(diverged_message(why, config, book.last_saved))
         if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
             track_best(accelerator, model, config, state, metrics)
-    accelerator.print(
-        f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
-        + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-    )
-    # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
-    export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
     best = f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
-    exported = f"exported {output_dir / 'model'} (last step)"
     best_export = output_dir / "best_model" / "export.json"
     try:  # best_model/ may not have come with the run (damaged in its copy: a warning at the start)
         best_kept = json.loads(best_export.read_text())["step"] == state.best_step
     except (OSError, ValueError, KeyError, TypeError):
         best_kept = False
-    if best_kept:
-        accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
-    else:
-        accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
-    if state.stopped_early:  # the last line: why training ended before its schedule did
+    if state.stopped_early:  # why training ended before its schedule did
         accelerator.print(
             f"stopped early at step {state.step}: {config.best_metric} has not improved for "
             f"{state.evals_since_best} evaluations; best {state.best_value:.4f} at step {state.best_step}"
             + (f", exported to {output_dir / 'best_model'}/" if best_kept else "")
         )
+    accelerator.print(
+        f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
+        + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    )
+    export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
+    exported = f"exported {output_dir / 'model'} (last step)"
+    if best_kept:
+        accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
+    else:
+        accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
     if accelerator.is_main_process:
         report_outcome("finished", book.progress.start_step, state.step)
 

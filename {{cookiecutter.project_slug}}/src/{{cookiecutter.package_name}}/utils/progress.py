@@ -75,3 +75,5 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        elif self.enabled and self.step < self.total:  # it ended early: where, before the end lines
+            self.write(self.line())
