@@ -95,8 +95,7 @@ def frozen_names(model: torch.nn.Module) -> set[str]:
 
 
 def frozen_weights(model: torch.nn.Module) -> tuple[str, str]:
-    """(SHA-256 of the frozen parameters, in name order, with their names, dtypes and shapes; where the model
-    came from). ("", "") where every parameter trains: then a checkpoint holds all of them."""
+    """(SHA-256 of the frozen parameters, names, dtypes and shapes included; their source), or ("", "")."""
     frozen = sorted(frozen_names(model))
     if not frozen:
         return "", ""
@@ -110,8 +109,7 @@ def frozen_weights(model: torch.nn.Module) -> tuple[str, str]:
 
 
 def save_trained_weights_only(accelerator: Accelerator) -> None:
-    """Make every save_state leave the frozen parameters out of the model's weights file: a LoRA checkpoint
-    holds the adapter and the head, not a copy of the base model each time. The optimizer never held them."""
+    """Make every save_state leave the frozen parameters out: a LoRA checkpoint holds no copy of the base."""
 
     def drop_frozen(models: list[torch.nn.Module], weights: list[dict], output_dir: str) -> None:
         # Under FSDP and DeepSpeed `weights` is empty: they save the models in formats of their own.
@@ -136,8 +134,7 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
-    """Why `path` cannot be resumed from, or None if it is complete and undamaged. Sizes are always
-    compared; `contents` also compares every file's checksum (reads the whole checkpoint)."""
+    """Why `path` cannot be resumed from, or None; `contents`: compare checksums, not only sizes."""
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
         loop_state(record)
@@ -154,8 +151,7 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
 
 
 def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool, after: str) -> str | None:
-    """The first file of `files` (name -> recorded size and checksum) that `folder` does not hold as
-    recorded, in words; None if all are there. `contents`: compare checksums too (read every file)."""
+    """The first of `files` (name -> size and checksum) that `folder` does not hold as recorded, or None."""
     for name, expected in sorted(files.items()):
         file = folder / name
         if not file.is_file():
@@ -168,9 +164,8 @@ def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool
 
 
 def file_records(folder: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """Each of `paths` by its name under `folder`, its size and its checksum, once it is on disk. The
-    checksums are computed from the page cache by a second thread while this one waits for the disk in
-    fsync (both release the GIL), so that they hide behind the fsyncs."""
+    """Each of `paths` by its name under `folder`: its size and checksum, once it is on disk. A second thread
+    computes the checksums from the page cache while this one waits in fsync (both release the GIL)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         checksums = pool.map(file_xxh3, paths)
         for path in paths:
@@ -182,9 +177,8 @@ def file_records(folder: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def seal(record: dict[str, Any]) -> str:
-    """The SHA-256 of a loop_state.json record's loop state and file list, stored in it as "seal": the file
-    that holds the other files' checksums is covered by one too (a same-size edit of `epoch_samples` would
-    otherwise resume at another position in the data, silently)."""
+    """The SHA-256 of a loop_state.json record's loop state and file list: a same-size edit of
+    `epoch_samples` would otherwise resume at another position in the data, silently."""
     body = json.dumps({"loop_state": record["loop_state"], "files": record["files"]}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
 
@@ -232,15 +226,10 @@ def save_checkpoint(
     protect: Path | None = None,
     files: dict[str, str | bytes] | None = None,
 ) -> Path:
-    """Save on every process (all at the same step; each writes its own RNG state), then publish by renaming
-    on the main one. `protect` (the checkpoint the run resumed from) is never removed by rotation. `files`
-    (name: text or bytes: the run's history, the compile cache) are sealed in with the rest."""
-    root = checkpoint_root(config.output_dir)
-    final = root / f"step_{state.step:08d}"
-    staging = root / f"{STAGING_PREFIX}{final.name}"
-    if accelerator.is_main_process and staging.exists():
-        shutil.rmtree(staging)  # this run's own unfinished save, left by a kill
-    accelerator.wait_for_everyone()
+    """Save on every process (all at the same step), then publish by renaming on the main one. `protect`:
+    kept by rotation (the checkpoint resumed from); `files` (name: text or bytes) are sealed in too."""
+    final = checkpoint_root(config.output_dir) / f"step_{state.step:08d}"
+    staging = fresh_staging(accelerator, final)
     try:
         accelerator.save_state(str(staging))
     except WRITE_ERRORS as error:
@@ -256,11 +245,19 @@ def save_checkpoint(
     return final
 
 
+def fresh_staging(accelerator: Accelerator, final: Path) -> Path:
+    """`final`'s staging folder, on every process once an unfinished one (left by a kill) is removed."""
+    staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
+    if accelerator.is_main_process and staging.exists():
+        shutil.rmtree(staging)
+    accelerator.wait_for_everyone()
+    return staging
+
+
 def _publish(
     config: TrainConfig, state: LoopState, staging: Path, final: Path, extra: dict[str, str | bytes]
 ) -> None:
-    """Seal the staging folder with the loop state and every file's size and checksum; rename it.
-    Called by the process that saves (synchronous) or by the persister's thread (utils/persist.py)."""
+    """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
     save_config(config, staging / "config.yaml", durable=False)
     for name, content in extra.items():  # the history's text, the compile cache's bytes
         if isinstance(content, bytes):
@@ -282,15 +279,11 @@ def _publish(
 def export_model(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, folder: Path, info: dict[str, Any]
 ) -> None:
-    """Write the model (the task's `export`, or plain safetensors weights), the config that rebuilds it and
-    `info` to `folder`. All processes must call it (a sharded model is gathered first). The new export is
-    staged and swapped in by renames, so `folder` never holds a mix of two exports."""
+    """Write the model (the task's `export`, or safetensors weights), its config and `info` to `folder`, on
+    every process (a sharded model is gathered); staged and renamed, never a mix of two exports."""
     from .. import task  # the task may write a format of its own (a Hugging Face folder)
 
-    staging = folder.with_name(f"{STAGING_PREFIX}{folder.name}")
-    if accelerator.is_main_process and staging.exists():
-        shutil.rmtree(staging)
-    accelerator.wait_for_everyone()
+    staging = fresh_staging(accelerator, folder)
     try:
         state_dict = accelerator.get_state_dict(model)  # on every process: gathers a sharded model
         if accelerator.is_main_process and hasattr(task, "export"):
@@ -317,8 +310,7 @@ def export_model(
 
 
 def in_export_dtype(state_dict: dict[str, torch.Tensor], export_dtype: str) -> dict[str, torch.Tensor]:
-    """The floating-point tensors of `state_dict` in `export_dtype` ("auto": unchanged), as Hugging Face's
-    torch_dtype: bfloat16 or float16 halves an export of float32 weights; checkpoints are not touched."""
+    """The floating-point tensors of `state_dict` in `export_dtype` ("auto": unchanged)."""
     if export_dtype == "auto":
         return state_dict
     dtype = getattr(torch, export_dtype)
@@ -326,7 +318,7 @@ def in_export_dtype(state_dict: dict[str, torch.Tensor], export_dtype: str) -> d
 
 
 def write_manifest(folder: Path) -> None:
-    """Write `folder`/checksums.json, the size and checksum of every file below it, once they are on disk."""
+    """Write `folder`/checksums.json: the size and checksum of every file below it, once on disk."""
     paths = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != EXPORT_MANIFEST)
     files = file_records(folder, paths)
     _write_durably(folder / EXPORT_MANIFEST, json.dumps({"files": files}, indent=2, sort_keys=True))
@@ -372,8 +364,7 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:
 
 
 def check_weight_names(model: torch.nn.Module, file: Path) -> None:
-    """Raise unless `file` holds every trained weight of `model` (a name, or another name of the same tied
-    tensor) and nothing the model does not have: a non-strict load must not hide a missing weight."""
+    """Raise unless `file` holds every trained weight of `model` (or a tied name of it), and nothing else."""
     from safetensors import safe_open
 
     with safe_open(file, framework="pt") as weights:
@@ -388,8 +379,8 @@ def check_weight_names(model: torch.nn.Module, file: Path) -> None:
 
 
 def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Path) -> None:
-    """Keep the newest `keep` checkpoints up to `latest` (just written and checked) and `protect`; remove
-    older readable ones, and stale staging folders. Unreadable checkpoints are left for a person to see."""
+    """Keep the newest `keep` checkpoints up to `latest`, and `protect`; remove older readable ones and stale
+    staging folders (unreadable checkpoints are left for a person to see)."""
     root = checkpoint_root(output_dir)
     if checkpoint_problem(latest, contents=False) is not None:
         return  # the new checkpoint is not sound: nothing older may go
