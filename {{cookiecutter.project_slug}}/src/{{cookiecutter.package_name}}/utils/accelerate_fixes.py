@@ -1,7 +1,6 @@
-"""Workarounds for Accelerate behaviour that slows training down, each measured by the template's bench/.
-
-Each one skips work that cannot change the result, in exactly the case where it is measured; everything
-else goes through Accelerate's own code. `speed_up_accelerate()` applies all of them, once per process.
+"""Workarounds for Accelerate behaviour that slows training down, each measured by the template's bench/:
+each skips work that cannot change the result, in exactly the case where it is measured; everything else
+goes through Accelerate's own code.
 """
 
 from __future__ import annotations
@@ -29,9 +28,8 @@ def speed_up_accelerate() -> None:
 
 
 def cache_lomo_check() -> None:
-    """Ask once per run whether lomo_optim is installed: `AcceleratedOptimizer.step` asks twice per step,
-    each a search of sys.path (0.9 ms on a 2-core CPU, a third of a small model's step). A package
-    installed halfway through a run could not change its optimizer: the cached answer is the right one."""
+    """Ask once per run, not twice per `AcceleratedOptimizer.step` (a search of sys.path, 0.9 ms on a 2-core
+    CPU), whether lomo_optim is installed: one installed mid-run could not change the run's optimizer."""
     check = accelerate.optimizer.is_lomo_available
     if not hasattr(check, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(check)

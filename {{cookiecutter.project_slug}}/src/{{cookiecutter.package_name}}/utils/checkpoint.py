@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils.other import clean_state_dict_for_safetensors
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import TrainConfig, save_config
@@ -44,14 +44,11 @@ STAGING_PREFIX = ".incomplete_"
 # XXH3-128 guards against damage (a flipped bit, a cut copy), not an attacker, who could rewrite
 # loop_state.json too: for that it serves as well as SHA-256, at 25 GB/s instead of 1.8 (docs/benchmarks.md).
 CHECKSUM = "xxh3_128"
-# In each exported folder (model/, best_model/): its files' sizes and checksums, written last.
-EXPORT_MANIFEST = "checksums.json"
-# Never copied with a run: its lock, the runs set aside in it, its checkpoints (copied one at a time).
-NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
-# Exported models: folders replaced as a whole, never file by file, each verified by its checksums.json.
-EXPORTS = ("model", "best_model")
-# Loop-state keys of earlier versions, skipped when read: their checkpoints still resume.
-RETIRED_KEYS = ("data_changes",)
+EXPORT_MANIFEST = "checksums.json"  # in each export: its files' sizes and checksums, written last
+NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")  # with a run's files (its checkpoints go one at a time)
+EXPORTS = ("model", "best_model")  # folders replaced as a whole, each verified by its checksums.json
+RETIRED_KEYS = ("data_changes",)  # loop-state keys of earlier versions: skipped, so their checkpoints resume
+Files = dict[str, str | bytes]  # sealed into a checkpoint with the rest: name -> text or bytes
 
 
 @dataclass
@@ -60,15 +57,12 @@ class LoopState:
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # epoch in progress
-    # Counted over all processes together, so the position in the data survives a change of world size.
-    epoch_samples: int = 0
+    epoch_samples: int = 0  # over all processes: the position in the data survives a new world size
     samples_seen: int = 0
-    # The train loss summed since the last log over all processes, and its micro-batches (earlier: per
-    # process), so that the next logged loss is the same as in an uninterrupted run.
+    # The unlogged train loss, summed over all processes, and its micro-batches: the next log is exact.
     loss_sums: list[float] = field(default_factory=list)
     loss_batches: int = 0
-    # Size of metrics.jsonl at this step: a resumed run cuts off what was logged after it.
-    metrics_bytes: int = 0
+    metrics_bytes: int = 0  # metrics.jsonl's size: a resume cuts off what was logged after it
     last_eval_step: int = -1
     skipped_in_a_row: int = 0  # fp16: optimizer steps the loss scaler skipped since the last real one
     # Best value of config.best_metric so far, its step, and evaluations since: best_model/, early stopping.
@@ -76,13 +70,9 @@ class LoopState:
     best_step: int = -1
     evals_since_best: int = 0
     stopped_early: bool = False  # a rerun of an early-stopped run trains no further
-    # The experiment tracker's run, which a resumed run continues ("" before the first one).
-    tracker_run_id: str = ""
-    # This training run's name for itself, drawn at its fresh start and kept by every checkpoint: copies of
-    # one run found elsewhere (a mirror, a Kaggle input) are told apart from other runs by it.
-    run_id: str = ""
-    # The weights a checkpoint does not hold (frozen: a pretrained base under LoRA), which a resume takes
-    # from the model it builds: their SHA-256 ("" if none are frozen) and the model they came from.
+    tracker_run_id: str = ""  # "" before the tracker's first run
+    run_id: str = ""  # drawn at a fresh start, kept: tells copies of this run (a mirror) from others
+    # SHA-256 and source of the frozen weights (a base under LoRA) that checkpoints leave out ("" if none).
     frozen_sha256: str = ""
     frozen_from: str = ""
     # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash).
@@ -126,10 +116,7 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """Published checkpoints, oldest first, valid or not (staging folders are not listed)."""
-    root = checkpoint_root(output_dir)
-    if not root.is_dir():
-        return []
-    found = [path for path in root.glob("step_*") if path.is_dir() and path.name[5:].isdigit()]
+    found = [p for p in checkpoint_root(output_dir).glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
     return sorted(found, key=checkpoint_step)
 
 
@@ -224,7 +211,7 @@ def save_checkpoint(
     config: TrainConfig,
     state: LoopState,
     protect: Path | None = None,
-    files: dict[str, str | bytes] | None = None,
+    files: Files | None = None,
 ) -> Path:
     """Save on every process (all at the same step), then publish by renaming on the main one. `protect`:
     kept by rotation (the checkpoint resumed from); `files` (name: text or bytes) are sealed in too."""
@@ -254,9 +241,7 @@ def fresh_staging(accelerator: Accelerator, final: Path) -> Path:
     return staging
 
 
-def _publish(
-    config: TrainConfig, state: LoopState, staging: Path, final: Path, extra: dict[str, str | bytes]
-) -> None:
+def _publish(config: TrainConfig, state: LoopState, staging: Path, final: Path, extra: Files) -> None:
     """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
     save_config(config, staging / "config.yaml", durable=False)
     for name, content in extra.items():  # the history's text, the compile cache's bytes
@@ -293,15 +278,13 @@ def export_model(
             staging.mkdir(parents=True)
             weights = in_export_dtype(clean_state_dict_for_safetensors(state_dict), config.export_dtype)
             save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
-    except WRITE_ERRORS as error:
-        raise write_error(staging, error) from error
-    if accelerator.is_main_process:
-        try:
+        if accelerator.is_main_process:
             save_config(config, staging / "config.yaml", durable=False)
             (staging / "export.json").write_text(json.dumps(info, indent=2))
             write_manifest(staging)  # what a copy of it is verified against (start.py)
-        except OSError as error:
-            raise write_error(staging, error) from error
+    except WRITE_ERRORS as error:
+        raise write_error(staging, error) from error
+    if accelerator.is_main_process:
         if folder.exists():  # this run's own earlier export (resume set an earlier run's aside)
             remove_folder(folder)
         os.replace(staging, folder)
@@ -365,8 +348,6 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:
 
 def check_weight_names(model: torch.nn.Module, file: Path) -> None:
     """Raise unless `file` holds every trained weight of `model` (or a tied name of it), and nothing else."""
-    from safetensors import safe_open
-
     with safe_open(file, framework="pt") as weights:
         saved = set(weights.keys())
     state = model.state_dict(keep_vars=True)

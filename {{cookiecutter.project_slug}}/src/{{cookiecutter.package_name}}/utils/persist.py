@@ -1,8 +1,6 @@
-"""Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it.
-
-The loop (utils/loop.py) -> `Persister` -> the store (checkpoint.py publishes; then utils/mirror.py copies);
-what the modes do and cost: docs/resume.md. The other processes write their RNG file into the staging
-folder at once, so the thread never needs a collective.
+"""Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it
+(docs/resume.md). The other processes write their RNG file into the staging folder at once: the thread
+never needs a collective.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from safetensors.torch import save_file
 
 from .checkpoint import (
     WRITE_ERRORS,
+    Files,
     LoopState,
     _publish,
     _rotate,
@@ -38,8 +37,8 @@ from .checkpoint import (
 from .config import TrainConfig
 from .run_dir import write_error
 
-# A test hook: seconds the thread sleeps before each file it writes, so that a kill lands inside the write.
-PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"
+PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"  # tests: seconds to sleep before each file written (for a kill)
+Staged = list[tuple[str, str, Any]]  # (file name, format, CPU copy) of each file a save writes
 
 
 class Persister:
@@ -57,23 +56,17 @@ class Persister:
             and accelerator.device.type in ("cpu", "cuda", "mps")
         )
         self.staging = Staging()
-        # One thread of the main process writes; a save's error is raised by the next `wait`.
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")  # an error: at the next `wait`
         self._job: Future | None = None
         self._saved: Callable[[], None] | None = None  # says that the save in flight is published
         self.last_seconds = 0.0  # the last save, from staging to publish
         self.published_step = -1  # of the newest checkpoint published (on the main process)
 
     def save(
-        self,
-        state: LoopState,
-        protect: Path | None,
-        files: dict[str, str | bytes],
-        saved: Callable[[Path], None],
+        self, state: LoopState, protect: Path | None, files: Files, saved: Callable[[Path], None]
     ) -> Path:
-        """Save on every process (all call it at the same step); return the checkpoint's final path.
-        `saved(path)` runs on the loop's thread once it is published: at once, or at a later `announce`
-        or `wait` (in the background)."""
+        """Save on every process (all at the same step); return the checkpoint's final path. `saved(path)`
+        runs on the loop's thread once it is published: at once, or at a later `announce` or `wait`."""
         if not self.background:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
@@ -117,13 +110,7 @@ class Persister:
             wait_for([self._job])
 
     def _persist(
-        self,
-        staged: list[tuple[str, str, Any]],
-        state: LoopState,
-        protect: Path | None,
-        files: dict[str, str | bytes],
-        staging: Path,
-        final: Path,
+        self, staged: Staged, state: LoopState, protect: Path | None, files: Files, staging: Path, final: Path
     ) -> None:
         started = time.monotonic()
         try:
@@ -184,9 +171,8 @@ class Worker:
 
 
 class Staging:
-    """The CPU buffers that hold a staged state, kept from one checkpoint to the next (as torchtitan does);
-    from a GPU page-locked and filled by asynchronous copies on the training stream, which the writer
-    thread waits for (`wait`)."""
+    """The CPU buffers of a staged state, kept from one checkpoint to the next; from a GPU, page-locked and
+    filled by asynchronous copies on the training stream, which the writer thread waits for (`wait`)."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}  # the last staging's, by file name and place in the file
@@ -232,7 +218,7 @@ class Staging:
         return buffer
 
 
-def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, str, Any]]:
+def stage_state(accelerator: Accelerator, staging: Staging) -> Staged:
     """(file name, format, CPU copy) of each file `accelerator.save_state` writes from this process (the
     main one: all; the others: their RNG file), into `staging`'s buffers. No sampler file: save_state writes
     one for prepared iterable datasets only, which train.py has none of."""
@@ -244,9 +230,9 @@ def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, s
     }
     if torch.cuda.is_available():
         rng["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
-    own = (f"random_states_{accelerator.process_index}.pkl", "torch", _pickled(rng))
+    rng_file = (f"random_states_{accelerator.process_index}.pkl", "torch", _pickled(rng))
     if not accelerator.is_main_process:
-        return [own]
+        return [rng_file]
     staging.begin()
     staged = []
     weights = [accelerator.get_state_dict(model, unwrap=False) for model in accelerator._models]
@@ -264,7 +250,7 @@ def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, s
         staged.append(("scaler.pt", "torch", _pickled(accelerator.scaler.state_dict())))
     for index, obj in enumerate(accelerator._custom_objects):
         staged.append((f"custom_checkpoint_{index}.pkl", "torch", _pickled(obj.state_dict())))
-    return [*staged, own]
+    return [*staged, rng_file]
 
 
 def _pickled(value: Any) -> bytes:
