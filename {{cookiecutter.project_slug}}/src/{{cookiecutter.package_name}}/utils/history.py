@@ -91,7 +91,8 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         previous = sessions[-1]
         changed = history.changes()
         summary = f"changed since session {previous['session']} ({describe(previous)})"
-        summary = summary if changed else f"nothing {summary}"
+        # A session with no clean end (a kill) is said on its own line: it changes nothing by itself.
+        summary = summary if differences(previous, current) else f"nothing {summary}"
         print(f"history: session {current['session']} of run {state.run_id}; {summary}")
         for line in changed:
             print(f"history: {line}")
@@ -254,12 +255,17 @@ def _batch_change(before: Record, now: Record) -> list[str]:
     ]
     if not changed:
         return []
+    kept = f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same samples"
+    micro = now["processes"] * now["accumulation"]  # micro-batches per step: the terms of its gradient sum
     if before["per_device_batch"] == now["per_device_batch"]:
-        return [
-            f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same sums in the "
-            "same order and the same random numbers (they follow the samples), so bitwise as one "
-            "uninterrupted run: the resume line says what the first step measured"
-        ]
+        grouping = (
+            "the same two gradients added, so bitwise as one uninterrupted run: the resume line says what the "
+            "first step measured"
+            if micro <= 2
+            else f"the {micro} micro-batches' gradients added in another grouping (each process's, then "
+            f"across processes), which may round otherwise: {MEASURED}"
+        )
+        return [f"{kept} and random numbers (they follow the samples), {grouping}"]
     return [
         f"{', '.join(changed)}: the same optimization (same global batch, same samples), but the float "
         f"rounding now differs from an uninterrupted run, and so do the random numbers (dropout: drawn per "
