@@ -91,7 +91,6 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         previous = sessions[-1]
         changed = history.changes()
         summary = f"changed since session {previous['session']} ({describe(previous)})"
-        # A session with no clean end (a kill) is said on its own line: it changes nothing by itself.
         summary = summary if differences(previous, current) else f"nothing {summary}"
         print(f"history: session {current['session']} of run {state.run_id}; {summary}")
         for line in changed:
@@ -259,8 +258,8 @@ def _batch_change(before: Record, now: Record) -> list[str]:
     micro = now["processes"] * now["accumulation"]  # micro-batches per step: the terms of its gradient sum
     if before["per_device_batch"] == now["per_device_batch"]:
         grouping = (
-            "the same two gradients added, so bitwise as one uninterrupted run: the resume line says what the "
-            "first step measured"
+            "the same two gradients added, so bitwise as one uninterrupted run: the resume line says what "
+            "the first step measured"
             if micro <= 2
             else f"the {micro} micro-batches' gradients added in another grouping (each process's, then "
             f"across processes), which may round otherwise: {MEASURED}"
