@@ -30,7 +30,7 @@ from {{ cookiecutter.package_name }}.data.image_folder import (
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.exact import SeededItems
 
-from ..conftest import PROJECT, assert_quoted, last_eval, run_predict, run_training
+from ..conftest import FIGURE, PROJECT, assert_quoted, last_eval, run_predict, run_training
 
 # Runs train.py as `python train.py` does, with Pillow hidden (None in sys.modules fails its import).
 WITHOUT_PILLOW = (
@@ -297,8 +297,8 @@ def test_the_default_config_reaches_the_stated_accuracy(tmp_path: Path) -> None:
     result = run_training(output_dir)
     assert "done: 480 optimizer steps" in result.stdout
     final = last_eval(output_dir)
-    assert_quoted(final["eval/accuracy"], r"eval accuracy \**(\d\.\d+)")
-    assert_quoted(final["eval/loss"], r"eval\s+loss\s+\**(\d+\.\d+)")
+    assert_quoted(final["eval/accuracy"], rf"eval accuracy \**{FIGURE}")
+    assert_quoted(final["eval/loss"], rf"eval\s+loss\s+\**{FIGURE}")
 
 
 def test_missing_pillow_names_the_package_and_the_pip_command(tmp_path: Path) -> None:
