@@ -254,9 +254,9 @@ def _batch_change(before: Record, now: Record) -> list[str]:
     ]
     if not changed:
         return []
-    kept = f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same samples"
-    micro = now["processes"] * now["accumulation"]  # micro-batches per step: the terms of its gradient sum
     if before["per_device_batch"] == now["per_device_batch"]:
+        kept = f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same samples"
+        micro = now["processes"] * now["accumulation"]  # micro-batches a step: its gradient sum's terms
         grouping = (
             "the same two gradients added, so bitwise as one uninterrupted run: the resume line says what "
             "the first step measured"
