@@ -163,6 +163,29 @@ def test_the_whole_generated_suite_passes_with_a_task_of_its_own(tmp_path: Path)
     assert not [line for line in skipped if "test_guarantees" in line or "test_task_check" in line], skipped
 
 
+def test_a_streamed_task_and_an_augmenting_dataset_of_its_own_pass_the_guarantees(tmp_path: Path) -> None:
+    """The own task, whose train set jitters through a transform attribute (so the data fingerprint hashes
+    its samples, each seeded as the loader seeds it), passes the fingerprint's tests; with its train rows
+    streamed (tests/own_task/streamed.py, a stream of the user's own), a run stopped on 1 process,
+    continued on 2 and finished on 1 ends as one never stopped, each resume saying what docs/resume.md
+    promises a stream (its next batch is not read ahead: "resume not verified")."""
+    project = render_template(tmp_path, {})
+    own_task = Path(__file__).parent / "own_task"
+    task_file = project / "src" / DEFAULT_PACKAGE / "task.py"
+    shutil.copy(own_task / "task.py", task_file)
+    shutil.copy(own_task / "task_settings.py", project / "tests" / "task_settings.py")
+    shutil.rmtree(project / "tests" / "task")
+    pytest_command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    tests = [["tests/test_fingerprint.py"], ["tests/test_guarantees.py", "-k", "one_then_two_then_one"]]
+    for index, selected in enumerate(tests):
+        if index:  # the same task, its train set streamed
+            shutil.copy(own_task / "task.py", task_file.with_name("table_task.py"))
+            shutil.copy(own_task / "streamed.py", task_file)
+        result = run([*pytest_command, *selected], cwd=project, env=project_env(project), timeout=900)
+        assert result.returncode == 0, explain(result)
+        assert " passed" in result.stdout and "skipped" not in result.stdout, explain(result)
+
+
 # The default tracker's tests run in the whole generic suite (the own task's render has the default tracker).
 @pytest.mark.parametrize("tracker", CHOICES["tracker"][1:])
 def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> None:

@@ -3,8 +3,10 @@
 tests/test_generated_project.py puts this file in place of a render's task.py (and task_settings.py next
 to the project's tests) and runs the generic tests with it. It shares no field with the presets (no
 dropout, no eval_fraction, no hidden_size), its model keeps running statistics, its train set draws
-its augmentation from the global generators, and its metrics read the config: what the generic tests
-must not assume away. The data is generated from the seed, so nothing is downloaded or shipped.
+its augmentation from the global generators through a transform held as an attribute (not a plain value:
+the data fingerprint hashes its samples), and its metrics read the config: what the generic tests must
+not assume away (streamed.py: the same task, its train set a stream of its own). The data is generated
+from the seed, so nothing is downloaded or shipped.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Jittered:
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, jitter: float) -> None:
         self.inputs, self.targets, self.jitter = inputs, targets, jitter
+        self.transform = bounded  # not a plain value: the data fingerprint hashes the samples themselves
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -69,7 +72,12 @@ class Jittered:
         import torch
 
         noise = torch.randn(NUM_INPUTS) * np.random.uniform(0.5, 1.5) + random.gauss(0, 0.1)
-        return self.inputs[index] + self.jitter * noise, self.targets[index]
+        return self.inputs[index] + self.jitter * self.transform(noise), self.targets[index]
+
+
+def bounded(noise: torch.Tensor) -> torch.Tensor:
+    """The jitter's transform: no input moves by more than three times `jitter`."""
+    return noise.clamp(-3.0, 3.0)
 
 
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:

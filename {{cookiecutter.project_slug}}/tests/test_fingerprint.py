@@ -2,6 +2,7 @@
 checkpoint's (the refusals themselves: the text preset's test_streams.py and the lm preset's test_shards.py):
 
 - the task's own datasets, built twice, have one fingerprint: a resume on unchanged data is never refused;
+  so do samples augmented from the global generators (each made as the train loader makes it);
 - in-memory tensors (a TensorDataset), samples read one by one (a dataset of lists) and files named by a
   dataset's attributes (an image folder's (path, label) list): a changed value, an added file and a removed
   file are each the first difference, named; the same files in another folder (another platform's path
@@ -10,9 +11,11 @@ checkpoint's (the refusals themselves: the text preset's test_streams.py and the
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
@@ -56,6 +59,33 @@ def test_the_tasks_datasets_have_one_fingerprint() -> None:
     again = data_fingerprint(*task.build_datasets(config))
     assert first and first == again
     assert {name.split(" ")[0] for name in first} == {"train", "eval"}
+
+
+class Augmented(Dataset):
+    """Samples jittered from numpy's and Python's global generators as they are read, through a transform
+    held as an attribute (not a plain value: the fingerprint hashes the samples)."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows, self.transform = rows, lambda row: row * np.random.uniform(0.5, 1.5) + random.gauss(0, 1)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.transform(self.rows[index])
+
+
+def test_samples_augmented_from_the_global_generators_have_one_fingerprint() -> None:
+    """Each sample is made as the train loader makes it, its generators seeded from its index: the same
+    fingerprint at every call, whatever the generators held before; changed data is still a difference."""
+    rows = torch.rand(40, 3, generator=torch.Generator().manual_seed(0))
+    first = data_fingerprint(Augmented(rows), Augmented(rows[:4]))
+    np.random.seed(1)
+    random.seed(1)
+    assert data_fingerprint(Augmented(rows), Augmented(rows[:4])) == first
+    assert first_difference(first, data_fingerprint(Augmented(rows + 1), Augmented(rows[:4]))).startswith(
+        "train samples differs (40 samples, xxh3 "
+    )
 
 
 def test_in_memory_data_changed_is_the_first_difference() -> None:

@@ -64,5 +64,5 @@ def test_a_checkpoint_resumes_on_the_other_stack_and_the_history_names_it(first:
         assert "measured: relative difference " in line and any(change in line for change in changed), line
         assert sessions[-1]["resume"] == "differs"
     else:
-        assert line == "resume verified: step 11 is bit for bit the uninterrupted run's"
+        assert line == "resume verified: step 11 as session 1 recorded it, bit for bit"
         assert sessions[-1]["resume"] == "verified"

@@ -214,8 +214,8 @@ class ResumeCheck:
             history.current.update(resume=kind, resume_line=line)
         self.verify_at = -1
         if main:
-            history.record(step, digest)  # in the next checkpoint's history, and in the run folder's:
-            if self.published is not None:  # at once where its checkpoint is published, else once it is
+            history.record(step, {**digest, "session": history.current["session"]})  # which session saw it
+            if self.published is not None:  # in the run folder's history at once, else with its checkpoint
                 history.save(self.output_dir, self.published)
 
 
@@ -231,7 +231,8 @@ def verdict(
         )
         return "not recorded", f"resume not verified: nothing was recorded of step {step} ({why})"
     if all(recorded.get(key) == measured[key] for key in ("batch", "samples", "loss", "grad_norm")):
-        return "verified", f"resume verified: step {step} is bit for bit the uninterrupted run's"
+        by = f"session {recorded['session']}" if "session" in recorded else "an earlier session"
+        return "verified", f"resume verified: step {step} as {by} recorded it, bit for bit"
     loss, was = float.fromhex(measured["loss"]), float.fromhex(recorded["loss"])
     norm, norm_was = float.fromhex(measured["grad_norm"]), float.fromhex(recorded["grad_norm"])
     batch = "the batch is the same" if recorded.get("batch") == measured["batch"] else "the batch differs"

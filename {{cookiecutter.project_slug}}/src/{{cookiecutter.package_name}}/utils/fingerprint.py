@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import xxhash
 
+from .exact import SeededItems
+
 PLAIN = (str, bytes, int, float, bool, Path)
 SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ where the dataset has it
 
@@ -120,14 +122,13 @@ def file_xxh3(path: Path) -> str:
 
 
 def samples_description(dataset: Any) -> str:
-    """The count and one XXH3-128 of every sample's values, in order."""
+    """The count and one XXH3-128 of every sample's values, in order, each item seeded as the train loader
+    seeds it (augmentation drawn from the global generators: the same samples at every call)."""
     digest = xxhash.xxh3_128()
     count = len(dataset)
-    batched = hasattr(dataset, "__getitems__")
+    items = SeededItems(dataset, seed=0)
     for start in range(0, count, SAMPLES_AT_ONCE):
-        indices = list(range(start, min(count, start + SAMPLES_AT_ONCE)))
-        samples = dataset.__getitems__(indices) if batched else [dataset[index] for index in indices]
-        update(digest, samples)
+        update(digest, items.__getitems__(list(range(start, min(count, start + SAMPLES_AT_ONCE)))))
     return f"{count} samples, xxh3 {digest.hexdigest()}"
 
 

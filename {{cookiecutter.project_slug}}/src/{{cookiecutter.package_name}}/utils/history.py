@@ -100,7 +100,7 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         ending = previous["ending"] or "no clean end"
         steps = f"steps {previous['start_step']}-{previous['end_step']}"
         summary = f"changed since session {previous['session']} ({previous['platform']}, {steps}, {ending})"
-        summary = summary if changed else f"nothing {summary}"
+        summary = summary if differences(previous, current) else f"nothing {summary}"
         print(f"history: session {current['session']} of run {state.run_id}; {summary}")
         for line in changed:
             print(f"history: {line}")
@@ -251,11 +251,16 @@ def _batch_change(before: Record, now: Record) -> list[str]:
     if not changed:
         return []
     if before["per_device_batch"] == now["per_device_batch"]:
-        return [
-            f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same sums in the "
-            "same order and the same random numbers (they follow the samples), so bitwise as one "
-            "uninterrupted run: the resume line says what the first step measured"
-        ]
+        kept = f"{', '.join(changed)} (per-device batch {now['per_device_batch']} kept): the same samples"
+        micro = now["processes"] * now["accumulation"]  # micro-batches a step: its gradient sum's terms
+        grouping = (
+            "the same two gradients added, so bitwise as one uninterrupted run: the resume line says what "
+            "the first step measured"
+            if micro <= 2
+            else f"the {micro} micro-batches' gradients added in another grouping (each process's, then "
+            f"across processes), which may round otherwise: {MEASURED}"
+        )
+        return [f"{kept} and random numbers (they follow the samples), {grouping}"]
     return [
         f"{', '.join(changed)}: the same optimization (same global batch, same samples), but the float "
         f"rounding now differs from an uninterrupted run, and so do the random numbers (dropout: drawn per "

@@ -204,7 +204,7 @@ def test_checkpoint_moves_to_another_world_size(reference: tuple[int, Path], tmp
     per_device = PER_DEVICE[processes][1]
     assert (
         f"history: processes {processes} -> {other}, accumulation 2 -> {accumulation} (per-device batch "
-        f"{per_device} kept): the same sums in the same order" in result.stdout
+        f"{per_device} kept): the same samples and random numbers" in result.stdout
     )
     assert f"resuming from {oldest}" in result.stdout
     resumed, expected = read_metrics(output_dir), read_metrics(reference_dir)

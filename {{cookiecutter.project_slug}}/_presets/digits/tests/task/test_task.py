@@ -17,7 +17,7 @@ from {{ cookiecutter.package_name }}.data.digits import NoisyDigits
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
 from {{ cookiecutter.package_name }}.utils.task_check import TaskModel
 
-from ..conftest import PROJECT, assert_quoted, last_eval, run_training
+from ..conftest import FIGURE, PROJECT, assert_quoted, last_eval, run_training
 
 
 @pytest.mark.slow
@@ -28,8 +28,8 @@ def test_the_default_config_reaches_the_stated_accuracy(tmp_path: Path) -> None:
     result = run_training(output_dir)
     assert "done: 440 optimizer steps" in result.stdout
     final = last_eval(output_dir)
-    assert_quoted(final["eval/accuracy"], r"eval accuracy \**(\d\.\d+)")
-    assert_quoted(final["eval/loss"], r"eval\s+loss\s+\**(\d+\.\d+)")
+    assert_quoted(final["eval/accuracy"], rf"eval accuracy \**{FIGURE}")
+    assert_quoted(final["eval/loss"], rf"eval\s+loss\s+\**{FIGURE}")
 
 
 def test_the_shipped_data_is_the_digits_set() -> None:

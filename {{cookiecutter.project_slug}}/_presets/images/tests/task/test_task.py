@@ -30,7 +30,7 @@ from {{ cookiecutter.package_name }}.data.image_folder import (
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.utils.exact import SeededItems
 
-from ..conftest import PROJECT, assert_quoted, last_eval, run_predict, run_training
+from ..conftest import FIGURE, PROJECT, assert_quoted, last_eval, run_predict, run_training
 
 # Runs train.py as `python train.py` does, with Pillow hidden (None in sys.modules fails its import).
 WITHOUT_PILLOW = (
@@ -291,14 +291,14 @@ def test_a_file_that_is_no_image_is_a_one_line_error_naming_it(
 
 @pytest.mark.slow
 def test_the_default_config_reaches_the_stated_accuracy(tmp_path: Path) -> None:
-    """README and docs/task.md: configs/local.yaml, 480 optimizer steps, the eval accuracy and loss they quote
-    (seeded: the same on every run of a CPU, with one thread as CI runs)."""
+    """README and docs/task.md: configs/local.yaml, 480 optimizer steps, the eval accuracy and loss they quote:
+    inside the range measured over CPUs, thread counts and kernels (seeded: the same on every run of one)."""
     output_dir = tmp_path / "run"
     result = run_training(output_dir)
     assert "done: 480 optimizer steps" in result.stdout
     final = last_eval(output_dir)
-    assert_quoted(final["eval/accuracy"], r"eval accuracy \**(\d\.\d+)")
-    assert_quoted(final["eval/loss"], r"eval\s+loss\s+\**(\d+\.\d+)")
+    assert_quoted(final["eval/accuracy"], rf"eval accuracy \**{FIGURE}")
+    assert_quoted(final["eval/loss"], rf"eval\s+loss\s+\**{FIGURE}")
 
 
 def test_missing_pillow_names_the_package_and_the_pip_command(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def test_a_compiled_run_resumed_on_an_empty_inductor_cache_loads_the_checkpoints
         assert "cache miss" not in output, [line for line in output.splitlines() if "cache miss" in line]
     else:  # one line, and the session compiles as before
         assert f"history: compile cache: torch {torch.__version__} keeps none with a run" in resumed.stdout
-    verified = f"resume verified: step {int(stopped.name[5:]) + 1} is bit for bit the uninterrupted run's"
+    verified = f"resume verified: step {int(stopped.name[5:]) + 1} as session 1 recorded it, bit for bit"
     assert verified in resumed.stdout, output[-3000:]
     assert "compile_cache" in sessions_of(output_dir)[-1]
 

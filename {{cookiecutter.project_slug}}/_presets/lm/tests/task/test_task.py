@@ -17,7 +17,16 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.chars import TrainWindows, load_corpus
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
-from ..conftest import MODEL, QUICK, assert_quoted, assert_same_run, last_eval, run_predict, run_training
+from ..conftest import (
+    FIGURE,
+    MODEL,
+    QUICK,
+    assert_quoted,
+    assert_same_run,
+    last_eval,
+    run_predict,
+    run_training,
+)
 
 
 @pytest.mark.slow
@@ -29,8 +38,8 @@ def test_the_default_config_reaches_the_stated_loss(tmp_path: Path) -> None:
     result = run_training(output_dir)
     assert "done: 490 optimizer steps" in result.stdout
     final = last_eval(output_dir)
-    assert_quoted(final["eval/loss"], r"eval\s+loss\s+\**(\d+\.\d+)")
-    assert_quoted(final["eval/perplexity"], r"perplexity\s+\**(\d+\.\d+)")
+    assert_quoted(final["eval/loss"], rf"eval\s+loss\s+\**{FIGURE}")
+    assert_quoted(final["eval/perplexity"], rf"perplexity\s+\**{FIGURE}")
     assert final["eval/perplexity"] == pytest.approx(math.exp(final["eval/loss"]))
 
 
