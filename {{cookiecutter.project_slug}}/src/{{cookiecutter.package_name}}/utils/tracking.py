@@ -27,18 +27,9 @@ from .run_dir import RunError, write_error
 # Where each tracker writes in output_dir (MLflow: unless MLFLOW_TRACKING_URI names another store), and
 # what it imports: the project's extra of the tracker's name installs them.
 TRACKER_FILES = {"tensorboard": "logs", "wandb": "wandb", "mlflow": "mlflow.db"}
-TRACKER_MODULES = {
-    "tensorboard": ["tensorboard"],
-    "wandb": ["wandb"],
-    "mlflow": ["mlflow", "sqlalchemy", "alembic"],
-}
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow sqlalchemy alembic"}
 # Read from the platform's secrets when not in the environment; set MLFLOW_TRACKING_URI to log to a server.
-MLFLOW_SECRETS = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-)
+MLFLOW_SECRETS = [f"MLFLOW_TRACKING_{part}" for part in ("URI", "TOKEN", "USERNAME", "PASSWORD")]
 OFFLINE = ("offline", "dryrun")  # WANDB_MODE's values that write files for `wandb sync`
 
 
@@ -52,9 +43,7 @@ class JsonlTracker(GeneralTracker):
         super().__init__()
         self.path = path
 
-    @property
-    def tracker(self) -> Path:
-        return self.path
+    tracker = property(lambda self: self.path)
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         try:
@@ -154,9 +143,8 @@ def trackers(config: TrainConfig) -> list[Any]:
     """The `log_with` list for the Accelerator. A tracker not installed stops the run here, before anything
     is written: Accelerate would drop it with a warning, and the run would log nowhere."""
     for name in tracker_names(config):
-        if missing := [
-            module for module in TRACKER_MODULES[name] if importlib.util.find_spec(module) is None
-        ]:
+        modules = TRACKER_MODULES[name].split()
+        if missing := [module for module in modules if importlib.util.find_spec(module) is None]:
             raise ConfigError(
                 f"tracker {name} needs {', '.join(missing)}, which is not installed: pip install -e "
                 f'".[{name}]" (in the project folder), or leave {name} out of tracker'
@@ -179,20 +167,13 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
     quiet_full_disk_in_threads(where)
     ids = dict(part.split("=", 1) for part in state.tracker_run_id.split(",") if "=" in part)  # mlflow=<id>
     try:
-        # Only the main process logs (Accelerate's trackers), so only it needs to decide.
-        if (
-            "wandb" in ids
-            and finished
-            and accelerator.is_main_process
-            and offline_run_complete(config, state, ids)
-        ):
-            # A new session would be one more offline folder of the run, holding nothing new.
+        # A finished run's new wandb session would be one more offline folder holding nothing new. Only the
+        # main process logs (Accelerate's trackers), so only it needs to decide.
+        if "wandb" in names and finished and accelerator.is_main_process and offline_done(config, state, ids):
             accelerator.log_with = [tracker for tracker in accelerator.log_with if str(tracker) != "wandb"]
             names.remove("wandb")
             print("wandb: its offline run holds every step of this finished run already: no new session")
-        kwargs = {
-            name: setup_tracker(accelerator, config, name, ids.get(name, ""), state.step) for name in names
-        }
+        kwargs = {name: setup_tracker(accelerator, config, name, ids, state.step) for name in names}
         accelerator.init_trackers(Path(config.output_dir).name, init_kwargs=kwargs)
         state.tracker_run_id = ""
         if accelerator.is_main_process:
@@ -209,10 +190,11 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
 
 
 def setup_tracker(
-    accelerator: Accelerator, config: TrainConfig, name: str, run_id: str, step: int
+    accelerator: Accelerator, config: TrainConfig, name: str, ids: dict[str, str], step: int
 ) -> dict[str, Any]:
-    """Make tracker `name` work offline and continue its run (`run_id`, '' for a new one, or for TensorBoard
-    its folder, which first drops the steps from the checkpoint's, `step`, on): its `init_trackers` kwargs."""
+    """Make tracker `name` work offline and continue its run (of `ids`, or for TensorBoard its folder,
+    which first drops the steps from the checkpoint's, `step`, on): its `init_trackers` kwargs."""
+    run_id = ids.get(name, "")
     if name == "tensorboard":
         events = (Path(accelerator.logging_dir) / Path(config.output_dir).name).glob("events.out.tfevents.*")
         return {"purge_step": step} if any(events) else {}
@@ -315,13 +297,8 @@ class NamesAFullDisk(GeneralTracker):
         self.held_by_all = held_by_all
         super().__init__()
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def tracker(self) -> Any:
-        return self.inner.tracker
+    name = property(lambda self: self.inner.name)
+    tracker = property(lambda self: self.inner.tracker)
 
     def store_init_configuration(self, values: dict) -> None:
         self._named(self.inner.store_init_configuration, values)
@@ -373,10 +350,10 @@ def mlflow_held_steps(run_id: str) -> dict[str, int]:
     }
 
 
-def offline_run_complete(config: TrainConfig, state: LoopState, ids: dict[str, str]) -> bool:
-    """Whether the offline files of wandb's run hold every metric up to the step of `state`, that of the
-    final evaluation and of the last train loss (logged after the last checkpoint) included."""
-    if os.environ.get("WANDB_MODE") not in OFFLINE:
+def offline_done(config: TrainConfig, state: LoopState, ids: dict[str, str]) -> bool:
+    """Whether the offline files of wandb's run (of `ids`) hold every metric up to the step of `state`,
+    that of the final evaluation and of the last train loss (logged after the last checkpoint) included."""
+    if os.environ.get("WANDB_MODE") not in OFFLINE or "wandb" not in ids:
         return False  # online, the server holds the run: nothing local to compare with
     held = wandb_offline_steps(tracker_dir(config, "wandb"), ids["wandb"])
     names = {name for _, values in logged_rows(config.output_dir) for name in values}
