@@ -146,8 +146,8 @@ def trackers(config: TrainConfig) -> list[Any]:
         modules = TRACKER_MODULES[name].split()
         if missing := [module for module in modules if importlib.util.find_spec(module) is None]:
             raise ConfigError(
-                f"tracker {name} needs {', '.join(missing)}, which is not installed: pip install -e "
-                f'".[{name}]" (in the project folder), or leave {name} out of tracker'
+                f"tracker {name} is not installed (missing: {', '.join(missing)}): pip install -e "
+                f'".[{name}]" in the project folder, or leave {name} out of tracker'
             )
     return [JsonlTracker(metrics_path(config.output_dir)), *tracker_names(config)]
 
@@ -167,13 +167,13 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
     quiet_full_disk_in_threads(where)
     ids = dict(part.split("=", 1) for part in state.tracker_run_id.split(",") if "=" in part)  # mlflow=<id>
     try:
+        kwargs = {name: setup_tracker(accelerator, config, name, ids, state.step) for name in names}
         # A finished run's new wandb session would be one more offline folder holding nothing new. Only the
         # main process logs (Accelerate's trackers), so only it needs to decide.
         if "wandb" in names and finished and accelerator.is_main_process and offline_done(config, state, ids):
             accelerator.log_with = [tracker for tracker in accelerator.log_with if str(tracker) != "wandb"]
             names.remove("wandb")
             print("wandb: its offline run holds every step of this finished run already: no new session")
-        kwargs = {name: setup_tracker(accelerator, config, name, ids, state.step) for name in names}
         accelerator.init_trackers(Path(config.output_dir).name, init_kwargs=kwargs)
         state.tracker_run_id = ""
         if accelerator.is_main_process:
