@@ -46,7 +46,14 @@ pytestmark = pytest.mark.slow
 # newest checkpoint. Evaluations every 12 steps and at the end, whatever the task's epoch length.
 STEPS = ["--max_steps", "30", "--log_every", "5", "--checkpoint_every", "10", "--eval_every", "12"]
 ARGS = [*STEPS, "--tracker", "{{ cookiecutter.tracker }}"]
+
+
+def installed(*trackers: str) -> bool:
+    """Whether these trackers are installed (this project's extras of their names install them)."""
+    modules = [module for tracker in trackers for module in TRACKER_MODULES[tracker].split()]
+    return all(importlib.util.find_spec(module) for module in modules)
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
+
 
 SECRET = "s3cr3t-value-that-must-not-leak-0123456789"
 {%- endif %}
@@ -61,10 +68,7 @@ def test_tracker_writes_offline_logs(tmp_path: Path) -> None:
 {%- endif %}
 
 
-@pytest.mark.skipif(
-    not all(importlib.util.find_spec(module) for module in " ".join(TRACKER_MODULES.values()).split()),
-    reason="needs every tracker: pip install -e '.[tensorboard,wandb,mlflow]'",
-)
+@pytest.mark.skipif(not installed(*TRACKER_MODULES), reason="pip install -e '.[tensorboard,wandb,mlflow]'")
 def test_several_trackers_at_once_each_show_a_killed_run_as_never_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,6 +93,24 @@ def test_several_trackers_at_once_each_show_a_killed_run_as_never_stopped(
     assert read_metrics(output_dir)[-1]["step"] > newest_checkpoint, "nothing was logged after the checkpoint"
     run_training(output_dir, *args)
     assert {name: read(output_dir) for name, read in readers.items()} == expected
+
+
+@pytest.mark.skipif(not installed("tensorboard", "mlflow"), reason="pip install -e '.[tensorboard,mlflow]'")
+def test_a_tracker_added_to_a_resumed_run_gets_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that logged to MLflow alone, killed with kill -9, continued with tensorboard,mlflow: TensorBoard
+    starts with every step logged so far, MLflow continues its run; both show what a run with both from the
+    start shows."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    reference = tmp_path / "reference"
+    run_training(reference, *STEPS, "--tracker", "tensorboard,mlflow")
+    output_dir = tmp_path / "run"
+    interrupt(output_dir, signal.SIGKILL, 15, *STEPS, "--tracker", "mlflow")
+    assert not (output_dir / "logs").exists()
+    run_training(output_dir, *STEPS, "--tracker", "tensorboard,mlflow")
+    assert tensorboard_metrics(output_dir) == tensorboard_metrics(reference)
+    assert mlflow_metrics(output_dir) == mlflow_metrics(reference)
 
 
 def test_a_tracker_not_installed_is_one_line_before_anything_is_written(tmp_path: Path) -> None:
