@@ -15,7 +15,8 @@ What is measured, all on one CPU process:
    schedule state.
 3. the time from `cookiecutter` to the first optimizer step of the new project (no installs).
 4. host-device synchronisations: every Tensor.item/tolist/numpy/cpu/__bool__/__float__/__int__ called
-   from outside torch during training, grouped by the optimizer step it follows; and, in the same run,
+   from outside torch during training, grouped by the optimizer step it follows (between logging steps,
+   per second: the loop's votes, utils/timing.py); and, in the same run,
    Python function calls per step of both loops (a count that the machine's speed cannot blur).
 5. data wait: the share of the generated train.py's step time spent inside next() on the batches its
    loop iterates (its train set's set_epoch included), in the default example (augmentation on, default
@@ -227,8 +228,9 @@ def report(
         f"(render {first_step['render']:.1f}) | | | |",
         f"| Python function calls per step (a count, not a time) | {ours_calls:.0f} | {plain_calls:.0f} "
         f"| {ours_calls / plain_calls:.2f} | |",
-        f"| syncs outside torch per ordinary step / per logging step | {syncs['ordinary']} / "
-        f"{syncs['per_log']:g} | {syncs['plain_ordinary']} / {syncs['plain_per_log']:g} | | 0 / any |",
+        f"| syncs outside torch at ordinary steps, per second / per logging step | {syncs['ordinary']:.1f} / "
+        f"{syncs['per_log']:g} | {syncs['plain_ordinary']:.1f} / {syncs['plain_per_log']:g} "
+        "| | 2 (votes) / any |",
     ]
     if gpu is not None:
         rows += gpu_rows(gpu)[2:]
@@ -754,6 +756,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
     torch_dir = str(Path(torch.__file__).parent)
     current = {"step": 0}
     calls: list[tuple[int, str]] = []
+    ended: dict[int, float] = {}  # step -> when it ended: the votes between logging steps, per second
 
     def counted(name: str):
         original = getattr(torch.Tensor, name)
@@ -769,6 +772,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
 
     def after_step(optimizer, args, kwargs) -> None:
         current["step"] += 1
+        ended[current["step"]] = time.perf_counter()
 
     # Python and builtin function calls per step, on the training thread: unlike time, a count that
     # this machine's drifting speed cannot blur. Both loops pay the same for the counting wrappers.
@@ -792,7 +796,8 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
     def tally() -> dict:
         # Step k = from the end of optimizer step k to the end of step k+1. The steps after the last
         # complete one (checkpoint, evaluation, export) and before the first (setup) are left out, and so
-        # is the session's first: its one reduce plans the first checkpoint (max_time_lost, utils/timing.py).
+        # is the session's first, a vote that plans the first checkpoint (max_time_lost, utils/timing.py).
+        # Between logging steps the loop votes about twice a second (a stop, the checkpoint plan): one sync.
         window = range(2, steps - 1)
         logging = [k for k in window if k % LOG_EVERY == 0]
         outside = [(k, site) for k, site in calls if k in window and site != "torch"]
@@ -809,7 +814,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
             "by_line": [
                 (source[line - 1].strip()[:100], count / len(window)) for line, count in lines.most_common(12)
             ],
-            "ordinary": ordinary,
+            "ordinary": ordinary / (ended[steps - 1] - ended[2]),  # per second
             "per_log": per_log,
             "sites": sites,
             "torch_internal": internal / len(window),
@@ -834,6 +839,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
                 sys.setprofile(None)
         ours = tally()
         calls.clear()
+        ended.clear()
         function_calls.clear()
         by_line.clear()
         current["step"] = 0

@@ -319,7 +319,7 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     session, platform = interrupted.session, interrupted.platform
     output = session.output("train")
     assert f"starting fresh in {output_dir(render(), platform)}" in output, output
-    assert "SIGINT received: finishing the current step, then saving a checkpoint" in output, output
+    assert "SIGINT received: saving a checkpoint within a second or a step, then stopping" in output, output
     assert f"stopped by SIGINT at step {STOP_STEP}: checkpoint saved" in output, output
     saved = re.findall(rf"checkpoint: step {STOP_STEP} saved to (\S+)", output)
     assert saved and Path(saved[0]).is_dir(), output

@@ -1,8 +1,7 @@
 """Batch predictions from the exported model, on one process or many (docs/outputs.md).
 
-The model is rebuilt from `<model_dir>/config.yaml` and `<model_dir>/model.safetensors` with plain PyTorch,
-or read by the task's `load_export` (a Hugging Face folder). Without --input the eval split is predicted,
-with labels, and the task's metrics over it (`eval_step`, `metrics`) are printed.
+The model is rebuilt from `<model_dir>/config.yaml` and `model.safetensors` with plain PyTorch, or read by
+the task's `load_export`. Without --input the eval split is predicted, with labels, and its metrics printed.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
 
 PROJECT = Path(__file__).resolve().parent
 CONFIGS = PROJECT / "configs"
-OWN_FLAGS = ("--model_dir", "--input", "--output", "--format", "--batch_size")
+OWN_FLAGS = ("--model_dir", "--last", "--input", "--output", "--format", "--batch_size")
 FLOAT_DIGITS = 6  # fixed, so that files compare byte for byte
 
 
@@ -52,9 +51,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--model_dir",
         type=Path,
-        help="folder with model.safetensors and config.yaml (default: <output_dir of the platform's "
-        "config>/model, a relative output_dir taken from the project folder, as train.py does)",
+        help="folder with model.safetensors and config.yaml (default: <output_dir of the platform's config, "
+        "from the project folder>/best_model, the best evaluation's, where there is one; else model/)",
     )
+    parser.add_argument("--last", action="store_true", help="model/, the last step's, not best_model/")
     parser.add_argument(
         "--input",
         type=Path,
@@ -82,12 +82,13 @@ def main(argv: list[str] | None = None) -> int:
             "predict.py has no --config: the model is rebuilt from <model_dir>/config.yaml; pass "
             "--model_dir for another model, or --field value to override one of its fields"
         )
-    model_dir = args.model_dir if args.model_dir is not None else default_model_dir()
+    model_dir = args.model_dir if args.model_dir is not None else default_model_dir(args.last)
     output = args.output or model_dir.resolve().parent / f"predictions.{args.format}"
     check_output(output, args.format, given=args.output is not None)
     config = model_config(model_dir, overrides)
     if main_process_of_launch():
-        print(f"predicting with {model_dir} into {output}: loading PyTorch and Accelerate", flush=True)
+        why = best_why(model_dir, config) if args.model_dir is None and model_dir.name == "best_model" else ""
+        print(f"predicting with {model_dir}{why} into {output}: loading PyTorch and Accelerate", flush=True)
 
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     from accelerate import PartialState
@@ -166,19 +167,26 @@ def eval_metrics(
     return task.metrics({name: torch.cat([values[name] for values in steps]) for name in steps[0]}, config)
 
 
-def default_model_dir() -> Path:
-    """<output_dir>/model of the platform's config; a relative output_dir is taken from the project folder,
-    as train.py takes it, so predict.py finds the model from any working directory. In a new Colab session
-    the session disk is empty: the model is then read from the run's copy on Drive (mirror_dir)."""
+def default_model_dir(last: bool) -> Path:
+    """<output_dir>/best_model of the platform's config where the run evaluated, else (or `last`) model/; a
+    relative output_dir is taken from the project folder, as train.py does. A new Colab session's disk is
+    empty: the model is then read from the run's copy on Drive (mirror_dir)."""
     path = CONFIGS / f"{detect_platform()}.yaml"
     if not path.is_file():
         raise ConfigError(f"{path} (whose output_dir holds the model) does not exist: pass --model_dir")
     platform_config, _ = load_config([], path, task.Config)
-    model_dir = PROJECT / platform_config.output_dir / "model"
-    mirrored = PROJECT / platform_config.mirror_dir / "model"
-    if not model_dir.exists() and platform_config.mirror_dir and mirrored.is_dir():
-        return mirrored
-    return model_dir
+    run = PROJECT / platform_config.output_dir
+    mirrored = PROJECT / platform_config.mirror_dir
+    if not (run / "model").exists() and platform_config.mirror_dir and (mirrored / "model").is_dir():
+        run = mirrored
+    return run / "model" if last or not (run / "best_model" / "export.json").is_file() else run / "best_model"
+
+
+def best_why(model_dir: Path, config: task.Config) -> str:
+    """Why predict.py took best_model/: ` (eval/accuracy 0.9777 at step 308, the best evaluation; ...)`."""
+    export = json.loads((model_dir / "export.json").read_text(encoding="utf-8"))  # written whole, or not
+    best = f"{config.best_metric} {export[config.best_metric]:.4f} at step {export['step']}"
+    return f" ({best}, the best evaluation; --last for model/, the last step's)"
 
 
 def check_output(output: Path, fmt: str, given: bool) -> None:

@@ -28,6 +28,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     choose_cpu_threads,
     hide_gpus_from_cpu_run,
     launch_problem,
+    model_line,
     resolve_mixed_precision,
     start_line,
 )
@@ -44,7 +45,7 @@ from accelerate.utils.operations import slice_tensors
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
-from {{ cookiecutter.package_name }}.utils.checkpoint import frozen_weights, save_trained_weights_only
+from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, frozen_weights, save_trained_weights_only
 from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest, follow_the_sample, running_stats, seed_run
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
@@ -59,7 +60,7 @@ from {{ cookiecutter.package_name }}.utils.start import resume
 from {{ cookiecutter.package_name }}.utils.streams import StreamLoader, loader_workers
 from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
 from {{ cookiecutter.package_name }}.utils.timing import SessionClock
-from {{ cookiecutter.package_name }}.utils.tracking import start_trackers, trackers, truncate_metrics
+from {{ cookiecutter.package_name }}.utils.tracking import save_curves, start_trackers, trackers, truncate_metrics
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Checkpoints: staged by the loop, written by a thread, then handed to the mirror (utils/persist.py).
     saver = Persister(accelerator, config, published=mirror.request)
+    began: list[Bookkeeping] = []  # the session's bookkeeping, once it trains: its curves are drawn last
     try:
         if unconnected := launch_problem(accelerator.num_processes):
             raise ConfigError(unconnected)
@@ -89,18 +91,22 @@ def main(argv: list[str] | None = None) -> int:
         threads = choose_cpu_threads()  # torch's intra-op threads, for this machine's CPUs and processes
         accelerator.print(start_line(accelerator, config, config_path, precision_why, threads))
         accelerator.print("building the datasets, the model and the optimizer")  # seconds for some tasks
-        finished = train(accelerator, config, stop, lock, mirror, saver)
+        finished = train(accelerator, config, stop, lock, mirror, saver, began)
         ignore_stop_signals(0)  # training is over: a late signal must not replace the exit status
     finally:
         # After a crash, an error while closing (a tracker's file on the same full disk) would hide it.
         failed = (Exception,) if sys.exc_info()[0] is not None else ()
         try:
+            if began and began[0].streamed:  # its workers end, also after a crash (its state is checkpointed)
+                began[0].loader.close()
             saver.join()  # a save in flight is finished, also after a crash
             # The last checkpoint and exports reach the persistent copy, also after a crash; briefly after
             # SIGTERM (the platform's: it kills soon after), not after the stop button's SIGINT.
             mirror.finish(STOP_WAIT_S if stop.signal_name == "SIGTERM" else FINISH_TIMEOUT_S)
             with contextlib.suppress(*failed):
                 accelerator.end_training()  # closes trackers and the process group, also after a crash
+            if began and accelerator.is_main_process:  # after a divergence too; the run is saved and copied
+                save_curves(config.output_dir, config.best_metric, began[0].state.best_step)
         finally:
             lock.release()  # after the trackers' last writes; a no-op where it was not taken
     return 0 if finished else EXIT_STOPPED
@@ -113,9 +119,10 @@ def train(
     lock: OutputLock,
     mirror: Mirror,
     saver: Persister,
+    began: list[Bookkeeping],
 ) -> bool:
-    """Train until done (True), or until a stop signal or the time budget was agreed on and checkpointed
-    (False). `lock` is taken once the config and data have passed their checks, before anything is written."""
+    """Train until done (True), or until a stop or the time budget was agreed on and checkpointed (False).
+    `lock` is taken once the config and data have passed their checks; `began` gets the bookkeeping."""
     clock = SessionClock(config, accelerator.is_main_process, saver, mirror)  # time_budget counts from here
     seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
 
@@ -130,20 +137,19 @@ def train(
 
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
-    fit_batch_size(accelerator, config, model, train_set)  # auto_batch_size: true (utils/memory.py)
-    eval_loader = eval_batches(accelerator, config, eval_set)  # per_device_batch_size as it is now
-
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
-    model, optimizer, scheduler, train_loader, eval_loader = accelerator.prepare(
-        model, optimizer, scheduler, train_loader, eval_loader
-    )
+    model, optimizer, scheduler, train_loader = accelerator.prepare(model, optimizer, scheduler, train_loader)
     # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
     forward = torch.compile(model) if config.compile else model
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
+    state, resumed_from = resume(accelerator, config, frozen, data)
+    fit_batch_size(accelerator, config, model, train_set, resumed_from)  # auto_batch_size (utils/memory.py)
     book = resume_session(
-        accelerator, config, frozen, data, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
+        accelerator, config, state, resumed_from, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
     )
+    eval_loader = accelerator.prepare(eval_batches(accelerator, config, eval_set))  # the per-device size now
+    began.append(book)
 
     # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
     gradients = step_gradients(accelerator, config, model, forward, trained, book)
@@ -239,8 +245,8 @@ def make_accelerator(config: TrainConfig, precision: str) -> Accelerator:
 def resume_session(
     accelerator: Accelerator,
     config: TrainConfig,
-    frozen: tuple[str, str],
-    data: dict[str, str] | None,
+    state: LoopState,
+    resumed_from: Path | None,
     mirror: Mirror,
     steps_per_epoch: int,
     schedule_steps: int,
@@ -248,12 +254,8 @@ def resume_session(
     clock: SessionClock,
     saver: Persister,
 ) -> Bookkeeping:
-    """Where this session starts: the run's newest checkpoint (the newest of this run in mirror_dir or
-    under import_from is brought in first, if newer than ours), or a refusal: a folder of another run, or
-    of other data, or whose checkpoints cannot be read. Then what the session writes as it starts (the
-    config, metrics.jsonl cut back to the checkpoint, the history, the trackers), and its bookkeeping, for
-    `total_steps`: the schedule's, or max_steps if sooner. The mirror starts once the run is known."""
-    state, resumed_from = resume(accelerator, config, frozen, data)
+    """The session's start from `state` (utils/start.py): the mirror, the config, metrics.jsonl cut back, the
+    history, the trackers; and its bookkeeping, for the schedule's steps, or max_steps if sooner."""
     mirror.start(state.run_id, config.start_over)
     if accelerator.is_main_process:
         save_config(config, Path(config.output_dir) / "config.yaml")  # what this run is, once it may run
@@ -343,6 +345,7 @@ def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: i
     trained = [param for param in model.parameters() if param.requires_grad]  # listed once: clipped each step
     frozen = frozen_weights(model)
     save_trained_weights_only(accelerator)
+    accelerator.print(model_line(model))  # parameters, trained ones, a checkpoint's size
     optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(config.warmup_steps, schedule_steps)
@@ -357,6 +360,10 @@ if __name__ == "__main__":
         status = f"config error: {error}"
     except RunError as error:
         status = f"error: {error}"
+    except RuntimeError as error:  # torch's when a loader worker died (killed for memory, often): one line
+        if not str(error).startswith("DataLoader worker (pid"):
+            raise
+        status = f"error: {str(error).split('. ')[0]} (out of memory?): rerun the same command to continue"
     except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise

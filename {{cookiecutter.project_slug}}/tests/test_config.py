@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package_name }} import task
+from {{ cookiecutter.package_name }}.utils import hardware
+from {{ cookiecutter.package_name }}.utils.cli import read_config
 from {{ cookiecutter.package_name }}.utils.config import (
     REFUSED_FIELDS,
     REMOVED_FIELDS,
@@ -42,7 +44,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_precedence_is_flag_then_yaml_then_default(tmp_path: Path) -> None:
     path = write(tmp_path, "seed: 7\nlearning_rate: 0.01\n")
     config, used = load_config(["--config", str(path), "--learning_rate", "0.5"], Path("unused"), task.Config)
-    assert used == path
+    assert used == str(path)
     assert config.seed == 7  # YAML over default
     assert config.learning_rate == 0.5  # flag over YAML
     assert config.num_epochs == task.Config().num_epochs  # default
@@ -103,6 +105,44 @@ def test_checkpoint_every_minutes_is_refused_where_a_person_sets_it_and_skipped_
     older = {**dataclasses.asdict(task.Config()), "checkpoint_every_minutes": 15.0}
     del older["max_time_lost"]
     assert changed_settings(yaml.safe_dump(older), task.Config()) == ""
+
+
+def test_every_removed_field_of_a_file_is_named_in_its_one_line(tmp_path: Path) -> None:
+    """Two fields of an earlier version in one file: one warning naming both; where one of them is refused,
+    one error naming both, so that the second is not found only after fixing the first."""
+    path = write(tmp_path, "resume: auto\nseed: 7\ncheck_disk_space: true\n")
+    notes: list[str] = []
+    assert load_config(["--config", str(path)], path, task.Config, notes=notes)[0].seed == 7
+    assert len(notes) == 1 and "resume no longer exists" in notes[0], notes
+    assert f"check_disk_space no longer exists, skipped: {REMOVED_FIELDS['check_disk_space']}" in notes[0]
+    path.write_text("checkpoint_every_minutes: 15\nresume: auto\n")
+    with pytest.raises(ConfigError, match=r"checkpoint_every_minutes no longer exists: .*; resume no longer"):
+        load_config(["--config", str(path)], path, task.Config)
+
+
+@pytest.mark.parametrize(
+    ("platform", "variable"), [("colab", "COLAB_RELEASE_TAG"), ("kaggle", "KAGGLE_KERNEL_RUN_TYPE")]
+)
+def test_a_users_file_is_read_over_the_platforms_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, platform: str, variable: str
+) -> None:
+    """On Colab (a stand-in: its variable, a mounted Drive folder) a user's YAML with early stopping keeps
+    colab.yaml's mirror_dir on Drive and its import_from; on Kaggle, kaggle.yaml's time_budget. The user's
+    values win over the platform's, flags over both; the start line names both files. Another platform's
+    file replaces the platform's (tests/test_platform.py)."""
+    for name in ("COLAB_RELEASE_TAG", "COLAB_GPU", "KAGGLE_KERNEL_RUN_TYPE", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "1")
+    monkeypatch.setattr(hardware, "COLAB_DRIVE", tmp_path)  # mounted
+    mine = write(tmp_path, "eval_every: 20\nearly_stopping_patience: 3\nper_device_batch_size: 16\n")
+    platform_file = PROJECT / "configs" / f"{platform}.yaml"
+    expected = yaml.safe_load(platform_file.read_text())
+    config, files, _ = read_config(["--config", str(mine), "--eval_every", "10"], PROJECT)
+    assert (config.eval_every, config.early_stopping_patience, config.per_device_batch_size) == (10, 3, 16)
+    for name in ("output_dir", "mirror_dir", "import_from", "time_budget", "max_time_lost", "tracker"):
+        assert getattr(config, name) == expected.get(name, getattr(task.Config(), name)), name
+    assert config.mirror_dir.startswith("/content/drive/") if platform == "colab" else config.time_budget
+    assert files == f"{platform_file} + {mine}"
 
 
 def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
@@ -192,8 +232,10 @@ def test_bad_config_stops_train_py_before_training(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "config error: global_batch_size=48 is not divisible" in result.stderr
     assert not (output_dir / "metrics.jsonl").exists()
-    # The first line comes as soon as the config is read, before the seconds torch takes to load.
-    assert result.stdout.startswith(f"config {path} checked: loading PyTorch and Accelerate\n")
+    # The first line comes as soon as the config is read, before the seconds torch takes to load; a user's
+    # file is read over the platform's.
+    platform = PROJECT / "configs" / f"{hardware.detect_platform()}.yaml"
+    assert result.stdout.startswith(f"config {platform} + {path} checked: loading PyTorch and Accelerate\n")
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ that are byte for byte what they were, or set aside (never deleted) where the us
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from subprocess import DEVNULL, PIPE
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -48,6 +50,7 @@ from .conftest import (
     read_metrics,
     run_training,
     training_command,
+    wait_for_checkpoint,
     wait_for_training,
 )
 
@@ -178,6 +181,7 @@ def test_damage_of_the_right_size_is_caught_by_checksums(
     loop state: that checkpoint is skipped, with the file named, the older one continues, and the damaged
     one is set aside intact."""
     shutil.rmtree(copy_of / "model")
+    (copy_of / "curves.png").unlink()  # drawn again, after the divergence too
     newest, older = list_checkpoints(copy_of)[::-1]
     target = newest / name
     data = bytearray(target.read_bytes())
@@ -216,6 +220,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     """Weights that blow up after a resume (poisoned, checksums made to match): the run stops at the first
     logging step, and the checkpoint it resumed from, model/ and best_model/ stay as they were."""
     shutil.rmtree(copy_of / "model")
+    (copy_of / "curves.png").unlink()  # drawn again, after the divergence too
     newest, older = list_checkpoints(copy_of)[::-1]
     shutil.rmtree(newest)
     weights = older / "model.safetensors"
@@ -230,6 +235,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     before = snapshot(copy_of)
     result = run_training(copy_of, *FAST, check=False)
     refused(result, "training diverged", f"the last checkpoint, {older}")
+    assert result.stdout.splitlines()[-1] == f"curves: {copy_of / 'curves.png'}"
     assert list_checkpoints(copy_of) == [older]
     # The run's history records the divergence, which no checkpoint saw.
     last = json.loads((copy_of / "history.json").read_text())["sessions"][-1]
@@ -237,7 +243,7 @@ def test_divergence_after_a_checkpoint_keeps_it(copy_of: Path) -> None:
     # What the session writes at its start aside: config.yaml (with this copy's output_dir), the metrics,
     # the history and the tracker's files (TensorBoard's logs/; MLflow marks its run as running again in
     # mlflow.db).
-    session = ("config.yaml", "metrics.jsonl", "history.json", "logs/", "mlflow.db", "wandb/")
+    session = ("config.yaml", "metrics.jsonl", "history.json", "logs/", "mlflow.db", "wandb/", "curves.png")
     assert {k: v for k, v in snapshot(copy_of).items() if not k.startswith(session)} == {
         k: v for k, v in before.items() if not k.startswith(session)
     }
@@ -633,3 +639,34 @@ def test_a_config_write_cut_off_by_a_kill_does_not_block_the_rerun(tmp_path: Pat
     assert f"starting fresh in {output_dir}" in result.stdout
     assert not cut_off.exists()
     assert "seed: " in (output_dir / "config.yaml").read_text()
+
+
+def test_a_killed_loader_worker_is_one_line_the_checkpoint_untouched_and_the_rerun_continues(
+    tmp_path: Path,
+) -> None:
+    """A DataLoader worker killed with SIGKILL (as the out-of-memory killer does), and those started after
+    it: one line that says so and that the rerun continues, not PyTorch's traceback; exit 1; the newest
+    checkpoint byte for byte what it was; the rerun resumes from it."""
+    workers = ["--num_workers", "2"]
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *SIGNAL_RUN, *workers)
+    process = psutil.Popen(command, cwd=PROJECT, env=env, stdout=PIPE, stderr=PIPE, text=True)
+    wait_for_checkpoint(output_dir, process)
+    process.suspend()  # what it has saved stays as it is now
+    newest = list_checkpoints(output_dir)[-1]
+    saved = snapshot(newest)
+    process.resume()
+    while process.poll() is None:
+        for worker in process.children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+        time.sleep(0.02)
+    out, err = process.communicate(timeout=120)
+    # torch's reason: "is killed by signal: Killed", or "exited unexpectedly" (whichever it saw first)
+    line = refused(
+        subprocess.CompletedProcess(command, process.returncode, out, err), "DataLoader worker (pid"
+    )
+    assert line.endswith("(out of memory?): rerun the same command to continue"), line
+    assert snapshot(newest) == saved
+    resumed = run_training(output_dir, *SIGNAL_RUN, *workers)
+    assert f"resuming from {output_dir / 'checkpoints'}" in resumed.stdout, resumed.stdout[-2000:]

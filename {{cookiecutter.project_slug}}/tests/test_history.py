@@ -6,7 +6,10 @@ continued through the three platform configs ends bitwise equal to one that was 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -93,7 +96,21 @@ def test_colab_kaggle_laptop_keep_the_split_and_end_bitwise_equal(
     assert [s.get("resume") for s in sessions] == [None, "verified", "verified"]
     # The same versions in every session, whatever each launch imported: no version line at a hop.
     assert "may change the numbers" not in kaggle + laptop
-    assert [set(s["versions"]) for s in sessions] == 3 * [{"python", "torch", *declared_versions()}]
+    assert [s["versions"] for s in sessions] == 3 * [sessions[0]["versions"]]
+    assert {"python", "torch", *INSTALLED} <= sessions[0]["versions"].keys()
+    assert all(sessions[0]["versions"][name] == version for name, version in INSTALLED.items())
+
+
+# What every project declares in pyproject.toml, as importlib.metadata finds it installed.
+INSTALLED = {
+    name: metadata.version(name) for name in ("accelerate", "safetensors", "pyyaml", "tqdm", "xxhash")
+}
+
+
+def test_the_versions_recorded_are_those_installed() -> None:
+    versions = declared_versions()
+    assert {name: versions.get(name) for name in INSTALLED} == INSTALLED
+    assert versions["matplotlib"] == metadata.version("matplotlib")
 
 
 @pytest.mark.slow
@@ -217,6 +234,41 @@ def test_a_version_change_is_measured_and_an_unreadable_history_is_set_aside(tmp
     sessions = sessions_of(output_dir)
     assert [(s["start_step"], s["end_step"]) for s in sessions] == [(0, 4), (4, 6), (6, 8)]
     assert sessions[-1]["unreadable"] == line.removeprefix("history: ")
+
+    # A record of an older version (a field missing) and one of a newer version (a field more): both read,
+    # and written back with the newer one's field.
+    saved = json.loads(path.read_text())
+    del saved["sessions"][0]["compile"]
+    saved["sessions"][-1]["gpu_memory"] = "80 GiB"
+    path.write_text(json.dumps(saved))
+    (output_dir / f"{HISTORY_FILE}.unreadable").unlink()
+    later = run_training(output_dir, *args, "--max_steps", "10").stdout
+    assert not (output_dir / f"{HISTORY_FILE}.unreadable").exists(), later
+    sessions = sessions_of(output_dir)
+    assert [(s["start_step"], s["end_step"]) for s in sessions] == [(0, 4), (4, 6), (6, 8), (8, 10)]
+    assert sessions[2]["gpu_memory"] == "80 GiB" and sessions[0]["compile"] is False
+
+
+@pytest.mark.slow
+def test_an_immutable_history_is_one_warning_and_the_run_goes_on(tmp_path: Path) -> None:
+    """history.json that cannot be replaced (chattr +i, as a read-only mount refuses it too): one warning
+    line naming it, and the run goes on; its checkpoints keep the history."""
+    output_dir, path = tmp_path / "run", tmp_path / "run" / HISTORY_FILE
+    args = [*QUICK, "--mixed_precision", "no"]
+    run_training(output_dir, *args, "--max_steps", "4")
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", path]).returncode != 0:
+        pytest.skip("chattr +i needs root and a file system that has it (ext4, xfs)")
+    try:
+        result = run_training(output_dir, *args, "--max_steps", "6")
+    finally:
+        subprocess.run(["chattr", "-i", path], check=True)
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
+    assert warnings == [
+        f"WARNING: {path} cannot be replaced (Operation not permitted): make it writable (chattr -i)"
+    ]
+    assert "Traceback" not in result.stderr
+    sealed = json.loads((list_checkpoints(output_dir)[-1] / HISTORY_FILE).read_text())["sessions"]
+    assert [(s["start_step"], s["end_step"]) for s in sealed] == [(0, 4), (4, 6)]
 
 
 def test_a_sample_is_hashed_without_its_padding() -> None:

@@ -11,6 +11,7 @@ of the template runs the SLURM launcher on a real SLURM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,8 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+
+from {{ cookiecutter.package_name }}.launch import train_args
 
 from .conftest import (
     FORK_SERVER,
@@ -424,6 +427,12 @@ def test_user_arguments_come_last_and_set_the_launch_precision(tmp_path: Path) -
     assert "config: configs/local.yaml (your --config, instead of configs/kaggle.yaml)" in run.result.stdout
 
 
+def test_a_users_own_config_is_said_to_be_read_over_the_platforms() -> None:
+    """As train.py reads it: a file of the user's own over the platform's (which keeps its paths)."""
+    line = train_args("colab", "no", ["--config", "my.yaml"])[1]
+    assert line == "config: my.yaml (your --config, read over configs/colab.yaml)"
+
+
 SLURM_ENV = {
     "SLURM_JOB_ID": "4242",
     "SLURM_NNODES": "2",
@@ -762,7 +771,7 @@ def test_a_stopped_two_process_run_of_run_local_exits_75_with_its_line(tmp_path:
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 75, output[-5000:]
     assert "Traceback" not in output and "exitcode" not in output, output[-5000:]
-    last = output.strip().splitlines()[-1]
+    last = output.strip().splitlines()[-2]  # before the line that names curves.png
     if stop == "time":
         assert last.startswith("stopped for time; run again to continue: step "), output[-3000:]
     else:
@@ -799,11 +808,61 @@ def test_a_killed_launcher_leaves_no_orphan_and_the_rerun_ends_bitwise(
     assert len(training) == 2 and (output_dir / ".lock").read_text() == "", log.read_text()[-3000:]
     (session,) = sessions_of(output_dir)
     assert session["ending"] == "stopped by the launcher's death", log.read_text()[-3000:]
+    assert log.read_text().count("is gone: stopping") == 1, log.read_text()[-3000:]
     stopped = session["end_step"]
-    last = log.read_text().splitlines()[-1]
+    last = log.read_text().splitlines()[-2]  # before the line that names curves.png
     assert last.startswith(f"stopped by the launcher's death at step {stopped}: checkpoint saved"), last
     end = ["--max_steps", str(stopped + 10)]  # 10 steps more: enough to compare
     resumed = run_training(output_dir, *args, *end, processes=2)
     assert f"resuming from {output_dir / 'checkpoints' / f'step_{stopped:08d}'}" in resumed.stdout
     run_training(tmp_path / "reference", *args, *end, processes=2)
     assert_same_run(output_dir, tmp_path / "reference")
+
+
+# A sitecustomize that holds each training process of a launch at its start (where it imports torch) once it
+# has written its pid: time for the test to kill the launcher before the process knows its parent.
+SLOW_START = """
+import os, time
+if "TORCHELASTIC_RUN_ID" in os.environ:  # a training process, not the launcher
+    with open(os.environ["STARTED_PIDS"], "a") as file:
+        file.write(f"{os.getpid()}\\n")
+    time.sleep(3)
+"""
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_while_its_processes_start_leaves_no_orphan(tmp_path: Path) -> None:
+    """kill -9 of NUM_PROCESSES=2 scripts/run_local.sh while its training processes are still starting (as
+    they import torch): adopted before they could look at their parent, they would wait for ever on the
+    launcher's rendezvous. They end within seconds of their start-up, saying so once, nothing written."""
+    hook, started = tmp_path / "hook", tmp_path / "started"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_START)
+    env = two_cpu_processes_env() | {"STARTED_PIDS": str(started), "PYTHONPATH": str(hook)}
+    output_dir, log = tmp_path / "run", tmp_path / "launch.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            ["bash", "scripts/run_local.sh", *SIGNAL_RUN, "--output_dir", str(output_dir)],
+            cwd=PROJECT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 120
+    while len(started.read_text().split() if started.exists() else []) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+    training = [psutil.Process(int(pid)) for pid in started.read_text().split()]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    try:
+        _, alive = psutil.wait_procs(training, timeout=120)  # a zombie: ended, its new parent slow to reap
+        assert all(child.status() == psutil.STATUS_ZOMBIE for child in alive), log.read_text()[-3000:]
+    finally:
+        for child in training:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+    said = re.findall(r"the launcher \(pid \d+\) is gone: stopping", log.read_text())
+    assert len(said) == 1 and not output_dir.exists(), log.read_text()[-3000:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -126,6 +127,21 @@ def test_a_stop_returns_and_the_result_cells_show_what_the_run_has(
     shown = capsys.readouterr().out
     assert f"the model of step {export['step']}, first rows of {run / 'predictions.csv'}:" in shown, shown
     assert len(shown.split("first rows of", 1)[1].strip().splitlines()) == 6, shown  # the heading + 5 rows
+
+
+@pytest.mark.slow  # trains (single_run)
+def test_the_predictions_cell_uses_the_best_evaluations_model(
+    single_run: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As predict.py does, the result cell predicts with best_model/ where the run evaluated."""
+    run = tmp_path / "run"
+    for name in ("model", "best_model"):
+        shutil.copytree(single_run[0] / name, run / name)
+    step = json.loads((run / "best_model" / "export.json").read_text())["step"]
+    show_predictions(run)
+    shown = capsys.readouterr().out
+    assert f"predicting with {run / 'best_model'} into" in shown, shown
+    assert f"best_model/, the model of step {step}, first rows of {run / 'predictions.csv'}:" in shown, shown
 
 
 def test_readme_says_how_the_project_gets_onto_colab_and_kaggle() -> None:

@@ -120,6 +120,32 @@ def test_a_gpu_is_refused_where_this_pytorch_has_no_kernels_for_it(
     assert hardware.unsupported_gpu([], []) is None  # no GPU: nothing to refuse
 
 
+# A sitecustomize that makes torch see a P100 it has no kernels for (a CUDA 12.8 build), as on Kaggle.
+P100_TORCH = """import torch
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_capability = lambda device=None: (6, 0)
+torch.cuda.get_arch_list = lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+"""
+
+
+def test_train_py_refuses_a_gpu_this_pytorch_has_no_kernels_for_in_one_line(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Kaggle's P100 with a torch built without sm_60: train.py stops at its start, before anything touches
+    CUDA, with the one line that says what to install or choose (issue 55)."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(P100_TORCH)
+    hooked = [str(tmp_path / "hook"), os.environ.get("PYTHONPATH", "")]
+    clean_env.setenv("PYTHONPATH", os.pathsep.join(hooked))
+    clean_env.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', P100)}{os.pathsep}{os.environ['PATH']}")
+    clean_env.delenv("ACCELERATE_USE_CPU", raising=False)
+    result = run_training(tmp_path / "run", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: Tesla P100-PCIE-16GB (compute 6.0) has no kernels in this PyTorch"), line
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(("torch_new_enough", "precision"), [(True, "fp16"), (False, "no")])
 def test_fp16_runs_on_mps_where_accelerate_supports_it(
     clean_env: pytest.MonkeyPatch, torch_new_enough: bool, precision: str

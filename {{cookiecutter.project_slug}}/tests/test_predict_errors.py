@@ -5,6 +5,7 @@ found from any working directory, while the paths a user passes stay relative to
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ from {{ cookiecutter.package_name }}.utils.hardware import detect_platform
 
 from .conftest import PROJECT, run_predict
 
-PREDICT_FLAGS = {"--model_dir", "--input", "--output", "--format", "--batch_size", "--help"}
+PREDICT_FLAGS = {"--model_dir", "--last", "--input", "--output", "--format", "--batch_size", "--help"}
 CONFIG_FLAGS = {f"--{field.name}" for field in dataclasses.fields(task.Config)}
 
 
@@ -165,6 +166,27 @@ def test_the_default_model_dir_is_found_from_any_working_directory(single_run: t
     # A relative --model_dir is the working directory's too: here it names no model, and the error says so.
     result = predict_elsewhere(project, elsewhere, "--model_dir", "model", "--output", "q.csv")
     assert_one_line_error(result, "model folder model does not exist")
+
+
+@pytest.mark.slow
+def test_the_default_model_is_the_best_evaluations_and_the_last_is_one_flag_away(
+    single_run: tuple, tmp_path: Path
+) -> None:
+    """After a run that evaluated, predict.py takes best_model/ (early stopping's model), its first line
+    saying why, as best_model/export.json records it; --last takes model/, the last step's."""
+    project, model_dir = copy_of_the_project(tmp_path / "project")
+    for name in ("model", "best_model"):
+        shutil.copytree(single_run[0] / name, model_dir.parent / name)
+    best_dir = model_dir.parent / "best_model"
+    export = json.loads((best_dir / "export.json").read_text())
+    metric = load_config([], best_dir / "config.yaml", task.Config)[0].best_metric
+    result = predict_elsewhere(project, tmp_path, "--output", "best.csv")
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = f"{metric} {export[metric]:.4f} at step {export['step']}, the best evaluation; --last for model/"
+    assert result.stdout.startswith(f"predicting with {best_dir} ({best}"), result.stdout
+    result = predict_elsewhere(project, tmp_path, "--output", "last.csv", "--last")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"predicting with {model_dir} into"), result.stdout
 
 
 @pytest.mark.slow

@@ -7,15 +7,24 @@ import io
 import os
 import re
 import select
+import signal
 import struct
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils import progress as progress_module
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.config import load_config
+from {{ cookiecutter.package_name }}.utils.hardware import model_line
 from {{ cookiecutter.package_name }}.utils.progress import Progress
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 from {{ cookiecutter.package_name }}.utils.tracking import curves_figure, save_curves
+
+from .conftest import SIGNAL_RUN, read_metrics, start_training, wait_for_checkpoint
 
 
 class Clock:
@@ -131,6 +140,56 @@ def test_on_a_terminal_a_live_bar_shows_from_the_first_step_and_events_print_abo
     assert "3/3" in drawn and "loss 1.5000" in drawn and "checkpoint: step 3 saved\r\n" in drawn, drawn
 
 
+def test_the_line_and_the_bar_show_the_epoch_and_the_last_evaluations_metric(fake_time: Clock) -> None:
+    progress = Progress(total=10, initial=0, enabled=True)
+    progress.epoch, progress.loss, progress.metric = 2.5, 0.25, "eval/accuracy 0.9777"
+    fake_time.now += 1.0
+    progress.update()
+    shown = "train: step 1/10 (10%) | epoch 2.50 | loss 0.2500 | eval/accuracy 0.9777 | 1.0 steps/s"
+    assert progress.line().startswith(shown)
+    assert progress.parts() == ["epoch 2.50", "loss 0.2500", "eval/accuracy 0.9777"]  # the bar's postfix
+
+
+@pytest.mark.slow  # trains (single_run)
+def test_a_runs_progress_shows_its_epoch_and_last_evaluation(single_run: tuple) -> None:
+    """The last step's progress line: the epoch (whole at an epoch's end, as metrics.jsonl logs it) and the
+    best_metric of the last evaluation before that step, as metrics.jsonl holds it."""
+    output_dir, result = single_run
+    (line,) = [line for line in result.stdout.splitlines() if re.match(r"train: step \d+/\d+ \(100%\)", line)]
+    rows = read_metrics(output_dir)
+    last = [row for row in rows if "train/epoch" in row][-1]
+    epoch = float(re.search(r"\| epoch (\d+\.\d\d) \|", line).group(1))
+    assert int(epoch) == last["train/epoch"], line
+    metric = load_config([], output_dir / "config.yaml", task.Config)[0].best_metric
+    if earlier := [row for row in rows if metric in row and row["step"] < last["step"]]:
+        assert f" | {metric} {earlier[-1][metric]:.4f}" in line, line
+
+
+def test_the_model_line_counts_the_parameters_and_a_checkpoints_size() -> None:
+    """A frozen base (as under LoRA) counts among the parameters, not the trained ones; a checkpoint holds the
+    trained weights and AdamW's two moments (float32: 4 bytes each); a tied weight counts once."""
+    base = torch.nn.Linear(1000, 1000)  # 1,001,000 parameters
+    base.requires_grad_(False)
+    head = torch.nn.Linear(1000, 10)  # 10,010
+    assert model_line(torch.nn.Sequential(base, head)) == (
+        "model: 1.0M parameters, 10.0K trainable; a checkpoint holds about 120.1KB"
+    )
+    tied = torch.nn.Sequential(torch.nn.Linear(20, 20, bias=False), torch.nn.Linear(20, 20, bias=False))
+    tied[1].weight = tied[0].weight
+    assert model_line(tied) == "model: 400 parameters, 400 trainable; a checkpoint holds about 4.8KB"
+
+
+@pytest.mark.slow  # trains (single_run)
+def test_a_runs_model_line_gives_the_size_of_its_checkpoints(single_run: tuple) -> None:
+    output_dir, result = single_run
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("model: ")]
+    number, prefix = re.search(r"a checkpoint holds about ([\d.]+)([KMGT]?)B$", line).groups()
+    estimate = float(number) * 1000 ** " KMGT".index(prefix or " ")
+    newest = list_checkpoints(output_dir)[-1]
+    size = sum(path.stat().st_size for path in newest.rglob("*") if path.is_file())
+    assert 0.7 < size / estimate < 1.4, (line, size)
+
+
 def test_the_curves_have_a_line_per_metric_and_the_best_evaluation_marked() -> None:
     rows = [
         (10, {"train/loss": 2.0, "train/lr": 0.1}),
@@ -173,3 +232,21 @@ def test_a_session_leaves_its_curves_as_a_png(single_run: tuple) -> None:
     picture = imread(output_dir / "curves.png")
     assert picture.ndim == 3 and picture.shape[1] > picture.shape[0] > 100, picture.shape
     assert "WARNING" not in result.stdout
+    assert result.stdout.splitlines()[-1] == f"curves: {output_dir / 'curves.png'}"  # drawn last
+
+
+@pytest.mark.slow  # trains
+def test_a_stopped_session_draws_its_curves_after_the_mirror_has_its_last_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM: the checkpoint first, then its copy in mirror_dir, then curves.png, named on the last line."""
+    output_dir, mirror = tmp_path / "run", tmp_path / "mirror"
+    process = start_training(output_dir, *SIGNAL_RUN, "--mirror_dir", str(mirror))
+    wait_for_checkpoint(output_dir, process)
+    process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=300)
+    assert process.returncode == EXIT_STOPPED, stdout[-3000:]
+    lines = stdout.splitlines()
+    assert lines[-1] == f"curves: {output_dir / 'curves.png'}", stdout[-3000:]
+    held = next(index for index, line in enumerate(lines) if line.startswith(f"mirror: {mirror} holds step"))
+    stopped = next(index for index, line in enumerate(lines) if line.startswith("stopped by SIGTERM at step"))
+    assert stopped < held < len(lines) - 1
+    assert (output_dir / "curves.png").is_file()

@@ -1,19 +1,28 @@
 """Stop signals: every rank records the request, one line per signal says so (rank 0's), a forked
 DataLoader worker, which inherits the handler until its worker_init_fn ignores stop signals, does nothing,
-a signal in the middle of a write to stderr does not write into it again, and a process of a gloo job ends
-without the interpreter teardown that gloo's threads can abort."""
+a signal in the middle of a write to stderr does not write into it again, a process of a gloo job ends
+without the interpreter teardown that gloo's threads can abort, and a SIGHUP whose terminal hung up (a real
+pty) or whose pipe's reader is gone still ends in a checkpoint and exit 75."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
-from .conftest import PROJECT, free_port
+from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+
+from .conftest import PROJECT, SIGNAL_RUN, free_port, run_training, sessions_of, training_command
 
 # A process with the handler installed forks (as a DataLoader starts a worker) and the child gets SIGUSR1
 # before anything else; then the process itself gets it. Prints the child's exit code and the request.
@@ -40,7 +49,7 @@ def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "True"]  # the worker ignored it; the process recorded it
-    line = "SIGUSR1 received: finishing the current step, then saving a checkpoint"
+    line = "SIGUSR1 received: saving a checkpoint within a second or a step, then stopping"
     assert result.stderr.splitlines() == ([] if rank == "1" else [line])
 
 
@@ -75,7 +84,7 @@ def test_one_stop_button_press_that_reaches_training_twice_is_said_once() -> Non
     process.send_signal(signal.SIGINT)  # a second press
     _, stderr = process.communicate(timeout=60)
     assert stderr.splitlines() == [
-        "SIGINT received: finishing the current step, then saving a checkpoint",
+        "SIGINT received: saving a checkpoint within a second or a step, then stopping",
         "SIGINT received again: already stopping (kill -9 is safe too)",
     ]
 
@@ -118,7 +127,7 @@ def test_a_signal_during_a_write_to_stderr_does_not_write_into_it() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True"]
     assert result.stderr.splitlines() == [
-        "SIGTERM received: finishing the current step, then saving a checkpoint",
+        "SIGTERM received: saving a checkpoint within a second or a step, then stopping",
         "train: step 5/100",
     ]
 
@@ -168,3 +177,51 @@ def test_a_process_of_a_gloo_job_exits_without_the_teardown_abort(status: str) -
     assert out.splitlines() == ["rank 1 leaves", "a thread's last write", "atexit functions ran"]
     if status != "0":
         assert err.splitlines()[-1] == status
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output", ["terminal", "pipe"])
+def test_a_hangup_whose_output_is_gone_checkpoints_exits_75_and_the_rerun_resumes(
+    output: str, tmp_path: Path
+) -> None:
+    """SIGHUP where a write to the run's output now fails. "terminal": an SSH connection drops under a
+    foreground run: its terminal (a real pty: its controlling terminal, stdout and stderr) hangs up and the
+    kernel sends SIGHUP; a write there fails with EIO. "pipe": `train.py 2>&1 | tee log`, tee gone first,
+    then SIGHUP; a write fails with EPIPE. Either way: a checkpoint, exit 75, the history says why, and the
+    rerun resumes from it."""
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *SIGNAL_RUN)
+    if output == "terminal":
+        pid, reader = pty.fork()  # a session of its own, the pty its controlling terminal and its output
+        if pid == 0:
+            os.chdir(PROJECT)
+            os.execve(command[0], command, env)
+        run = psutil.Process(pid)
+    else:
+        reader, writer = os.pipe()
+        run = psutil.Popen(
+            command, cwd=PROJECT, env=env, stdin=subprocess.DEVNULL, stdout=writer, stderr=writer
+        )
+        os.close(writer)
+    try:
+        deadline = time.monotonic() + 300
+        while not list_checkpoints(output_dir):  # read, as a terminal or tee does, until a checkpoint
+            assert run.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline, "no checkpoint"
+            if select.select([reader], [], [], 0.05)[0]:
+                os.read(reader, 1 << 16)
+        if output == "pipe":
+            run.send_signal(signal.SIGSTOP)  # no write between tee's end and the hangup
+        os.close(reader)  # the terminal hangs up: the kernel sends SIGHUP to its session
+        if output == "pipe":
+            run.send_signal(signal.SIGHUP)
+            run.send_signal(signal.SIGCONT)
+        assert run.wait(timeout=300) == EXIT_STOPPED
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            run.kill()
+    (session,) = sessions_of(output_dir)
+    assert session["ending"] == "stopped by SIGHUP"
+    newest = list_checkpoints(output_dir)[-1]
+    assert checkpoint_step(newest) == session["end_step"]
+    resumed = run_training(output_dir, *SIGNAL_RUN)
+    assert f"resuming from {newest}" in resumed.stdout

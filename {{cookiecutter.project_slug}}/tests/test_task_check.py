@@ -77,6 +77,13 @@ BREACHES: dict[str, tuple[str, Callable[..., Any], str]] = {
         },
         "tensor of shape [2, 4] as ",
     ),
+    "an eval_step value with 4 values per sample: the refusal names the way out": (
+        "eval_step",
+        lambda model, batch: {
+            name: value[:, None].repeat(1, 4) for name, value in original_eval_step(model, batch).items()
+        },
+        "[2]; return one name per column ('",
+    ),
     "metrics without best_metric": (
         "metrics",
         lambda values, config: {

@@ -1,7 +1,6 @@
-"""Time limits (utils/timing.py), on a clock the test moves by hand: what is decided at each logging step.
-
-train.py and a real run are tested in test_guarantees.py; here only the arithmetic, with no wall clock.
-"""
+"""Time limits (utils/timing.py): on a clock the test moves by hand, what is decided at each vote; then real
+runs (a slow first step, a load that comes and goes, SIGKILLs, stop signals) against max_time_lost, the
+checkpoints' 2% share of the time, and a stop within a second."""
 
 from __future__ import annotations
 
@@ -54,30 +53,32 @@ def test_the_run_stops_when_one_more_interval_a_checkpoint_and_the_export_would_
             now[0] = start + 90
             clock.saved(step, start + 60)  # a checkpoint of 30 s
         now[0] = start + seconds
-        assert clock.at_log(step + 1) == (0.0, 0.0), seconds
+        assert clock.vote(step + 1, logging=True)[:2] == (0.0, 0.0), seconds
     # A stop needs 90 s (an interval) + 2 x 30 s (a checkpoint, the export) = 150 s of the 600.
     now[0] = start + 450
-    assert clock.at_log(7) == (0.0, 1.0)
+    assert clock.vote(7, logging=True)[:2] == (0.0, 1.0)
     assert clock.stop_note().startswith("7m30s of time_budget 10m used, 2m30s of it kept")
 
 
 def test_checkpoints_come_so_that_each_is_durable_within_max_time_lost_of_the_last(now: list[float]) -> None:
-    """The interval in steps, counted from the last checkpoint's step: until a checkpoint is measured, half
-    of max_time_lost is kept for its cost; then its stop, write and copy are."""
+    """The interval in steps, counted from the last checkpoint's step, at the pace since the last vote: until
+    a checkpoint is measured, half of max_time_lost is kept for its cost; then its stop, write and copy are;
+    a vote interval (0.5 s) is kept too, for a pace that changes before the next vote."""
     clock = clock_of(task.Config(max_time_lost="1m"))
     clock.begin(100)  # resumed at step 100
     now[0] += 2.0  # a slow first step: 2 s
-    assert clock.at_log(101, logging=False) == (1 + 14, 0.0)  # 30 s at 2 s a step: steps 101 to 115
-    now[0] = 1005.5  # step 110: 0.55 s a step since step 100
-    clock.every = int(clock.at_log(110)[0])  # as the logging reduce hands it to every process
-    assert clock.every == 10 + 44  # 24.5 s left of the 30, at 0.55 s a step: 44.5
-    assert not clock.due(153) and clock.due(154)
-    now[0] = 1030.0
-    clock.saved(154, started=1029.75)  # measured: it stopped the loop for 0.25 s
+    assert clock.vote(101, logging=False) == (1 + 13, 0.0, 1.0)  # 29.5 s at 2 s a step: steps 101 to 114
+    now[0] = 1006.5  # step 110: 0.5 s a step since step 101
+    every, _, ahead = clock.vote(110, logging=True)
+    clock.every = int(every)  # as the vote's reduce hands it to every process
+    assert (clock.every, ahead) == (10 + 46, 1.0)  # 23 s left of the 29.5, at 0.5 s a step
+    assert not clock.due(155) and clock.due(156)
+    now[0] = 1029.75
+    clock.saved(156, started=1029.5)  # measured: it stopped the loop for 0.25 s
     clock.saver.last_seconds = 0.75  # and its write, in the background, took 0.75 s
-    now[0] = 1039.75  # step 174: 0.5 s a step since step 154
-    # Due 60 - 0.25 - 0.75 = 59 s after step 154 was reached, 49 s from now: 98 steps more.
-    assert clock.at_log(174) == (20 + 98, 0.0)
+    now[0] = 1039.5  # step 176: 0.5 s a step since step 110
+    # Due 60 - 0.5 - 0.25 - 0.75 = 58.5 s after step 156 was reached, 48.5 s from now: 97 steps more.
+    assert clock.vote(176, logging=True) == (20 + 97, 0.0, 1.0)
 
 
 def test_the_cost_bound_rounds_up_to_whole_steps_and_the_time_bound_down(now: list[float]) -> None:
@@ -85,19 +86,39 @@ def test_the_cost_bound_rounds_up_to_whole_steps_and_the_time_bound_down(now: li
     clock = clock_of(task.Config(max_time_lost="10s"))
     clock.begin(0)
     now[0] += 1.0
+    clock.vote(1, logging=False)
     clock.saved(1, started=now[0] - 0.1)  # a loop stop of 0.1 s
     clock.saver.last_seconds = 6.0  # and a write of 6 s: 6 s apart at least
-    now[0] += 4.4  # step 4: 1.5 s a step since step 1, 4.5 s since it
-    assert clock.at_log(4) == (3 + 1, 0.0)  # 1.5 s to go: one step more, not none
-    clock.saver.last_seconds, clock.stop_s = 0.0, 0.01  # the time bound: 9.99 s, 5.49 s to go
-    assert clock.at_log(4) == (3 + 3, 0.0)  # 3 whole steps, not 4
+    now[0] += 4.5  # step 4: 1.5 s a step since step 1
+    assert clock.vote(4, logging=True)[0] == 3 + 1  # 1.4 s to go: one step more, not none
+    clock.saver.last_seconds, clock.stop_s = 0.0, 0.01  # the time bound: 9.49 s, 4.89 s to go
+    assert clock.plan(4, now[0], 1.5, 1.5) == 3 + 3  # 3 whole steps, not 4
 
 
-def test_a_slow_first_step_is_followed_by_a_checkpoint_at_once(now: list[float]) -> None:
+def test_a_slow_first_step_is_followed_by_one_checkpoint_then_the_pace_of_the_steps(now: list[float]) -> None:
+    """A first step over half of max_time_lost (compiling) is checkpointed at once; the next vote, one step
+    later, plans from the fast steps alone: not a checkpoint at every step until the next logging step."""
     clock = clock_of(task.Config(max_time_lost="1m"))
     clock.begin(0)
-    now[0] += 45.0  # compiling: over half of max_time_lost
-    assert clock.at_log(1, logging=False) == (1.0, 0.0)
+    now[0] += 45.0
+    assert clock.vote(1, logging=False) == (1.0, 0.0, 1.0)
+    now[0] += 0.25
+    clock.saved(1, started=now[0] - 0.25)
+    now[0] += 0.25  # step 2: 0.5 s since the vote, the checkpoint's stop included
+    # Due 60 - 0.5 - 0.25 = 59.25 s after step 1 was reached, 58.75 s from now: 117 steps more.
+    assert clock.vote(2, logging=False) == (1 + 117, 0.0, 1.0)
+
+
+def test_votes_come_about_half_a_second_apart_at_the_pace_since_the_last(now: list[float]) -> None:
+    clock = clock_of(task.Config(max_time_lost=""))
+    clock.begin(0)
+    now[0] += 0.01
+    assert clock.vote(1, logging=False) == (0.0, 0.0, 50.0)  # 0.01 s a step: step 51 votes next
+    now[0] += 49 * 0.04  # a load came: 0.04 s a step
+    assert clock.vote(50, logging=False)[2] == 12.0
+    now[0] += 30  # an evaluation, or steps longer than the interval: the next step votes
+    assert clock.vote(62, logging=False)[2] == 1.0
+    assert clock_of(task.Config(max_time_lost="1s")).vote_s == 0.1  # a tenth of a short max_time_lost
 
 
 def test_where_checkpoints_cost_more_than_max_time_lost_allows_one_line_says_what_the_run_holds(
@@ -107,16 +128,22 @@ def test_where_checkpoints_cost_more_than_max_time_lost_allows_one_line_says_wha
     clock.begin(0)
     now[0] += 1.0
     clock.saved(1, started=now[0] - 0.5)  # stops the loop for 0.5 s
-    assert clock.interval() == (59.5, 25.0)  # due 59.5 s after the last, durable 0.5 s later; 2%: 25 s
+    assert clock.interval() == (59.0, 25.0)  # due 59 s after the last (a vote kept), durable 0.5 s later; 2%
     clock.mirror.copy_seconds = 110.0  # a slow Drive
-    assert clock.interval() == (60 - 0.5 - 110.0, 110.0)
+    assert clock.interval() == (60 - 0.5 - 0.5 - 110.0, 110.0)
     assert clock.interval()[1] == 110.0
     assert capsys.readouterr().out == (
         "checkpoints every 1m50s, not as max_time_lost 1m needs: each copy to /content/drive/run takes 1m50s "
-        "(a kill may cost up to 3m40s)\n"  # the once
+        "(a kill may cost up to 3m41s)\n"  # the once
     )
     clock.mirror.copy_seconds, clock.stop_s = 0.0, 2.0
-    assert clock.interval() == (58.0, 100.0)  # loop stops: 2% of the time at most
+    assert clock.interval() == (57.5, 100.0)  # loop stops: 2% of the time at most
+    slow = clock_of(task.Config(max_time_lost="1m"))
+    assert slow.interval(step_s=100.0) == (29.5, 100.0)  # a step's own time, longer than the bound
+    assert capsys.readouterr().out == (
+        "checkpoints every 1m40s, not as max_time_lost 1m needs: each step takes 1m40s "
+        "(a kill may cost up to 2m10s)\n"
+    )
 
 
 def test_at_risk_is_the_time_since_the_newest_checkpoint_durable_where_the_next_session_looks(
@@ -141,9 +168,10 @@ def test_only_the_main_process_reads_its_clock_and_every_process_counts_the_step
     other = clock_of(config, main_process=False)
     off = clock_of(task.Config(max_time_lost=""))  # no budget, no time-based checkpoints
     now[0] += 3600
-    assert other.at_log(5) == off.at_log(5) == (0.0, 0.0)
+    assert other.vote(5, logging=True) == (0.0, 0.0, 0.0)
+    assert off.vote(5, logging=True)[:2] == (0.0, 0.0)
     assert [step for step in range(1, 20) if other.due(step)] == [7, 14]
-    other.every = 5  # the main process's vote, through the logging reduce
+    other.every = 5  # the main process's vote, through the vote's reduce
     other.saved(3, now[0])
     assert [step for step in range(4, 20) if other.due(step)] == [7, *range(8, 20)]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from .utils.durable import write_atomically
 from .utils.hardware import Gpu, precision_for, query_gpus, wrong_platform
 from .utils.packages import declared
-from .utils.signals import EXIT_STOPPED
+from .utils.signals import EXIT_STOPPED, LAUNCHER_PID
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
 # Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning,
@@ -122,7 +122,8 @@ def nccl_settings(platform: str, total_processes: int, gpus: list[Gpu]) -> tuple
 def train_args(platform: str, precision: str, args: list[str]) -> tuple[list[str], str]:
     config = f"configs/{platform}.yaml"
     chosen = last_flag_value("--config", args)
-    line = f"config: {chosen} (your --config, instead of {config})" if chosen else f"config: {config}"
+    how = "instead of" if Path(chosen or "").stem in PLATFORMS else "read over"  # a platform's file, or yours
+    line = f"config: {chosen} (your --config, {how} {config})" if chosen else f"config: {config}"
     return ["train.py", "--config", config, "--mixed_precision", precision, *args], line
 
 
@@ -366,10 +367,8 @@ def run_step(command: list[str], env: dict[str, str], signals: StepSignals) -> t
 
 
 def run_accelerate(args: list[str]) -> int:
-    """`accelerate launch ARGS` in this process, for several processes on one machine. A stop (a signal,
-    or train.py's time_budget) ends its workers with 75 after a checkpoint, which torch's launcher reports
-    as a failure: a 30-line traceback and exit 1. train.py's main process says how it ended
-    (report_outcome); when that is "stopped", this exits 75 and train.py's last line is the last line."""
+    """`accelerate launch ARGS` in this process, for several processes on one machine; 75 after a stop
+    (report_outcome), where torch's launcher would print a traceback of the workers' 75 and exit 1."""
     import torch.distributed.run  # noqa: F401 (creates the loggers quieted below)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -383,6 +382,7 @@ def run_accelerate(args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="launch-") as folder:
         outcome = Path(folder) / "outcome.json"
         os.environ[OUTCOME_FILE] = str(outcome)
+        os.environ[LAUNCHER_PID] = str(os.getpid())  # its workers' parent (utils/signals.py)
         try:
             launch_command(launch_command_parser().parse_args(args))
         except (SignalException, ChildFailedError):

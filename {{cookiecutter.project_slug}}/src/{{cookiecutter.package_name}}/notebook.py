@@ -97,9 +97,10 @@ def show_metrics(run: str | Path, lines: int = 5) -> None:
 
 
 def show_predictions(run: str | Path, rows: int = 5) -> None:
-    """predict.py with the run's exported model on the eval split, and its first `rows` rows; one line
-    where no model is exported yet."""
-    model, output = Path(run) / "model", Path(run) / "predictions.csv"
+    """predict.py with the run's best_model/ (else model/) on the eval split, and its first `rows` rows; one
+    line where no model is exported yet."""
+    best, output = Path(run) / "best_model", Path(run) / "predictions.csv"
+    model = best if (best / "export.json").is_file() else Path(run) / "model"  # as predict.py chooses
     if not (model / "export.json").is_file():
         print(f"no predictions yet: {model} is exported when training ends or stops for time")
         return
@@ -111,7 +112,7 @@ def show_predictions(run: str | Path, rows: int = 5) -> None:
     if predicting.returncode != 0:
         print(f"predict.py failed with exit status {predicting.returncode}: its output is above")
         return
-    print(f"the model of step {step}, first rows of {output}:")
+    print(f"{model.name}/, the model of step {step}, first rows of {output}:")
     with output.open(newline="", encoding="utf-8") as file:
         for row in islice(csv.DictReader(file), rows):
             # One line a row: a value's own line breaks (a language model's text) are shown as \\n.

@@ -1,7 +1,6 @@
-"""Workarounds for Accelerate behaviour that slows training down, each measured by the template's bench/.
-
-Each one skips work that cannot change the result, in exactly the case where it is measured; everything
-else goes through Accelerate's own code. `speed_up_accelerate()` applies all of them, once per process.
+"""Workarounds for Accelerate behaviour that slows training down, each measured by the template's bench/:
+each skips work that cannot change the result, in exactly the case where it is measured; everything else
+goes through Accelerate's own code.
 """
 
 from __future__ import annotations
@@ -29,9 +28,8 @@ def speed_up_accelerate() -> None:
 
 
 def cache_lomo_check() -> None:
-    """Ask once per run whether lomo_optim is installed: `AcceleratedOptimizer.step` asks twice per step,
-    each a search of sys.path (0.9 ms on a 2-core CPU, a third of a small model's step). A package
-    installed halfway through a run could not change its optimizer: the cached answer is the right one."""
+    """Ask once per run, not twice per `AcceleratedOptimizer.step` (a search of sys.path, 0.9 ms on a 2-core
+    CPU), whether lomo_optim is installed: one installed mid-run could not change the run's optimizer."""
     check = accelerate.optimizer.is_lomo_available
     if not hasattr(check, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(check)
@@ -44,13 +42,9 @@ def takes_set_to_none(optimizer_type: type) -> bool:
 
 def cache_zero_grad_check() -> None:
     """Inspect the optimizer's `zero_grad` signature once per optimizer type, not at every step as
-    `AcceleratedOptimizer.zero_grad` does to know whether it takes `set_to_none` (about 3% of a small
-    model's step on a 2-core CPU). Where it does (every torch optimizer), Accelerate then calls
-    `zero_grad(set_to_none=True)`, as the fast path does; any other case goes to Accelerate's method."""
-    optimizer_class = accelerate.optimizer.AcceleratedOptimizer
-    original = optimizer_class.zero_grad
-    if getattr(original, "skips_the_signature", False):
-        return
+    `AcceleratedOptimizer.zero_grad` does (about 3% of a small model's step on a 2-core CPU); then call
+    `zero_grad(set_to_none=True)` as Accelerate would. Any other case goes to Accelerate's method."""
+    original = accelerate.optimizer.AcceleratedOptimizer.zero_grad
 
     @functools.wraps(original)
     def zero_grad(self: Any, set_to_none: bool | None = None) -> None:
@@ -60,20 +54,15 @@ def cache_zero_grad_check() -> None:
         else:
             original(self, set_to_none)
 
-    zero_grad.skips_the_signature = True
-    optimizer_class.zero_grad = zero_grad
+    _install(accelerate.optimizer.AcceleratedOptimizer, "zero_grad", zero_grad)
 
 
 def skip_division_by_one() -> None:
-    """Without gradient accumulation, back-propagate the loss itself: `Accelerator.backward` divides it by
-    1, one more operation forward and backward per micro-batch (about 3% of a small model's step on a
-    2-core CPU; on a GPU, two more kernel launches) that changes no bit. Skipped only where Accelerate's
-    backward is exactly that division then `loss.backward()` (no DeepSpeed, Megatron or XLA, no fp16 loss
-    scaler, no LOMO learning rate)."""
-    accelerator_class = accelerate.accelerator.Accelerator
-    original = accelerator_class.backward
-    if getattr(original, "skips_division_by_one", False):
-        return
+    """Without gradient accumulation, back-propagate the loss itself, not the loss divided by 1 (one more
+    operation forward and backward, about 3% of a small model's step on a 2-core CPU; no bit changes). Only
+    where Accelerate's backward is exactly that division then `loss.backward()` (PLAIN_BACKWARD, no fp16
+    loss scaler, no LOMO learning rate)."""
+    original = accelerate.accelerator.Accelerator.backward
 
     @functools.wraps(original)
     def backward(self: Any, loss: Any, **kwargs: Any) -> None:
@@ -87,19 +76,15 @@ def skip_division_by_one() -> None:
         else:
             original(self, loss, **kwargs)
 
-    backward.skips_division_by_one = True
-    accelerator_class.backward = backward
+    _install(accelerate.accelerator.Accelerator, "backward", backward)
 
 
 def clip_without_dtensor_checks() -> None:
-    """Unscale fp16 gradients, then clip with torch's clip_grad_norm_, where no gradient can be a DTensor
-    (no FSDP, DeepSpeed, XLA or parallelism config): the same call as `Accelerator.clip_grad_norm_`'s, which
-    (1.10 and newer) first walks every parameter in Python at every step to group DTensor gradients by
-    device mesh (about 2% of a small model's step on a 2-core CPU, and Python that keeps a GPU waiting)."""
-    accelerator_class = accelerate.accelerator.Accelerator
-    original = accelerator_class.clip_grad_norm_
-    if getattr(original, "skips_dtensor_checks", False):
-        return
+    """Unscale fp16 gradients, then clip with torch's clip_grad_norm_, as `Accelerator.clip_grad_norm_` does
+    after walking every parameter in Python to group DTensor gradients (1.10 and newer; about 2% of a small
+    model's step on a 2-core CPU). Only where no gradient can be a DTensor (no FSDP, DeepSpeed, XLA or
+    parallelism config)."""
+    original = accelerate.accelerator.Accelerator.clip_grad_norm_
 
     @functools.wraps(original)
     def clip_grad_norm_(self: Any, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
@@ -108,22 +93,25 @@ def clip_without_dtensor_checks() -> None:
             return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         return original(self, parameters, max_norm, norm_type)
 
-    clip_grad_norm_.skips_dtensor_checks = True
-    accelerator_class.clip_grad_norm_ = clip_grad_norm_
+    _install(accelerate.accelerator.Accelerator, "clip_grad_norm_", clip_grad_norm_)
 
 
 def read_fsdp_flag_once() -> None:
-    """Read ACCELERATE_USE_FSDP once per process: `AcceleratedOptimizer.step` parses it at every step, in
-    `GradientState.is_xla_gradients_synced` (about 1% of a small model's step on a 2-core CPU; it matters on
-    XLA only), and the launcher sets it before the process starts, so it cannot change within a run."""
-    state_class = accelerate.state.GradientState
-    original = state_class.is_xla_gradients_synced
-    if getattr(original.fget, "reads_the_flag_once", False):
-        return
+    """Read ACCELERATE_USE_FSDP once per process, not at every `AcceleratedOptimizer.step` (about 1% of a
+    small model's step on a 2-core CPU): the launcher sets it before the process starts."""
+    original = accelerate.state.GradientState.is_xla_gradients_synced
     fsdp = parse_flag_from_env("ACCELERATE_USE_FSDP", default=False)
 
     def synced(self: Any) -> bool:
         return fsdp or self._is_xla_gradients_synced
 
-    synced.reads_the_flag_once = True
-    state_class.is_xla_gradients_synced = property(synced, original.fset)
+    _install(accelerate.state.GradientState, "is_xla_gradients_synced", property(synced, original.fset))
+
+
+def _install(owner: type, name: str, fix: Any) -> None:
+    """Put `fix` (a function or a property) in place of `owner.name`, unless a fix is there already: one
+    layer, however often speed_up_accelerate runs."""
+    current = getattr(owner, name)
+    if not getattr(getattr(current, "fget", current), "accelerate_fix", False):
+        getattr(fix, "fget", fix).accelerate_fix = True
+        setattr(owner, name, fix)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils.other import clean_state_dict_for_safetensors
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import TrainConfig, save_config
@@ -44,14 +44,11 @@ STAGING_PREFIX = ".incomplete_"
 # XXH3-128 guards against damage (a flipped bit, a cut copy), not an attacker, who could rewrite
 # loop_state.json too: for that it serves as well as SHA-256, at 25 GB/s instead of 1.8 (docs/benchmarks.md).
 CHECKSUM = "xxh3_128"
-# In each exported folder (model/, best_model/): its files' sizes and checksums, written last.
-EXPORT_MANIFEST = "checksums.json"
-# Never copied with a run: its lock, the runs set aside in it, its checkpoints (copied one at a time).
-NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")
-# Exported models: folders replaced as a whole, never file by file, each verified by its checksums.json.
-EXPORTS = ("model", "best_model")
-# Loop-state keys of earlier versions, skipped when read: their checkpoints still resume.
-RETIRED_KEYS = ("data_changes",)
+EXPORT_MANIFEST = "checksums.json"  # in each export: its files' sizes and checksums, written last
+NOT_COPIED = (LOCK_FILE, SET_ASIDE, "checkpoints")  # with a run's files (its checkpoints go one at a time)
+EXPORTS = ("model", "best_model")  # folders replaced as a whole, each verified by its checksums.json
+RETIRED_KEYS = ("data_changes",)  # loop-state keys of earlier versions: skipped, so their checkpoints resume
+Files = dict[str, str | bytes]  # sealed into a checkpoint with the rest: name -> text or bytes
 
 
 @dataclass
@@ -60,15 +57,12 @@ class LoopState:
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # epoch in progress
-    # Counted over all processes together, so the position in the data survives a change of world size.
-    epoch_samples: int = 0
+    epoch_samples: int = 0  # over all processes: the position in the data survives a new world size
     samples_seen: int = 0
-    # The train loss summed since the last log over all processes, and its micro-batches (earlier: per
-    # process), so that the next logged loss is the same as in an uninterrupted run.
+    # The unlogged train loss, summed over all processes, and its micro-batches: the next log is exact.
     loss_sums: list[float] = field(default_factory=list)
     loss_batches: int = 0
-    # Size of metrics.jsonl at this step: a resumed run cuts off what was logged after it.
-    metrics_bytes: int = 0
+    metrics_bytes: int = 0  # metrics.jsonl's size: a resume cuts off what was logged after it
     last_eval_step: int = -1
     skipped_in_a_row: int = 0  # fp16: optimizer steps the loss scaler skipped since the last real one
     # Best value of config.best_metric so far, its step, and evaluations since: best_model/, early stopping.
@@ -76,13 +70,9 @@ class LoopState:
     best_step: int = -1
     evals_since_best: int = 0
     stopped_early: bool = False  # a rerun of an early-stopped run trains no further
-    # The experiment tracker's run, which a resumed run continues ("" before the first one).
-    tracker_run_id: str = ""
-    # This training run's name for itself, drawn at its fresh start and kept by every checkpoint: copies of
-    # one run found elsewhere (a mirror, a Kaggle input) are told apart from other runs by it.
-    run_id: str = ""
-    # The weights a checkpoint does not hold (frozen: a pretrained base under LoRA), which a resume takes
-    # from the model it builds: their SHA-256 ("" if none are frozen) and the model they came from.
+    tracker_run_id: str = ""  # "" before the tracker's first run
+    run_id: str = ""  # drawn at a fresh start, kept: tells copies of this run (a mirror) from others
+    # SHA-256 and source of the frozen weights (a base under LoRA) that checkpoints leave out ("" if none).
     frozen_sha256: str = ""
     frozen_from: str = ""
     # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash).
@@ -95,8 +85,7 @@ def frozen_names(model: torch.nn.Module) -> set[str]:
 
 
 def frozen_weights(model: torch.nn.Module) -> tuple[str, str]:
-    """(SHA-256 of the frozen parameters, in name order, with their names, dtypes and shapes; where the model
-    came from). ("", "") where every parameter trains: then a checkpoint holds all of them."""
+    """(SHA-256 of the frozen parameters, names, dtypes and shapes included; their source), or ("", "")."""
     frozen = sorted(frozen_names(model))
     if not frozen:
         return "", ""
@@ -110,8 +99,7 @@ def frozen_weights(model: torch.nn.Module) -> tuple[str, str]:
 
 
 def save_trained_weights_only(accelerator: Accelerator) -> None:
-    """Make every save_state leave the frozen parameters out of the model's weights file: a LoRA checkpoint
-    holds the adapter and the head, not a copy of the base model each time. The optimizer never held them."""
+    """Make every save_state leave the frozen parameters out: a LoRA checkpoint holds no copy of the base."""
 
     def drop_frozen(models: list[torch.nn.Module], weights: list[dict], output_dir: str) -> None:
         # Under FSDP and DeepSpeed `weights` is empty: they save the models in formats of their own.
@@ -128,16 +116,12 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """Published checkpoints, oldest first, valid or not (staging folders are not listed)."""
-    root = checkpoint_root(output_dir)
-    if not root.is_dir():
-        return []
-    found = [path for path in root.glob("step_*") if path.is_dir() and path.name[5:].isdigit()]
+    found = [p for p in checkpoint_root(output_dir).glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
     return sorted(found, key=checkpoint_step)
 
 
 def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
-    """Why `path` cannot be resumed from, or None if it is complete and undamaged. Sizes are always
-    compared; `contents` also compares every file's checksum (reads the whole checkpoint)."""
+    """Why `path` cannot be resumed from, or None; `contents`: compare checksums, not only sizes."""
     try:
         record = json.loads((path / LOOP_STATE_FILE).read_text())
         loop_state(record)
@@ -154,8 +138,7 @@ def checkpoint_problem(path: Path, contents: bool = True) -> str | None:
 
 
 def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool, after: str) -> str | None:
-    """The first file of `files` (name -> recorded size and checksum) that `folder` does not hold as
-    recorded, in words; None if all are there. `contents`: compare checksums too (read every file)."""
+    """The first of `files` (name -> size and checksum) that `folder` does not hold as recorded, or None."""
     for name, expected in sorted(files.items()):
         file = folder / name
         if not file.is_file():
@@ -168,9 +151,8 @@ def files_problem(folder: Path, files: dict[str, dict[str, Any]], contents: bool
 
 
 def file_records(folder: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
-    """Each of `paths` by its name under `folder`, its size and its checksum, once it is on disk. The
-    checksums are computed from the page cache by a second thread while this one waits for the disk in
-    fsync (both release the GIL), so that they hide behind the fsyncs."""
+    """Each of `paths` by its name under `folder`: its size and checksum, once it is on disk. A second thread
+    computes the checksums from the page cache while this one waits in fsync (both release the GIL)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         checksums = pool.map(file_xxh3, paths)
         for path in paths:
@@ -182,9 +164,8 @@ def file_records(folder: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
 
 
 def seal(record: dict[str, Any]) -> str:
-    """The SHA-256 of a loop_state.json record's loop state and file list, stored in it as "seal": the file
-    that holds the other files' checksums is covered by one too (a same-size edit of `epoch_samples` would
-    otherwise resume at another position in the data, silently)."""
+    """The SHA-256 of a loop_state.json record's loop state and file list: a same-size edit of
+    `epoch_samples` would otherwise resume at another position in the data, silently."""
     body = json.dumps({"loop_state": record["loop_state"], "files": record["files"]}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()
 
@@ -230,17 +211,12 @@ def save_checkpoint(
     config: TrainConfig,
     state: LoopState,
     protect: Path | None = None,
-    files: dict[str, str | bytes] | None = None,
+    files: Files | None = None,
 ) -> Path:
-    """Save on every process (all at the same step; each writes its own RNG state), then publish by renaming
-    on the main one. `protect` (the checkpoint the run resumed from) is never removed by rotation. `files`
-    (name: text or bytes: the run's history, the compile cache) are sealed in with the rest."""
-    root = checkpoint_root(config.output_dir)
-    final = root / f"step_{state.step:08d}"
-    staging = root / f"{STAGING_PREFIX}{final.name}"
-    if accelerator.is_main_process and staging.exists():
-        shutil.rmtree(staging)  # this run's own unfinished save, left by a kill
-    accelerator.wait_for_everyone()
+    """Save on every process (all at the same step), then publish by renaming on the main one. `protect`:
+    kept by rotation (the checkpoint resumed from); `files` (name: text or bytes) are sealed in too."""
+    final = checkpoint_root(config.output_dir) / f"step_{state.step:08d}"
+    staging = fresh_staging(accelerator, final)
     try:
         accelerator.save_state(str(staging))
     except WRITE_ERRORS as error:
@@ -256,11 +232,17 @@ def save_checkpoint(
     return final
 
 
-def _publish(
-    config: TrainConfig, state: LoopState, staging: Path, final: Path, extra: dict[str, str | bytes]
-) -> None:
-    """Seal the staging folder with the loop state and every file's size and checksum; rename it.
-    Called by the process that saves (synchronous) or by the persister's thread (utils/persist.py)."""
+def fresh_staging(accelerator: Accelerator, final: Path) -> Path:
+    """`final`'s staging folder, on every process once an unfinished one (left by a kill) is removed."""
+    staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
+    if accelerator.is_main_process and staging.exists():
+        shutil.rmtree(staging)
+    accelerator.wait_for_everyone()
+    return staging
+
+
+def _publish(config: TrainConfig, state: LoopState, staging: Path, final: Path, extra: Files) -> None:
+    """Seal the staging folder with the loop state and every file's size and checksum; rename it."""
     save_config(config, staging / "config.yaml", durable=False)
     for name, content in extra.items():  # the history's text, the compile cache's bytes
         if isinstance(content, bytes):
@@ -282,15 +264,11 @@ def _publish(
 def export_model(
     accelerator: Accelerator, model: torch.nn.Module, config: TrainConfig, folder: Path, info: dict[str, Any]
 ) -> None:
-    """Write the model (the task's `export`, or plain safetensors weights), the config that rebuilds it and
-    `info` to `folder`. All processes must call it (a sharded model is gathered first). The new export is
-    staged and swapped in by renames, so `folder` never holds a mix of two exports."""
+    """Write the model (the task's `export`, or safetensors weights), its config and `info` to `folder`, on
+    every process (a sharded model is gathered); staged and renamed, never a mix of two exports."""
     from .. import task  # the task may write a format of its own (a Hugging Face folder)
 
-    staging = folder.with_name(f"{STAGING_PREFIX}{folder.name}")
-    if accelerator.is_main_process and staging.exists():
-        shutil.rmtree(staging)
-    accelerator.wait_for_everyone()
+    staging = fresh_staging(accelerator, folder)
     try:
         state_dict = accelerator.get_state_dict(model)  # on every process: gathers a sharded model
         if accelerator.is_main_process and hasattr(task, "export"):
@@ -300,15 +278,13 @@ def export_model(
             staging.mkdir(parents=True)
             weights = in_export_dtype(clean_state_dict_for_safetensors(state_dict), config.export_dtype)
             save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
-    except WRITE_ERRORS as error:
-        raise write_error(staging, error) from error
-    if accelerator.is_main_process:
-        try:
+        if accelerator.is_main_process:
             save_config(config, staging / "config.yaml", durable=False)
             (staging / "export.json").write_text(json.dumps(info, indent=2))
             write_manifest(staging)  # what a copy of it is verified against (start.py)
-        except OSError as error:
-            raise write_error(staging, error) from error
+    except WRITE_ERRORS as error:
+        raise write_error(staging, error) from error
+    if accelerator.is_main_process:
         if folder.exists():  # this run's own earlier export (resume set an earlier run's aside)
             remove_folder(folder)
         os.replace(staging, folder)
@@ -317,8 +293,7 @@ def export_model(
 
 
 def in_export_dtype(state_dict: dict[str, torch.Tensor], export_dtype: str) -> dict[str, torch.Tensor]:
-    """The floating-point tensors of `state_dict` in `export_dtype` ("auto": unchanged), as Hugging Face's
-    torch_dtype: bfloat16 or float16 halves an export of float32 weights; checkpoints are not touched."""
+    """The floating-point tensors of `state_dict` in `export_dtype` ("auto": unchanged)."""
     if export_dtype == "auto":
         return state_dict
     dtype = getattr(torch, export_dtype)
@@ -326,7 +301,7 @@ def in_export_dtype(state_dict: dict[str, torch.Tensor], export_dtype: str) -> d
 
 
 def write_manifest(folder: Path) -> None:
-    """Write `folder`/checksums.json, the size and checksum of every file below it, once they are on disk."""
+    """Write `folder`/checksums.json: the size and checksum of every file below it, once on disk."""
     paths = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != EXPORT_MANIFEST)
     files = file_records(folder, paths)
     _write_durably(folder / EXPORT_MANIFEST, json.dumps({"files": files}, indent=2, sort_keys=True))
@@ -372,10 +347,7 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:
 
 
 def check_weight_names(model: torch.nn.Module, file: Path) -> None:
-    """Raise unless `file` holds every trained weight of `model` (a name, or another name of the same tied
-    tensor) and nothing the model does not have: a non-strict load must not hide a missing weight."""
-    from safetensors import safe_open
-
+    """Raise unless `file` holds every trained weight of `model` (or a tied name of it), and nothing else."""
     with safe_open(file, framework="pt") as weights:
         saved = set(weights.keys())
     state = model.state_dict(keep_vars=True)
@@ -388,8 +360,8 @@ def check_weight_names(model: torch.nn.Module, file: Path) -> None:
 
 
 def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Path) -> None:
-    """Keep the newest `keep` checkpoints up to `latest` (just written and checked) and `protect`; remove
-    older readable ones, and stale staging folders. Unreadable checkpoints are left for a person to see."""
+    """Keep the newest `keep` checkpoints up to `latest`, and `protect`; remove older readable ones and stale
+    staging folders (unreadable checkpoints are left for a person to see)."""
     root = checkpoint_root(output_dir)
     if checkpoint_problem(latest, contents=False) is not None:
         return  # the new checkpoint is not sound: nothing older may go

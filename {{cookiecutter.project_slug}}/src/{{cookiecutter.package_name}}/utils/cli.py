@@ -1,6 +1,5 @@
-"""train.py's command line, answered before torch and Accelerate load (--help, --check_task and a config
-error in seconds; train.main reads the config again, in milliseconds), and task.py's contract checked
-before a run (what each function returns is task_check.py's to check)."""
+"""train.py's command line, answered before torch loads (train.main reads the config again, in milliseconds),
+and task.py's contract checked before a run (what each function returns is task_check.py's to check)."""
 
 from __future__ import annotations
 
@@ -16,14 +15,15 @@ from .hardware import check_output_dir, detect_platform, foreign_paths_problem, 
 from .remote import check_urls, is_url
 
 
-def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, Path, list[str]]:
-    """The run's config, its file, and warnings (fields that no longer exist, its output_dir); a ConfigError
-    says what is wrong."""
+def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, str, list[str]]:
+    """The run's config, its file(s), and warnings (fields that no longer exist, its output_dir); a
+    ConfigError says what is wrong."""
     check_contract(task)  # every function of task.py there: a missing one is not found after training
     where, notes = detect_platform(), []
-    config, config_path = load_config(argv, project / "configs" / f"{where}.yaml", task.Config, notes=notes)
+    files = {name: project / "configs" / f"{name}.yaml" for name in ("local", "colab", "kaggle", "slurm")}
+    config, config_path = load_config(argv, files[where], task.Config, notes=notes, platforms=files.values())
     paths = {name: getattr(config, name) for name in ("output_dir", "mirror_dir", "import_from")}
-    if problem := foreign_paths_problem(paths, str(config_path)):
+    if problem := foreign_paths_problem(paths, config_path):
         raise ConfigError(problem)
     # Relative to the project, not to the working directory: the same command finds its run from anywhere.
     # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.

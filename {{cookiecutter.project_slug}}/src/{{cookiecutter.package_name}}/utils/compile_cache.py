@@ -1,6 +1,5 @@
-"""torch.compile's work kept with the run (`compile: true`, docs/resume.md): in each checkpoint, not the run
-folder, because checkpoints are what the mirror and `import_from` carry to a new machine, checksummed and
-sealed. The main process's artifacts are saved; every process loads them."""
+"""torch.compile's work kept in each checkpoint (`compile: true`, docs/resume.md): the main process's
+artifacts are saved, every process loads them."""
 
 from __future__ import annotations
 
@@ -34,14 +33,15 @@ def load_cache(config: Any, device: torch.device, checkpoint: Path | None) -> st
     compiled call; return the history's line about it ('' without compile or checkpoint)."""
     if not config.compile or checkpoint is None:
         return ""
-    scratch, path = "this session compiles from scratch", checkpoint / CACHE_FILE
+    scratch = "this session compiles from scratch"
     if not ARTIFACTS:
         return f"compile cache: torch {torch.__version__} keeps none with a run (2.7 and later do): {scratch}"
     name = f"compile cache of {checkpoint.name}"
-    if not path.is_file():
+    if not (checkpoint / CACHE_FILE).is_file():
         return f"{name}: none (saved without compile, or by torch before 2.7): {scratch}"
-    header, _, artifacts = path.read_bytes().partition(b"\n")
-    saved, here = json.loads(header), made_for(device)
+    header, _, artifacts = (checkpoint / CACHE_FILE).read_bytes().partition(b"\n")
+    saved = json.loads(header)
+    here = made_for(device)
     if saved != here:
         other = ", ".join(f"{key} {saved.get(key) or 'none'}" for key in here)
         now = ", ".join(f"{key} {here[key] or 'none'}" for key in here)

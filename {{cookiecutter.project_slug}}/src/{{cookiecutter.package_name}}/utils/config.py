@@ -1,7 +1,7 @@
 """The run's configuration: one typed dataclass, filled from a YAML file and command-line flags.
 
-Precedence is flag > YAML > default. Anything that is not a field, or not of the field's type,
-stops the run before training with the file (or flag) and the key named. Each field: docs/configuration.md.
+Precedence is flag > --config's file > the platform's file > default. Anything that is not a field, or not
+of the field's type, stops the run before training, naming the file (or flag) and key: docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ Check = tuple[str, typing.Callable[[Any], bool], str]
 
 
 def setting(default: Any, meaning: str) -> Any:
-    """A config field with its one-line meaning, which `train.py --help` shows next to the field's default
-    and allowed values (its Literal choices, its CHECKS): a field and its help are declared in one place.
-    It defines the optimization: a checkpoint continues only a run with the same value."""
+    """A config field with its one-line meaning (`train.py --help` shows it with the default and the allowed
+    values) that defines the optimization: a checkpoint continues only a run with the same value."""
     return dataclasses.field(default=default, metadata={"help": meaning})
 
 
@@ -45,9 +44,8 @@ def session(default: Any, meaning: str) -> Any:
 
 
 def _declared(config_class: type) -> dict[str, Any]:
-    """Each field's metadata (its meaning, whether it is a `session` field) from the class that declared it
-    with `setting` or `session`: a subclass's plain `name: type = value` changes the default, not what the
-    field is."""
+    """Each field's metadata (its meaning, whether it is a `session` field) from the class that declared it:
+    a subclass's plain `name: type = value` changes the default, not what the field is."""
     declared = (vars(cls).get("__dataclass_fields__", {}) for cls in reversed(config_class.__mro__))
     return {name: f.metadata for own in declared for name, f in own.items() if "help" in f.metadata}
 
@@ -129,9 +127,8 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
-    """The fields every task shares, declared above by concern and flat here: one YAML key and one --flag
-    each. A task adds its own (data, model) in task.py's `Config`, a subclass, which may also change the
-    defaults (a plain `name: type = value` keeps the meaning given above)."""
+    """The fields every task shares, one YAML key and one --flag each. task.py's `Config`, a subclass, adds
+    the task's own and may change defaults (a plain `name: type = value` keeps the meaning given above)."""
 
     # What the task's evaluation reports, and whether a higher or a lower value is better.
     METRIC_GOALS: ClassVar[dict[str, Literal["max", "min"]]] = {"eval/loss": "min"}
@@ -247,8 +244,7 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__}){hint}")
 
 
-# Fields of earlier versions -> what replaced them. Every config.yaml that a run or an export saved holds
-# every field: such a file still loads, with one warning per field, as without it.
+# Fields of earlier versions -> what replaced them: a config.yaml that a run or an export saved still loads.
 REMOVED_FIELDS = {
     "check_disk_space": "a full disk stops the run with one line, the last checkpoint kept",
     "continue_on_new_data": "a resume on other data is refused: give the run's own data, or start_over: true",
@@ -263,7 +259,7 @@ def read_yaml(
     path: Path, config_class: type[TrainConfig], notes: list[str], saved: bool = False
 ) -> dict[str, Any]:
     """The typed values set in a YAML config file (`saved`: a run's or an export's); unknown keys and wrong
-    types raise ConfigError. A field that no longer exists is skipped, with a warning in `notes`."""
+    types raise ConfigError. Fields that no longer exist are skipped, named in one warning in `notes`."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (pass --config path/to/file.yaml)")
     try:
@@ -278,12 +274,15 @@ def read_yaml(
     types = _field_types(config_class)
     # What a text field accepts, for a number written where text was expected (time_budget: 90).
     text_forms = {name: forms for name, _, forms in config_class.CHECKS if types.get(name) is str}
+    removed = [key for key in raw if key in REMOVED_FIELDS]  # all of them named in one line
+    skipped = "" if not saved and any(key in REFUSED_FIELDS for key in removed) else ", skipped"
+    gone = "; ".join(f"{key} no longer exists{skipped}: {REMOVED_FIELDS[key]}" for key in removed)
+    if gone and not skipped:
+        raise ConfigError(f"{path}: {gone}")
+    notes.extend([f"{path}: {gone}"] if gone else [])
     values = {}
     for key, value in raw.items():
-        if key in REFUSED_FIELDS and not saved:
-            raise ConfigError(f"{path}: {key} no longer exists: {REMOVED_FIELDS[key]}")
         if key in REMOVED_FIELDS:
-            notes.append(f"{path}: {key} no longer exists, skipped: {REMOVED_FIELDS[key]}")
             continue
         if key not in types:
             raise ConfigError(f"{path}: unknown key {key!r}{_nearest(str(key), types)}")
@@ -347,23 +346,23 @@ def load_config(
     own_flags: tuple[str, ...] = (),
     notes: list[str] | None = None,
     saved: bool = False,
-) -> tuple[TrainConfig, Path]:
-    """Build a `config_class` (task.Config) from `--config FILE` (default `default_path`) and `--field value`
-    flags; `own_flags`: the caller's other flags (predict.py's), for an unknown one's hint; `notes` gets a
-    warning for each field of the file that no longer exists; `saved`: a run's or an export's file."""
+    platforms: typing.Iterable[Path] = (),
+) -> tuple[TrainConfig, str]:
+    """A `config_class` from `--config FILE` (default_path; read over it if not one of the `platforms`) and
+    `--field value` flags, and the file(s) read; `own_flags`: the caller's, for hints; notes: read_yaml's."""
     types = _field_types(config_class)
     parser = argparse.ArgumentParser(
         usage="%(prog)s [--config FILE] [--FIELD VALUE ...]",
         description="Train with Accelerate. Every field is a flag and a key of the YAML --config file: "
-        "a flag wins over the file, the file over the defaults shown.",
+        "a flag wins over the file, the file over the platform's file, that over the defaults shown.",
         allow_abbrev=False,
     )
     parser.add_argument(
         "--config",
         type=Path,
-        default=Path(default_path),
         metavar="FILE",
-        help=f"YAML file of field values (default here: {os.path.relpath(default_path)})",
+        help=f"YAML file of field values, read over the platform's {os.path.relpath(default_path)} (another "
+        "platform's file replaces it)",
     )
     shared = parser.add_argument_group("fields of every task (TrainConfig, utils/config.py)")
     own = parser.add_argument_group("fields of this task (Config, task.py)")
@@ -375,30 +374,31 @@ def load_config(
             help=_flag_help(config_class, field.name, field.default),
         )
     args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        flag = unknown[0]
+    if (flag := next(iter(unknown), None)) is not None:
         if (name := flag.split("=")[0].removeprefix("--")) in REFUSED_FIELDS:
             raise ConfigError(f"--{name} no longer exists: {REMOVED_FIELDS[name]}")
         hint = _nearest(flag.split("=")[0], [*own_flags, *(f"--{name}" for name in types)])
         raise ConfigError(f"unknown argument {flag!r}{hint}; each config field is a --field flag")
-
-    values = read_yaml(args.config, config_class, [] if notes is None else notes, saved)
-    sources = {key: str(args.config) for key in values}
+    files = [args.config or Path(default_path)]
+    if args.config and platforms and args.config.resolve() not in {path.resolve() for path in platforms}:
+        files.insert(0, Path(default_path))
+    read = {str(path): read_yaml(path, config_class, [] if notes is None else notes, saved) for path in files}
+    values = {key: value for file in read.values() for key, value in file.items()}
+    sources = {key: path for path, file in read.items() for key in file}
     for name, kind in types.items():
         text = getattr(args, name)
         if text is not None:
             values[name] = _coerce(name, text, kind, f"--{name}")
             sources[name] = f"--{name}"
     config = config_class(**values)
-    # "$SCRATCH/runs/digits" or "~/runs": cluster paths differ per user.
     for name in ("output_dir", "mirror_dir", "import_from"):
-        path = os.path.expanduser(os.path.expandvars(getattr(config, name)))
+        path = os.path.expanduser(os.path.expandvars(getattr(config, name)))  # "$SCRATCH/runs", "~/runs"
         if "$" in path:
             where = sources.get(name, "default")
             raise ConfigError(f"{where}: {name}={path!r} names an unset environment variable")
         setattr(config, name, path)
     check_values(config, sources)
-    return config, args.config
+    return config, " + ".join(read)
 
 
 def save_config(config: TrainConfig, path: Path, durable: bool = True) -> None:
@@ -410,12 +410,14 @@ def save_config(config: TrainConfig, path: Path, durable: bool = True) -> None:
 
 def gradient_accumulation_steps(config: TrainConfig, num_processes: int) -> int:
     """Accumulation steps that keep `global_batch_size`; a ConfigError that says what works otherwise."""
+    per_process, remainder = divmod(config.global_batch_size, num_processes)
+    divisors = [d for d in range(1, per_process + 1) if per_process % d == 0] if remainder == 0 else []
+    if config.auto_batch_size and divisors:  # it tries sizes down from the largest that divides the share
+        config.per_device_batch_size = max(d for d in divisors if d <= config.per_device_batch_size)
     per_step = config.per_device_batch_size * num_processes
     if config.global_batch_size % per_step == 0:
         return config.global_batch_size // per_step
     lower = max(per_step, config.global_batch_size // per_step * per_step)
-    per_process, remainder = divmod(config.global_batch_size, num_processes)
-    divisors = [d for d in range(1, per_process + 1) if per_process % d == 0] if remainder == 0 else []
     hint = f"set global_batch_size to a multiple of {per_step} (e.g. {lower} or {lower + per_step})"
     if divisors:
         hint += f", or per_device_batch_size to one of {divisors[-8:]}"

@@ -10,8 +10,8 @@ TEMPORARY_PREFIX = ".partial_"
 
 
 def write_durably(path: Path, data: str | bytes, durable: bool = True) -> None:
-    """Write `path` in place (text is UTF-8) and, if `durable`, flush it to the disk: for a file in a staging
-    folder that is renamed as a whole (a checkpoint's), where a rename of each file would only cost time."""
+    """Write `path` in place (text is UTF-8) and, if `durable`, flush it to the disk: for a file of a staging
+    folder renamed as a whole."""
     with Path(path).open("wb") as file:
         file.write(data.encode("utf-8") if isinstance(data, str) else data)
         file.flush()

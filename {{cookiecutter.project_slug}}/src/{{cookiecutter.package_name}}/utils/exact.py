@@ -1,11 +1,8 @@
-"""Exact by construction, and shown at every resume (docs/resume.md).
+"""Exact by construction, and shown at every resume (docs/resume.md, "Stopping and resuming").
 
-`follow_the_sample` seeds torch's generators before each micro-batch from the seed, the optimizer step and
-the micro-batch's place in the global batch: Accelerate hands process p the p-th share of each global
-batch, which the loop cuts into micro-batches, so micro-batch j of process p holds the samples at place
-p x accumulation + j, whatever the number of processes and accumulation steps (for the same per-device
-batch). `SeededItems` seeds the global generators for each train item. Every draw follows the samples.
-`StepDigest` and `ResumeCheck` record the first step after each checkpoint and compare a resumed one.
+Micro-batch j of process p holds the samples at place p x accumulation + j of the global batch, whatever
+the number of processes and accumulation steps (for the same per-device batch): Accelerate hands process p
+the p-th share of each global batch, which the loop cuts into micro-batches.
 """
 
 from __future__ import annotations
@@ -137,7 +134,8 @@ class StepDigest:
     """One optimizer step's batch, loss and gradient norm, as bits; inactive (free) on other steps."""
 
     def __init__(self, accelerator: Any, active: bool) -> None:
-        self.accelerator, self.active = accelerator, active
+        self.accelerator = accelerator
+        self.active = active
         self.first_place = accelerator.process_index * accelerator.gradient_accumulation_steps
         self.micro: list[tuple[int, list[str], torch.Tensor]] = []
         self.norm: torch.Tensor | float | None = None  # set by the loop: clip_grad_norm_'s return
@@ -174,10 +172,12 @@ class ResumeCheck:
         write: Callable[[str], None],
         resumed_at: int | None,
     ) -> None:
-        self.accelerator, self.history, self.output_dir, self.write = accelerator, history, output_dir, write
+        self.accelerator = accelerator
+        self.history = history
+        self.output_dir = output_dir
+        self.write = write
         self.record_at = self.verify_at = -1 if resumed_at is None else resumed_at
-        # The newest checkpoint published: the run folder's history never claims a later step.
-        self.published = resumed_at
+        self.published = resumed_at  # the newest checkpoint published: the history claims no later step
         self.digest = StepDigest(accelerator, False)
 
     def step_digest(self, step: int) -> StepDigest:
@@ -192,9 +192,8 @@ class ResumeCheck:
         self.write(f"checkpoint: step {step} saved to {path}")
 
     def probe(self, step: int, batch: Any, gradients: Callable[..., Any], model: torch.nn.Module) -> None:
-        """Record the step after the checkpoint of `step` without taking it: its batch (the data order's
-        next), forward and backward as the loop does them, BatchNorm's statistics not updated, no optimizer
-        or schedule step, the gradients dropped. The checkpoint then carries the record (its history)."""
+        """Record the step after the checkpoint of `step` without taking it: forward and backward of its
+        batch as the loop does them, no BatchNorm update, no optimizer or schedule step, gradients dropped."""
         self.digest = StepDigest(self.accelerator, True)
         gradients(batch, self.digest, tracking=False)
         for param in model.parameters():
@@ -206,7 +205,9 @@ class ResumeCheck:
         checkpoint; after this session's resume, compared too, in one line, which the history keeps."""
         if not self.digest.active:
             return
-        digest, history, main = self.digest.result(), self.history, self.accelerator.is_main_process
+        digest = self.digest.result()
+        history = self.history
+        main = self.accelerator.is_main_process
         if step == self.verify_at and main:
             kind, line = verdict(history.recorded(step), digest, step + 1, history.changes())
             self.write(line)

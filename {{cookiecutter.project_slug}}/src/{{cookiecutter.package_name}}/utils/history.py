@@ -1,7 +1,6 @@
 """A run's history: one record per session (docs/resume.md, "The run's history"), so that nothing changes
-silently between sessions. It travels inside every checkpoint, sealed with it; the run folder's copy,
-rewritten atomically at a session's start, checkpoints and end, also knows the sessions no checkpoint saw.
-"""
+silently between sessions. Every checkpoint holds it, sealed; the run folder's copy, rewritten at a session's
+start, checkpoints and end, also knows the sessions no checkpoint saw."""
 
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ class History:
 
     def __init__(self, run_id: str, sessions: list[Record], current: Record, enabled: bool) -> None:
         self.run_id, self.sessions, self.current, self.enabled = run_id, sessions, current, enabled
+        self.unwritable = False  # the run folder's copy could not be replaced: said once
 
     def text(self, step: int, ending: str = "") -> str:
         """The history as written into a checkpoint at `step` (`ending`: why this session ends there)."""
@@ -42,8 +42,13 @@ class History:
 
     def save(self, output_dir: str | Path, step: int, ending: str = "") -> None:
         """Rewrite the run folder's copy, atomically: a kill leaves the previous one or this one."""
-        if self.enabled:
-            write_atomically(Path(output_dir) / HISTORY_FILE, self.text(step, ending))
+        try:
+            if self.enabled:
+                write_atomically(path := Path(output_dir) / HISTORY_FILE, self.text(step, ending))
+        except OSError as error:  # read-only or immutable: one warning; the checkpoints keep the history
+            if not self.unwritable:
+                print(f"WARNING: {path} cannot be replaced ({error.strerror}): make it writable (chattr -i)")
+            self.unwritable = True
 
     def note(self, key: str, line: str) -> None:
         """A fact of this session (the compile cache it loaded): kept in its record, printed once."""
@@ -57,8 +62,11 @@ class History:
         if not self.sessions:
             return []
         previous = self.sessions[-1]
-        lines = [] if previous.get("ending") else [unclean_end(previous)]
-        return lines + differences(previous, self.current)
+        killed = (
+            f"session {previous['session']} has no recorded end: it was killed or crashed after its last "
+            f"checkpoint (step {previous['end_step']}); the steps it trained after that are trained again"
+        )
+        return ([] if previous["ending"] else [killed]) + differences(previous, self.current)
 
     def record(self, checkpoint_step: int, digest: Record) -> None:
         """What the step after the checkpoint at `checkpoint_step` was (utils/exact.py), for its resumes."""
@@ -73,9 +81,8 @@ class History:
 
 
 def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path | None) -> History:
-    """This session's History: the sessions before it (from the checkpoint it resumed from, completed by the
-    run folder's copy), and its own record. Prints what changed since the previous session and writes the
-    run folder's copy (main process)."""
+    """This session's History: the sessions before it (the checkpoint's, completed by the run folder's copy)
+    and its own record. Prints what changed since the previous session, writes the run folder's copy."""
     enabled, current = accelerator.is_main_process, session_record(accelerator, config, state.step)
     sessions: list[Record] = []
     problems: list[str] = []
@@ -90,7 +97,9 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
     if enabled and sessions:
         previous = sessions[-1]
         changed = history.changes()
-        summary = f"changed since session {previous['session']} ({describe(previous)})"
+        ending = previous["ending"] or "no clean end"
+        steps = f"steps {previous['start_step']}-{previous['end_step']}"
+        summary = f"changed since session {previous['session']} ({previous['platform']}, {steps}, {ending})"
         summary = summary if changed else f"nothing {summary}"
         print(f"history: session {current['session']} of run {state.run_id}; {summary}")
         for line in changed:
@@ -160,12 +169,12 @@ def code_hashes() -> tuple[str, str]:
 def read_sessions(
     path: Path, run_id: str, like: Record, problems: list[str], set_aside: bool = False
 ) -> list[Record]:
-    """The sessions a history file holds for run `run_id` (none if absent or another run's). One that cannot
-    be read, or has a record without a field of `like` or of another type, adds its line to `problems`;
+    """The sessions of run `run_id` in a history file, each with its fields and those of `like` it lacks (an
+    older version's). One that cannot be read, or has a field of another type, adds its line to `problems`;
     with `set_aside` (the run folder's copy: a checkpoint's is sealed) it becomes history.json.unreadable."""
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        sessions = saved["sessions"] if saved["run"] == run_id else []
+        sessions = [like | record for record in saved["sessions"]] if saved["run"] == run_id else []
         for record in sessions:
             bad = [key for key, value in like.items() if not isinstance(record.get(key), type(value))]
             if bad or not isinstance(record.get("after_checkpoint", {}), dict):
@@ -194,19 +203,6 @@ def merge(sessions: list[Record], folder_copy: list[Record]) -> list[Record]:
     for number, record in enumerate(ordered, 1):
         record["session"] = number
     return ordered
-
-
-def unclean_end(record: Record) -> str:
-    return (
-        f"session {record['session']} has no recorded end: it was killed or crashed after its last "
-        f"checkpoint (step {record.get('end_step')}); the steps it trained after that are trained again"
-    )
-
-
-def describe(record: Record) -> str:
-    ending = record.get("ending") or "no clean end"
-    steps = f"{record.get('start_step')}-{record.get('end_step')}"
-    return f"{record.get('platform', '?')}, steps {steps}, {ending}"
 
 
 # What a change of each of these does to the numbers: known to change them, or perhaps (then measured).

@@ -32,7 +32,7 @@ from .run_dir import RunError
 from .signals import StopRequest
 from .task_check import TaskModel
 from .timing import SessionClock
-from .tracking import metrics_size, save_curves
+from .tracking import metrics_size
 
 
 class Bookkeeping:
@@ -91,12 +91,13 @@ class Bookkeeping:
         if self.end_of_epoch:
             state.epoch += 1
             state.epoch_samples = 0
+        self.progress.epoch = state.step / self.steps_per_epoch if self.steps_per_epoch else state.epoch
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """Every log_every steps, and after a session's first: the loss, a stop, the checkpoint interval."""
+        """At votes (utils/timing.py), about twice a second: a stop, the checkpoint interval; the loss too."""
         logging = self.state.step % self.config.log_every == 0
-        if logging or self.state.step == self.progress.start_step + 1:
-            self.loss.at_log(self.end, self.clock, scheduler, logging)
+        if logging or self.state.step >= self.clock.next_vote:  # the step the last vote planned (all agree)
+            self.loss.vote(self.end, self.clock, scheduler, logging)
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
@@ -111,6 +112,7 @@ class Bookkeeping:
             self.end.diverged = f"the eval metrics at step {state.step} are {metrics}"
             return
         self.metrics = metrics
+        self.progress.metric = f"{config.best_metric} {metrics[config.best_metric]:.4f}"
         track_best(self.accelerator, model, config, state, metrics)  # logged too
         # A signal during the evaluation (minutes, on a large eval set) is acted on now; so is early stopping.
         patience = config.early_stopping_patience and state.evals_since_best >= config.early_stopping_patience
@@ -118,13 +120,15 @@ class Bookkeeping:
         self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """A stream's epoch ends where it runs out, known only after its last step (checkpointed if due): with
-        eval_every 0 it is evaluated here (the loop leaves an epoch early only to stop: else it ran out)."""
+        """A stream's epoch ends where it runs out, known after its last step: with eval_every 0 it is
+        evaluated here (the loop leaves an epoch early only to stop: else it ran out), a stop checkpointed."""
         if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True  # until the next step's count
             self.evaluate(model, forward, eval_loader)
+            if self.end.now() and self.check.record_at != self.state.step:  # not saved at this step yet
+                self.checkpoint(model, gradients=None)  # a stream's next batch is not probed
 
-    def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any]) -> None:
+    def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any] | None) -> None:
         """Save when due (max_time_lost, checkpoint_every, the last step) or before stopping. A session that
         ends here with steps left first computes the next step without taking it (`probe`)."""
         state, config, accelerator = self.state, self.config, self.accelerator
@@ -190,8 +194,8 @@ class Ending:
 
 
 class TrainLoss:
-    """The train loss since the last log, summed on the device and read back once per logging interval
-    (no host-device sync per step), with the votes that ride along. A checkpoint saves the window (the sum
+    """The train loss since the last log, summed on the device and read back at votes (no host-device sync
+    per step), with the votes that ride along. A checkpoint saves the window (the sum
     over processes, the micro-batch count): a resumed run logs the interval it stopped inside whole."""
 
     def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress) -> None:
@@ -212,17 +216,18 @@ class TrainLoss:
         flags = torch.tensor(votes, device=self.accelerator.device, dtype=self.sum.dtype).reshape(-1)
         return self.accelerator.reduce(torch.cat([self.sum.reshape(1), flags]), "sum").tolist()
 
-    def at_log(self, end: Ending, clock: SessionClock, scheduler: Any, logging: bool = True) -> None:
-        """The one host-device sync of training, once per logging interval: the loss, with the stop vote and
-        the main process's clock riding along, so that all processes stop, or checkpoint for time, at the
-        same step, whenever each got its signal (utils/timing.py: why one clock decides). Sets `end`'s
-        reasons and the checkpoint interval, and logs the loss; not `logging`: the interval alone."""
+    def vote(self, end: Ending, clock: SessionClock, scheduler: Any, logging: bool) -> None:
+        """The one host-device sync of training, at votes: the loss, with the stop vote and the main process's
+        clock riding along, so that all processes stop, or checkpoint for time, at the same step, whenever
+        each got its signal (utils/timing.py: why one clock decides). Sets `end`'s reasons, the checkpoint
+        interval and the next vote; at logging steps, logs the loss (else its window goes on)."""
         vote = 1.0 if end.stop_request else 0.0
-        loss_total, votes, clock.every, late = self.total(vote, *clock.at_log(self.state.step, logging))
-        if not logging:
-            return
+        loss_total, votes, clock.every, late, ahead = self.total(vote, *clock.vote(self.state.step, logging))
+        clock.next_vote = self.state.step + round(ahead)
         # A signal wins over the clock: the platform wants the machine back now, without exports.
         end.stopping, end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
+        if not logging:
+            return
         if not math.isfinite(loss_total):  # the same sum on every process: all stop here
             end.diverged = f"the train loss of steps up to {self.state.step} is {loss_total}"
         else:
@@ -263,8 +268,6 @@ def finish(
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
     state, config = book.state, book.config
     book.progress.close()
-    if book.streamed:  # its workers end now: the last checkpoint holds the stream's state already
-        book.loader.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
     book.history.save(config.output_dir, state.step, book.end.why())
     if book.end.diverged:
@@ -273,8 +276,6 @@ def finish(
         stopped(book, model)
     else:
         done(book, model, forward, eval_loader, scheduler)
-    if book.accelerator.is_main_process:  # once, after the session's last evaluation
-        save_curves(config.output_dir, config.best_metric, state.best_step)
     book.accelerator.wait_for_everyone()  # a launcher ends the others when one exits first with 75
     return not (book.end.stopping or book.end.out_of_time)
 
@@ -326,29 +327,28 @@ def done(
             raise RunError(diverged_message(why, config, book.last_saved))
         if state.last_eval_step != state.step:  # a run resumed at its last step has logged it already
             track_best(accelerator, model, config, state, metrics)
-    accelerator.print(
-        f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
-        + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-    )
-    # Plain safetensors weights plus the config that rebuilds the model: no Accelerate needed to load.
-    export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
     best = f"(best {config.best_metric} {state.best_value:.4f}, step {state.best_step})"
-    exported = f"exported {output_dir / 'model'} (last step)"
     best_export = output_dir / "best_model" / "export.json"
     try:  # best_model/ may not have come with the run (damaged in its copy: a warning at the start)
         best_kept = json.loads(best_export.read_text())["step"] == state.best_step
     except (OSError, ValueError, KeyError, TypeError):
         best_kept = False
-    if best_kept:
-        accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
-    else:
-        accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
-    if state.stopped_early:  # the last line: why training ended before its schedule did
+    if state.stopped_early:  # why training ended before its schedule did
         accelerator.print(
             f"stopped early at step {state.step}: {config.best_metric} has not improved for "
             f"{state.evals_since_best} evaluations; best {state.best_value:.4f} at step {state.best_step}"
             + (f", exported to {output_dir / 'best_model'}/" if best_kept else "")
         )
+    accelerator.print(
+        f"done: {state.step} optimizer steps, {state.samples_seen} samples | "
+        + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    )
+    export_model(accelerator, model, config, output_dir / "model", {"step": state.step, **metrics})
+    exported = f"exported {output_dir / 'model'} (last step)"
+    if best_kept:
+        accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
+    else:
+        accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
     if accelerator.is_main_process:
         report_outcome("finished", book.progress.start_step, state.step)
 

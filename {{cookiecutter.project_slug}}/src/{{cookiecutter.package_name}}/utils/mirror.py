@@ -1,8 +1,5 @@
-"""A second copy of the run in a persistent folder (`mirror_dir`, e.g. Google Drive), kept in the background.
-
-After every checkpoint a thread of the main process (persist.Worker) copies what changed, the newest
-checkpoint verified before it is published. Training never waits for it, a failing copy is reported once
-and retried, and `finish` completes it. What it promises, on Colab and through a store: docs/moving-runs.md.
+"""A second copy of the run in a persistent folder (`mirror_dir`, e.g. Google Drive), kept in the background
+by a thread of the main process (persist.Worker). What it promises: docs/moving-runs.md.
 """
 
 from __future__ import annotations
@@ -37,10 +34,8 @@ from .remote import _first_line, access_problem, is_url, load_secrets, open_stor
 from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RemoteLease, RunError, on_main, set_aside
 
 RETRY_S = 30.0
-# The longest the end of a run waits for the last copy (a large checkpoint on a slow upload).
-FINISH_TIMEOUT_S = 900.0
-# After SIGTERM (the platform wants the machine back), far less: the run is complete on its disk.
-STOP_WAIT_S = 20.0
+FINISH_TIMEOUT_S = 900.0  # the longest the end of a run waits for the last copy (a slow upload)
+STOP_WAIT_S = 20.0  # after SIGTERM (the machine is wanted back): the run is complete on its disk
 
 Snapshot = dict[Path, tuple[int, int]]  # file -> (size, mtime_ns)
 
@@ -53,7 +48,9 @@ class Mirror:
     """Copies output_dir to mirror_dir in the background; a no-op unless enabled (main process) and set."""
 
     def __init__(self, output_dir: str | Path, mirror_dir: str, keep: int, enabled: bool) -> None:
-        self.source, self.target, self.keep = Path(output_dir), mirror_dir, keep
+        self.source = Path(output_dir)
+        self.target = mirror_dir
+        self.keep = keep
         self._worker = Worker("mirror", self._sync, lambda: RETRY_S if self._failing else None)
         kind = RemoteStore if is_url(mirror_dir) else Store
         self.store = kind(self.source, mirror_dir, self._worker.wake) if enabled and mirror_dir else None
@@ -63,8 +60,7 @@ class Mirror:
         self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
 
     def start(self, run_id: str, start_over: bool) -> None:
-        """Take the mirror's lock and check that it holds no other run (every process raises the main one's
-        refusal), then start copying. A mirror that cannot be written now is retried, not refused."""
+        """Take the mirror's lock, check that it holds no other run (on the main process), start copying."""
         on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over))
         if self.store is not None:
             self._worker.start()
@@ -120,10 +116,9 @@ class Mirror:
         assert store is not None
         started = time.monotonic()
         try:
-            if isinstance(store.lock, RemoteLease):  # a lease can expire; a file lock cannot
-                store.lock.check()
-            # Chosen before the other files are copied, so that the mirror's metrics reach at least this
-            # step. Inside the try: rotation may remove a checkpoint while it is looked at.
+            if isinstance(store.lock, RemoteLease) and store.lock.lost:  # a lease can expire, a lock cannot
+                raise FolderInUse(store.lock.lost)
+            # Chosen first: the mirror's metrics reach at least this step. Rotation may remove it meanwhile.
             readable = [p for p in list_checkpoints(self.source) if checkpoint_problem(p, False) is None]
             if not self._locked:
                 store.lock.acquire()
@@ -140,7 +135,8 @@ class Mirror:
             self._report(f"{error}; not mirroring until it is free")
             return
         except Exception as error:  # a store's own error types (botocore's, aiohttp's, the Hub's) too
-            if isinstance(error, OSError) and _vanished(error, self.source):
+            gone = getattr(error, "filename", None) if isinstance(error, OSError) else None
+            if gone and Path(gone).is_relative_to(self.source) and not Path(gone).exists():
                 self._worker.wake()  # local rotation or an export replaced what was copied: again, newest
                 return
             self._report(_why(error))
@@ -159,12 +155,12 @@ class Mirror:
 
 
 def check_stores(accelerator: Any, config: TrainConfig) -> None:
-    """Before anything is written: every URL in mirror_dir and import_from can be read with the
-    credentials at hand (loaded from the platform's secrets where the environment lacks them), or every
-    process raises one line that says what to set. The main process asks; the others do not need them."""
+    """Before anything is written: every URL in mirror_dir and import_from can be read with the credentials
+    at hand (the main process asks), or every process raises one line that says what to set."""
 
     def check() -> list[str]:
-        notes, problems = [], []
+        notes = []
+        problems = []
         for field in ("mirror_dir", "import_from"):
             url = getattr(config, field)
             if is_url(url):
@@ -180,18 +176,20 @@ def check_stores(accelerator: Any, config: TrainConfig) -> None:
 
 
 class Store:
-    """A mirror_dir that is a folder (a Drive mount, a second disk), locked by the kernel (run_dir.OutputLock)
-    and written through fsspec as a store is: a checkpoint or an export is staged, checked, then renamed."""
+    """A mirror_dir that is a folder (a Drive mount, a second disk): a copy is staged, checked, renamed."""
 
     remote = False
 
-    def __init__(self, source: Path, target: str, again: Callable[[], None]) -> None:
-        self.source, self.target, self.again = source, target, again
+    def __init__(self, source: Path, target: str, request_pass: Callable[[], None]) -> None:
+        self.source = source
+        self.target = target
+        self.request_pass = request_pass
         if self.remote:
             self.fs, self.root = open_store(target)
             self.lock: OutputLock | RemoteLease = RemoteLease(self.fs, self.root, target)
         else:
-            self.fs, self.root = LocalFileSystem(auto_mkdir=True), Path(target).absolute().as_posix()
+            self.fs = LocalFileSystem(auto_mkdir=True)
+            self.root = Path(target).absolute().as_posix()
             self.lock = OutputLock(target, "mirror_dir")
         self.copied: Snapshot = {}  # what was copied, as it was then
 
@@ -211,7 +209,8 @@ class Store:
         for path in [entry] if entry.is_file() else sorted(entry.rglob("*")):
             if not path.is_file():
                 continue
-            stat, name = path.stat(), f"{self.root}/{path.relative_to(self.source).as_posix()}"
+            name = f"{self.root}/{path.relative_to(self.source).as_posix()}"
+            stat = path.stat()
             seen = (stat.st_size, stat.st_mtime_ns)
             if self.copied.get(path) == seen and (self.remote or self.fs.exists(name)):
                 continue
@@ -220,7 +219,8 @@ class Store:
 
     def _copy_export(self, folder: Path) -> None:
         before = snapshot(folder)
-        final, staging = f"{self.root}/{folder.name}", f"{self.root}/{STAGING_PREFIX}{folder.name}"
+        final = f"{self.root}/{folder.name}"
+        staging = f"{self.root}/{STAGING_PREFIX}{folder.name}"
         if all(self.copied.get(path) == seen for path, seen in before.items()) and (
             self.remote or self.fs.isdir(final)
         ):
@@ -228,7 +228,7 @@ class Store:
         names = self._stage({path.relative_to(folder).as_posix(): path for path in before}, staging)
         if snapshot(folder) != before:  # replaced by a newer export meanwhile: copy that one next time
             self._remove(staging)
-            self.again()
+            self.request_pass()
             return
         self._remove(final)
         self._publish(staging, final, names)
@@ -249,8 +249,7 @@ class Store:
         self._publish(staging, final, [*(name for name in names if name != LOOP_STATE_FILE), LOOP_STATE_FILE])
 
     def rotate(self, newest_step: int, keep: int) -> None:
-        """Keep the newest `keep` checkpoints; remove older ones that read back whole, and this run's own
-        unfinished copies. The others stay for a person to look at."""
+        """Keep the newest `keep` checkpoints; remove older ones that read back whole, and unfinished ones."""
         whole = [path for path in self._whole() if checkpoint_step(Path(path)) <= newest_step]
         for path in whole[: max(0, len(whole) - keep)]:
             self._remove(path)
@@ -258,7 +257,7 @@ class Store:
             self._remove(path)
 
     def _stage(self, files: dict[str, Path], staging: str) -> list[str]:
-        """Copy `files` (by their names in it) to the folder `staging`, emptied first; return the names."""
+        """Copy `files` (name in `staging`: path) to the folder `staging`, emptied first; return the names."""
         self._remove(staging)
         for name in sorted(files):
             self.fs.put_file(str(files[name]), f"{staging}/{name}")
@@ -299,8 +298,8 @@ class Store:
 
 
 class RemoteStore(Store):
-    """A mirror_dir that is a URL (utils/remote.py), leased (run_dir.RemoteLease). A store cannot rename:
-    a staged copy is downloaded back to be verified, and published by server-side copies, the seal last."""
+    """A mirror_dir that is a URL (utils/remote.py): a staged copy is downloaded back to be verified, and
+    published by server-side copies (a store cannot rename), the seal last."""
 
     remote = True
 
@@ -341,8 +340,8 @@ class RemoteStore(Store):
 
 
 def _why(error: Exception) -> str:
-    own = isinstance(error, OSError | RunError | MirrorError)  # these name what failed; a store's own may not
-    return str(error) if own else f"{type(error).__name__}: {_first_line(error)}"
+    names_itself = isinstance(error, OSError | RunError | MirrorError)  # a store's own types may not
+    return str(error) if names_itself else f"{type(error).__name__}: {_first_line(error)}"
 
 
 def snapshot(folder: Path) -> Snapshot:
@@ -368,8 +367,3 @@ def _held(target: str, source: Path, step: int, local: int, behind: bool) -> str
 
 def _say(text: str) -> None:
     print(f"mirror: {text}", flush=True)
-
-
-def _vanished(error: OSError, source: Path) -> bool:
-    name = getattr(error, "filename", None)
-    return bool(name) and Path(name).is_relative_to(source) and not Path(name).exists()

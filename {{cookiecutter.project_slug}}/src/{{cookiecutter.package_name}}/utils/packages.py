@@ -1,5 +1,4 @@
-"""Optional packages (a task's Pillow or transformers, a streamed loader's torchdata): a missing one stops
-the run."""
+"""Optional packages (a task's Pillow or transformers, a streamed loader's torchdata)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it.
-
-The loop (utils/loop.py) -> `Persister` -> the store (checkpoint.py publishes; then utils/mirror.py copies);
-what the modes do and cost: docs/resume.md. The other processes write their RNG file into the staging
-folder at once, so the thread never needs a collective.
+"""Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it
+(docs/resume.md). The other processes write their RNG file into the staging folder at once: the thread
+never needs a collective.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ import copy
 import io
 import os
 import random
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -28,26 +25,29 @@ from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors.torch import save_file
 
 from .checkpoint import (
-    STAGING_PREFIX,
     WRITE_ERRORS,
+    Files,
     LoopState,
     _publish,
     _rotate,
     checkpoint_root,
+    fresh_staging,
     save_checkpoint,
 )
 from .config import TrainConfig
 from .run_dir import write_error
 
-# A test hook: seconds the thread sleeps before each file it writes, so that a kill lands inside the write.
-PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"
+PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"  # tests: seconds to sleep before each file written (for a kill)
+Staged = list[tuple[str, str, Any]]  # (file name, format, CPU copy) of each file a save writes
 
 
 class Persister:
     """Saves checkpoints, in the background or in the loop; then calls `published()` (the mirror)."""
 
     def __init__(self, accelerator: Accelerator, config: TrainConfig, published: Callable[[], None]) -> None:
-        self.accelerator, self.config, self.published = accelerator, config, published
+        self.accelerator = accelerator
+        self.config = config
+        self.published = published
         # FSDP and DeepSpeed save formats of their own, collectively; stage_state knows the RNG states of
         # the CPU, CUDA and MPS alone.
         self.background = (
@@ -56,40 +56,27 @@ class Persister:
             and accelerator.device.type in ("cpu", "cuda", "mps")
         )
         self.staging = Staging()
-        # One thread of the main process writes; a save's error is raised by the next `wait`.
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")  # an error: at the next `wait`
         self._job: Future | None = None
         self._saved: Callable[[], None] | None = None  # says that the save in flight is published
         self.last_seconds = 0.0  # the last save, from staging to publish
         self.published_step = -1  # of the newest checkpoint published (on the main process)
 
     def save(
-        self,
-        state: LoopState,
-        protect: Path | None,
-        files: dict[str, str | bytes],
-        saved: Callable[[Path], None],
+        self, state: LoopState, protect: Path | None, files: Files, saved: Callable[[Path], None]
     ) -> Path:
-        """Save on every process (all call it at the same step); return the checkpoint's final path.
-        `saved(path)` runs on the loop's thread once it is published: at once, or at a later `announce`
-        or `wait` (in the background)."""
+        """Save on every process (all at the same step); return the checkpoint's final path. `saved(path)`
+        runs on the loop's thread once it is published: at once, or at a later `announce` or `wait`."""
         if not self.background:
             started = time.monotonic()
             final = save_checkpoint(self.accelerator, self.config, state, protect, files)
-            self.last_seconds = time.monotonic() - started
-            self.published_step = state.step
-            self.published()
+            self._done(started, state.step)
             saved(final)
             return final
         accelerator = self.accelerator
         self.wait()  # at most one save in flight
         final = checkpoint_root(self.config.output_dir) / f"step_{state.step:08d}"
-        staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
-        if accelerator.is_main_process:
-            if staging.exists():
-                shutil.rmtree(staging)  # this run's own unfinished save, left by a kill
-            staging.mkdir(parents=True)
-        accelerator.wait_for_everyone()
+        staging = fresh_staging(accelerator, final)
         staged = stage_state(accelerator, self.staging)  # the main process's files; elsewhere the RNG file
         if not accelerator.is_main_process:
             _write_file(staging, *staged[0])
@@ -123,13 +110,7 @@ class Persister:
             wait_for([self._job])
 
     def _persist(
-        self,
-        staged: list[tuple[str, str, Any]],
-        state: LoopState,
-        protect: Path | None,
-        files: dict[str, str | bytes],
-        staging: Path,
-        final: Path,
+        self, staged: Staged, state: LoopState, protect: Path | None, files: Files, staging: Path, final: Path
     ) -> None:
         started = time.monotonic()
         try:
@@ -140,7 +121,12 @@ class Persister:
             _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
         except WRITE_ERRORS as error:  # raised in the loop at the next wait, as a synchronous save would
             raise write_error(staging, error) from None
-        self.last_seconds, self.published_step = time.monotonic() - started, state.step
+        self._done(started, state.step)
+
+    def _done(self, started: float, step: int) -> None:
+        """The checkpoint of `step`, begun at `started`, is published (on the main process)."""
+        self.last_seconds = time.monotonic() - started
+        self.published_step = step
         self.published()
 
 
@@ -149,7 +135,8 @@ class Worker:
     while that is not None (a failing copy), and once more when closed: what the mirror runs on."""
 
     def __init__(self, name: str, work: Callable[[], None], retry_s: Callable[[], float | None]) -> None:
-        self.work, self.retry_s = work, retry_s
+        self.work = work
+        self.retry_s = retry_s
         self._wake = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -184,9 +171,8 @@ class Worker:
 
 
 class Staging:
-    """The CPU buffers that hold a staged state, kept from one checkpoint to the next (as torchtitan does);
-    from a GPU page-locked and filled by asynchronous copies on the training stream, which the writer
-    thread waits for (`wait`)."""
+    """The CPU buffers of a staged state, kept from one checkpoint to the next; from a GPU, page-locked and
+    filled by asynchronous copies on the training stream, which the writer thread waits for (`wait`)."""
 
     def __init__(self) -> None:
         self.buffers: dict[str, torch.Tensor] = {}  # the last staging's, by file name and place in the file
@@ -197,11 +183,11 @@ class Staging:
     def begin(self) -> None:
         """A new staging: it reuses the buffers it asks for again; `end` lets go of the others."""
         self._unused, self.buffers = self.buffers, {}
-        self._copied, self._from_gpu = None, False
+        self._copied = None
+        self._from_gpu = False
 
     def copy(self, value: Any, key: str) -> Any:
-        """`value` with its tensors copied into this staging's buffers (under `key` and their place in it),
-        containers rebuilt; what training does next cannot change it."""
+        """`value` with its tensors copied into this staging's buffers (by `key` and their place in it)."""
         if isinstance(value, torch.Tensor):
             return self._tensor(value.detach(), key)
         if isinstance(value, dict):
@@ -211,8 +197,7 @@ class Staging:
         return value  # numbers, strings, None: immutable
 
     def end(self) -> None:
-        """After the last copy: buffers not asked for again (a state that changed shape) are let go; from a
-        GPU, the point on its stream where the copies are all done is marked."""
+        """After the last copy: let go of the buffers not asked for again; mark where a GPU's copies end."""
         self._unused = {}
         if self._from_gpu:
             self._copied = torch.cuda.Event()
@@ -233,11 +218,10 @@ class Staging:
         return buffer
 
 
-def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, str, Any]]:
-    """(file name, format, CPU copy) of what `accelerator.save_state` writes from this process: every file
-    on the main process, its own RNG file on the others. The same names and contents load_state reads (no
-    sampler file: save_state writes one for prepared iterable datasets only, which train.py has none of).
-    The tensors are copied into `staging`'s buffers: what they held before is overwritten."""
+def stage_state(accelerator: Accelerator, staging: Staging) -> Staged:
+    """(file name, format, CPU copy) of each file `accelerator.save_state` writes from this process (the
+    main one: all; the others: their RNG file), into `staging`'s buffers. No sampler file: save_state writes
+    one for prepared iterable datasets only, which train.py has none of."""
     rng = {
         "step": accelerator.step,
         "random_state": random.getstate(),
@@ -246,9 +230,9 @@ def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, s
     }
     if torch.cuda.is_available():
         rng["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
-    own = (f"random_states_{accelerator.process_index}.pkl", "torch", _pickled(rng))
+    rng_file = (f"random_states_{accelerator.process_index}.pkl", "torch", _pickled(rng))
     if not accelerator.is_main_process:
-        return [own]
+        return [rng_file]
     staging.begin()
     staged = []
     weights = [accelerator.get_state_dict(model, unwrap=False) for model in accelerator._models]
@@ -266,7 +250,7 @@ def stage_state(accelerator: Accelerator, staging: Staging) -> list[tuple[str, s
         staged.append(("scaler.pt", "torch", _pickled(accelerator.scaler.state_dict())))
     for index, obj in enumerate(accelerator._custom_objects):
         staged.append((f"custom_checkpoint_{index}.pkl", "torch", _pickled(obj.state_dict())))
-    return [*staged, own]
+    return [*staged, rng_file]
 
 
 def _pickled(value: Any) -> bytes:
@@ -279,6 +263,7 @@ def _pickled(value: Any) -> bytes:
 def _write_file(folder: Path, name: str, kind: str, value: Any) -> None:
     if pause := float(os.environ.get(PAUSE_ENV, "0") or 0):
         time.sleep(pause)
+    folder.mkdir(parents=True, exist_ok=True)  # by the first file written there, of any process
     path = folder / name
     if isinstance(value, bytes):
         path.write_bytes(value)

@@ -1,7 +1,6 @@
-"""Training progress: a live tqdm bar from the first step where a person watches (stdout a terminal, or a
-notebook cell that relays the run: PROGRESS_BAR=1), else a plain line now and then, since in a file, a
-SLURM .out, a Kaggle commit log or CI every redraw of a bar would land as another carriage-return frame.
-Both show the same parts (`parts`). Only the main process shows progress.
+"""Training progress, on the main process: a live tqdm bar where a person watches (a terminal, or a notebook
+cell that relays the run: PROGRESS_BAR=1), else a plain line now and then with the same parts, since in a
+file (a SLURM .out, a Kaggle commit log, CI) every redraw of a bar would land as another frame.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ class Progress:
     def __init__(self, total: int, initial: int, enabled: bool, at_risk: Callable = lambda: None) -> None:
         self.total, self.step, self.enabled, self.at_risk = total, initial, enabled, at_risk
         self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
+        self.epoch: float | None = None  # set by loop.py: the epochs done, fractional
+        self.metric = ""  # set by loop.py: the last evaluation's best_metric, e.g. `eval/accuracy 0.9777`
         self.started = time.monotonic()
         self.next_line = self.started + FIRST_LINE_AFTER_S
         self.bar = None
@@ -51,9 +52,10 @@ class Progress:
             print(line, flush=True)
 
     def parts(self) -> list[str]:
-        """What the bar's postfix and the plain line show beside step, speed and time left: the loss, and
-        what a kill now would cost (max_time_lost)."""
-        parts = [f"loss {self.loss:.4f}"] if self.loss is not None else []
+        """Beside step, speed and time left: epoch, loss, the last evaluation, what a kill would cost now."""
+        parts = [f"epoch {self.epoch:.2f}"] if self.epoch is not None else []
+        parts += [f"loss {self.loss:.4f}"] if self.loss is not None else []
+        parts += [self.metric] if self.metric else []
         if (risk := self.at_risk()) is not None:
             parts.append(f"at risk {format_duration(risk)}")
         return parts
@@ -73,3 +75,5 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        elif self.enabled and self.step < self.total:  # it ended early: where, before the end lines
+            self.write(self.line())

@@ -1,8 +1,5 @@
-"""Remote stores for `mirror_dir` and `import_from` (`s3://`, `hf://`, `gs://`, any fsspec protocol). A URL's
-package is an optional extra; credentials are read from the environment, then from Kaggle's and Colab's
-secrets (docs/moving-runs.md, "Through a remote store"). Colab's secrets can be read only by the notebook's
-own kernel: the notebook calls `export_secrets` before it starts training. No torch here: train.py checks
-URLs before it loads torch.
+"""Remote stores for `mirror_dir` and `import_from` (docs/moving-runs.md, "Through a remote store"). No torch
+here: train.py checks URLs before it loads torch.
 """
 
 from __future__ import annotations
@@ -14,13 +11,11 @@ from typing import Any
 
 from .config import ConfigError, TrainConfig
 
-# The secrets each protocol's package reads from the environment.
-SECRETS = {
+SECRETS = {  # what each protocol's package reads from the environment
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"),
     "hf": ("HF_TOKEN",),
 }
-# The extra of pyproject.toml that installs a protocol's package.
-STORE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+STORE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # pyproject.toml's extra of a protocol
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
@@ -66,8 +61,8 @@ def open_store(url: str) -> tuple[Any, str]:
 
 
 def load_secrets(url: str) -> list[str]:
-    """Put the secrets `url`'s protocol needs into this process's environment from Kaggle's or Colab's
-    secrets where the environment lacks them; return a note naming where each came from (never a value)."""
+    """Put the secrets `url`'s protocol needs, where the environment lacks them, into it from Kaggle's or
+    Colab's secrets; return notes naming where each came from (never a value)."""
     found: dict[str, list[str]] = {}
     for name in SECRETS.get(protocol(url), ()):
         if os.environ.get(name):
@@ -85,8 +80,8 @@ def load_secrets(url: str) -> list[str]:
 
 
 def export_secrets(*urls: str) -> None:
-    """For a notebook cell: load the secrets these URLs need into the kernel's environment, which the
-    training processes it starts inherit (Colab's secrets cannot be read from those processes)."""
+    """For a notebook cell: load the secrets these URLs need into the kernel's environment, which training
+    inherits (only the notebook's own kernel can read Colab's secrets)."""
     for url in urls:
         if is_url(url):
             for note in load_secrets(url):

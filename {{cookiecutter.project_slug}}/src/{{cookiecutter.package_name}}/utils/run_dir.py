@@ -28,15 +28,11 @@ from .durable import TEMPORARY_PREFIX
 LOCK_FILE = ".lock"
 SET_ASIDE = "set_aside"
 HEARTBEAT_S = 30.0
-# A lock file whose heartbeat is older than this belongs to a run that is gone.
-STALE_AFTER_S = 300.0
-# A remote run folder's lease (RemoteLease): how long it lasts, how often it is renewed, how long a
-# session waits to read its own write back.
-LEASE_S = 120.0
-LEASE_RENEW_S = 30.0
-LEASE_SETTLE_S = 2.0
-# Less free space than this after a failed write: the disk was full (torch does not say so itself).
-FULL_BELOW_BYTES = 16 * 2**20
+STALE_AFTER_S = 300.0  # a lock file whose heartbeat is older belongs to a run that is gone
+LEASE_S = 120.0  # how long a remote run folder's lease (RemoteLease) lasts
+LEASE_RENEW_S = 30.0  # how often it is renewed
+LEASE_SETTLE_S = 2.0  # how long a session waits to read its own write back
+FULL_BELOW_BYTES = 16 * 2**20  # free after a failed write: the disk was full (torch does not say so)
 
 
 class RunError(Exception):
@@ -59,8 +55,7 @@ def _holder() -> dict:
 
 
 def _describe(holder: dict) -> str:
-    host, pid, started = (holder.get(key, "?") for key in ("host", "pid", "started"))
-    return f"host {host}, pid {pid}, started {started}"
+    return ", ".join(f"{key} {holder.get(key, '?')}" for key in ("host", "pid", "started"))
 
 
 class OutputLock:
@@ -88,26 +83,25 @@ class OutputLock:
             raise RunError(
                 f"cannot write to {self.name} {self.output_dir} ({error.strerror}): choose a writable one"
             ) from None
-        notes, held_elsewhere, locked = [], False, True
+        notes = []
+        locked = True
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
-            held_elsewhere = error.errno in (errno.EACCES, errno.EAGAIN)
-            if not held_elsewhere and error.errno not in (errno.ENOLCK, errno.ENOSYS):
+            if error.errno in (errno.EACCES, errno.EAGAIN):  # another run holds it
+                holder = _holder_named(fd)
+                os.close(fd)
+                raise FolderInUse(
+                    f"{self.name} {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
+                    "it to end, or choose another --output_dir"
+                ) from None
+            if error.errno not in (errno.ENOLCK, errno.ENOSYS):
                 os.close(fd)
                 raise
-            locked = held_elsewhere  # else this filesystem or system cannot lock
-        if not locked:
+            locked = False  # this filesystem or system cannot lock
             notes.append(
                 f"WARNING: the filesystem of {self.output_dir} cannot lock files: only the heartbeat of "
                 f"{self.path} keeps a second run out"
-            )
-        if held_elsewhere:
-            holder = _holder_named(fd)
-            os.close(fd)
-            raise FolderInUse(
-                f"{self.name} {self.output_dir} is in use by another run ({_describe(holder)}): wait for "
-                "it to end, or choose another --output_dir"
             )
         previous = _read_holder(fd)
         if previous:
@@ -179,23 +173,22 @@ class OutputLock:
 
 
 class RemoteLease:
-    """The exclusive right to write to a run folder in an object store: the object `<folder>/.lock` names
-    its owner (a random token, host, pid) and an expiry, renewed every LEASE_RENEW_S by a thread.
+    """The exclusive right to write to a run folder in an object store (no lock, no rename): the object
+    `<folder>/.lock` names its owner (a random token, host, pid) and an expiry, renewed by a thread.
 
-    Object stores offer no lock and no rename, but S3, GCS and the Hub read back what was just written
-    (strong read-after-write consistency). So: read the lease; if it is someone else's and has not expired,
-    refuse; else write ours, wait LEASE_SETTLE_S, and read it back: whoever finds their own token holds it.
-    Two sessions that both passed the first read both write, the later write wins, and the earlier writer
-    reads the winner's token back, provided each session's read-then-write took less than LEASE_SETTLE_S
-    (if A wrote first and still read its own token back, B's write came after A's read-back, so B's read
-    preceded A's write by more than LEASE_SETTLE_S). A session that took longer tries again.
-    A lease left by a session that died runs out after LEASE_S (at once on the same machine, when its
-    process is gone). Expiry compares the clocks of two machines: a skew of minutes shortens or lengthens it.
-    A renewal that finds another owner (this session could not renew for LEASE_S) marks the lease `lost`.
+    S3, GCS and the Hub read back what was just written. So: read the lease; refuse one of another session
+    that has not expired; else write ours, wait LEASE_SETTLE_S and read it back: whoever finds their own
+    token holds it. Of two sessions that both passed the first read, the later write wins and the earlier
+    writer reads the winner's token, provided each read-then-write took under LEASE_SETTLE_S (a slower one
+    tries again). A dead session's lease runs out after LEASE_S (at once on its machine), by two machines'
+    clocks. A renewal that finds another owner (none for LEASE_S) marks the lease `lost`.
     """
 
     def __init__(self, fs: Any, folder: str, url: str, name: str = "mirror_dir") -> None:
-        self.fs, self.path, self.url, self.name = fs, f"{folder}/{LOCK_FILE}", url, name
+        self.fs = fs
+        self.path = f"{folder}/{LOCK_FILE}"
+        self.url = url
+        self.name = name  # the config field, for messages
         self._token = uuid.uuid4().hex
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -204,7 +197,8 @@ class RemoteLease:
     def acquire(self) -> list[str]:
         """Take the lease; return notes to print (a lease taken over from a session that is gone)."""
         for _ in range(3):
-            began, notes = time.monotonic(), []
+            began = time.monotonic()
+            notes = []
             held = self._read()
             if held and held.get("owner") != self._token:
                 if problem := self._alive(held):
@@ -226,10 +220,6 @@ class RemoteLease:
             self._renewer.start()
             return notes
         raise RunError(f"{self.name} {self.url} answers too slowly to take its lease safely: try again later")
-
-    def check(self) -> None:
-        if self.lost:
-            raise FolderInUse(self.lost)
 
     def _alive(self, held: dict) -> str | None:
         mine = _holder()
@@ -284,8 +274,7 @@ class RemoteLease:
 
 
 def on_main(accelerator: Accelerator, decide: Callable[[], Any]) -> Any:
-    """Run `decide` on the main process (take a lock, check a store, choose the checkpoint); return its result
-    on every process. Every process raises the main one's RunError or ConfigError."""
+    """Run `decide` on the main process; return its result, or raise its RunError or ConfigError, on all."""
     outcome: list[Any] = [None]
     if accelerator.is_main_process:
         try:
@@ -299,9 +288,9 @@ def on_main(accelerator: Accelerator, decide: Callable[[], Any]) -> Any:
 
 
 def _holder_named(fd: int) -> dict:
-    """The lock holder's record. The holder writes its name just after locking: a run started together with
-    it may look between the two, so it gets a moment."""
-    holder, deadline = _read_holder(fd), time.monotonic() + 2.0
+    """The lock holder's record, given a moment: the holder writes it just after locking."""
+    holder = _read_holder(fd)
+    deadline = time.monotonic() + 2.0
     while not isinstance(holder.get("pid"), int) and time.monotonic() < deadline:
         time.sleep(0.05)
         holder = _read_holder(fd)
@@ -319,8 +308,7 @@ def _read_holder(fd: int) -> dict:
 
 
 def earlier_outputs(output_dir: str | Path) -> list[str]:
-    """Names of what an earlier run left in `output_dir` (the lock, the set-aside folder and the temporary
-    file of a write that a kill cut off, which the next write of that file replaces, do not count)."""
+    """Names of what an earlier run left in `output_dir`, but for the lock, set_aside/ and a cut-off write."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
@@ -332,12 +320,10 @@ def earlier_outputs(output_dir: str | Path) -> list[str]:
 
 
 def set_aside(paths: list[Path], output_dir: str | Path, stamp: str | None = None) -> Path:
-    """Move `paths` (inside `output_dir`) to `<output_dir>/set_aside/<time>/`, keeping their relative
-    paths; return that folder."""
+    """Move `paths` (inside `output_dir`) to `<output_dir>/set_aside/<time>/`; return that folder."""
     folder = Path(output_dir)
     first = target = folder / SET_ASIDE / (stamp or time.strftime("%Y%m%d-%H%M%S"))
-    # A second set-aside within the same second (a run killed again at once) gets a folder of its own: a
-    # file moved onto an earlier one's would replace it.
+    # A second set-aside within the same second (a run killed again at once) gets a folder of its own.
     number = 1
     while target.exists():
         number += 1

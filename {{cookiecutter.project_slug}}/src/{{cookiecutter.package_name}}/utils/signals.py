@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import signal
 import stat
 import sys
@@ -28,6 +29,7 @@ SAME_PRESS_S = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 LAUNCHER_CHECK_S = 1.0
 LAUNCHER_DIED = "the launcher's death"
+LAUNCHER_PID = "TRAIN_LAUNCHER_PID"  # set by launch.py: known to a process that starts after its death
 
 
 class StopRequest:
@@ -36,24 +38,25 @@ class StopRequest:
     def __init__(self) -> None:
         self._name: str | None = None
         self._first_at = 0.0
-        # DataLoader workers are forked with this handler and ignore stop signals only once started
-        # (ignore_stop_signals); until then it must do nothing in them.
+        # Forked DataLoader workers have this handler until they ignore stop signals: it does nothing there.
         self._pid = os.getpid()
-        # SLURM and the launchers signal every rank: each records the request (the stop vote needs it
-        # from one at least), rank 0 alone says so.
+        # SLURM and the launchers signal every rank: each records it (for the stop vote), rank 0 says so.
         self._announce = main_process_of_launch()
         self._below = "\n" if sys.stdout.isatty() else ""  # the line of a progress bar (utils/progress.py)
         for signum in STOP_SIGNALS:
             if not (signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):  # nohup's stays
                 signal.signal(signum, self._handle)
-        # Started by torch's launcher (accelerate launch, torchrun): it is the parent.
-        self._launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+        self._lock = threading.Lock()  # the launcher's death is checked by two threads, said by one
+        self._polled = False  # by the loop, which votes on a stop: before that, there is nothing to save
+        launched = "TORCHELASTIC_RUN_ID" in os.environ  # by torch's launcher (accelerate launch, torchrun)
+        self._launcher = int(os.environ.get(LAUNCHER_PID) or os.getppid()) if launched else None  # the parent
         if self._launcher is not None:
             threading.Thread(target=self._watch, name="launcher", daemon=True).start()
 
     @property
     def signal_name(self) -> str | None:
         """The first stop signal's name, or LAUNCHER_DIED: checked as each process votes, so all name it."""
+        self._polled = True
         self._check_launcher()
         return self._name
 
@@ -64,11 +67,11 @@ class StopRequest:
         if os.getpid() != self._pid:
             return
         name = signal.Signals(signum).name
-        if signum == signal.SIGHUP:  # its terminal is gone: a write there would fail (EIO)
-            self._quiet(os.isatty)
+        if signum == signal.SIGHUP:  # its terminal hung up (or a pipe's reader is gone): a write would fail
+            self._quiet(hung_up)
         if self._name is None:
             self._name, self._first_at = name, time.monotonic()
-            message = f"{name} received: finishing the current step, then saving a checkpoint"
+            message = f"{name} received: saving a checkpoint within a second or a step, then stopping"
         elif name == self._name and time.monotonic() - self._first_at < SAME_PRESS_S:
             return  # one press that reached training twice (see SAME_PRESS_S)
         else:
@@ -79,18 +82,21 @@ class StopRequest:
         while self._launcher is not None:
             time.sleep(LAUNCHER_CHECK_S)
             self._check_launcher()
+        if not self._polled:  # still starting: maybe waiting for ever on the launcher's rendezvous store
+            os._exit(EXIT_STOPPED)
 
     def _check_launcher(self) -> None:
-        """Once the launcher is gone (another process adopted this one, on Linux and macOS): a stop, and the
-        output to its terminal or pipe, whose reader died with it (a write would fail), to /dev/null."""
-        launcher = self._launcher
-        if launcher is None or os.getppid() == launcher:
-            return
-        self._launcher = None
+        """Once the launcher is gone (another process adopted this one): a stop; output not to a file goes to
+        /dev/null (its terminal or pipe's reader died with the launcher: a write would fail)."""
+        with self._lock:
+            launcher = self._launcher
+            if launcher is None or os.getppid() == launcher:
+                return
+            self._launcher = None
         self._quiet(lambda fd: not stat.S_ISREG(os.fstat(fd).st_mode))
         if self._name is None:
             self._name = LAUNCHER_DIED
-            self._say(f"the launcher (pid {launcher}) is gone: finishing the step, then saving a checkpoint")
+            self._say(f"the launcher (pid {launcher}) is gone: stopping, with a checkpoint if training began")
 
     def _quiet(self, reader_gone: Callable[[int], bool]) -> None:
         """Standard output and error to /dev/null where `reader_gone(fd)`: on to the checkpoint, unheard."""
@@ -101,11 +107,14 @@ class StopRequest:
 
     def _say(self, message: str) -> None:
         if self._announce:
-            # Straight to the file descriptor: the signal may land while the main thread is inside a write
-            # to sys.stderr (a progress bar, or a tracker that captures the console, like wandb), and a
-            # second write from here would re-enter it: Python raises "reentrant call", and wandb 0.17
-            # deadlocks on its own socket, so the run hangs instead of saving its checkpoint.
+            # Straight to the file descriptor: a write to sys.stderr that the signal interrupted (a progress
+            # bar, wandb's console capture) would be re-entered: "reentrant call", or wandb 0.17's deadlock.
             os.write(sys.stderr.fileno(), f"{self._below}{message}\n".encode())
+
+
+def hung_up(fd: int) -> bool:  # its terminal hung up, or its pipe's reader is gone
+    (poller := select.poll()).register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -116,10 +125,8 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 
 def exit_process(status: int | str | None) -> NoReturn:
-    """End the process as `sys.exit(status)` would (a string goes to stderr, with status 1); in a process
-    of a multi-process launch, without Python's interpreter teardown: a gloo worker thread that outlives the
-    group and needs the interpreter while it is torn down aborts the process (SIGABRT, about once in 100
-    two-process runs; tests/test_signals.py), and the launcher reports a finished run as failed."""
+    """`sys.exit(status)`; in a process of a multi-process launch, without the interpreter's teardown, which a
+    gloo thread that outlives the group aborts (SIGABRT, once in 100 runs; tests/test_signals.py)."""
     if os.environ.get("WORLD_SIZE", "1") == "1":
         sys.exit(status)
     if isinstance(status, str):

@@ -1,8 +1,5 @@
 """Where a run starts: fresh, or from which checkpoint (output_dir's own, or a newer copy found elsewhere).
-
-`resume` is train.py's one call: the main process decides (`decide_start`, after `bring_in_newest_copy`
-has looked in mirror_dir and import_from), every process loads the same checkpoint or all stop with the
-same error. What is refused and why: docs/resume.md ("Never lose or mix a run"), docs/moving-runs.md.
+What is refused and why: docs/resume.md ("Never lose or mix a run"), docs/moving-runs.md.
 """
 
 from __future__ import annotations
@@ -41,9 +38,7 @@ from .fingerprint import first_difference
 from .remote import is_url, open_store
 from .run_dir import SET_ASIDE, RunError, earlier_outputs, on_main, set_aside
 
-# Run folders sit at most this deep under import_from: /kaggle/input/<dataset>/outputs/<task> is 3,
-# a run folder inside an uploaded project folder on Drive is 3 or 4.
-SEARCH_DEPTH = 5
+SEARCH_DEPTH = 5  # of run folders under import_from: /kaggle/input/<dataset>/outputs/<task> is 3, Drive 3-4
 
 
 def resume(
@@ -52,9 +47,8 @@ def resume(
     frozen: tuple[str, str] = ("", ""),
     data: dict[str, str] | None = None,
 ) -> tuple[LoopState, Path | None]:
-    """Load the checkpoint to continue, if any; return the loop state and where it came from. `frozen`:
-    `frozen_weights` of the model as built (a checkpoint of others is refused); `data`: the data's
-    fingerprint (main process), checked (other_data) and carried into the next checkpoints."""
+    """Load the checkpoint to continue (the main process decides), if any; return the loop state and where
+    it came from. `frozen`: the built model's `frozen_weights`; `data`: its fingerprint (main process)."""
     decided = on_main(accelerator, lambda: (*decide_start(config, data), uuid.uuid4().hex[:12]))
     path, notes, new_run_id = decided
     for note in notes:
@@ -104,20 +98,17 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
 
 
 def other_data(path: Path | Copy, saved: dict[str, str], data: dict[str, str] | None) -> RunError | None:
-    """The refusal of checkpoint `path` (or a copy elsewhere), whose data fingerprint is `saved`, if it was
-    trained on other data than `data`; None if not, or if either is unknown (older than fingerprints)."""
+    """The refusal of checkpoint `path` (or a copy elsewhere), trained on `saved`, if that is not `data`."""
     if data is None or not saved or (change := first_difference(saved, data)) is None:
         return None
-    if isinstance(path, Path):
-        return RunError(
-            f"checkpoint {path} was trained on other data: {change}. Nothing was changed: give the run the "
-            "data it was trained on, choose another --output_dir, or pass --start_over true to set it aside "
-            "and start over"
-        )
+    what = f"checkpoint {path}" if isinstance(path, Path) else f"the copy {path}"
     # The import finds the same copy again whatever output_dir or start_over: only its places avoid it.
+    fix = "or a --mirror_dir and --import_from that do not hold this copy ('' for none)"
+    if isinstance(path, Path):
+        fix = "choose another --output_dir, or pass --start_over true to set it aside and start over"
     return RunError(
-        f"the copy {path} was trained on other data: {change}. Nothing was changed: give the run the data "
-        "it was trained on, or a --mirror_dir and --import_from that do not hold this copy ('' for none)"
+        f"{what} was trained on other data: {change}. Nothing was changed: give the run the data it was "
+        f"trained on, {fix}"
     )
 
 
@@ -126,9 +117,8 @@ def describe_frozen(sha256: str, source: str) -> str:
 
 
 def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
-    """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe
-    (docs/resume.md, "Never lose or mix a run"). Unreadable checkpoints newer than the one continued are
-    set aside; one of other data than `data` is refused before anything is set aside."""
+    """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe.
+    Unreadable checkpoints newer than the one continued are set aside."""
     output_dir = Path(config.output_dir)
     notes = bring_in_newest_copy(config, data)
     checkpoints = list_checkpoints(output_dir)
@@ -165,8 +155,7 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
 
 def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
     """Notes for a fresh start in output_dir; raise if an earlier run's outputs are there without start_over.
-    The same run stopped before its first checkpoint starts again, but its other files are set aside all
-    the same: they may be an earlier run's, whose checkpoints and model/ were deleted."""
+    The same run stopped before its first checkpoint starts again; its other files are set aside."""
     output_dir = Path(config.output_dir)
     earlier = earlier_outputs(output_dir)
     if not earlier:
@@ -190,18 +179,14 @@ def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
 
 
 def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None) -> list[str]:
-    """Copy the newest verifying checkpoint of this run found in mirror_dir or under import_from into
-    output_dir, when it is newer than output_dir's own; return what to print. Main process only. Where
-    output_dir holds none, the newest of any run with these settings (with the same data, runs are bitwise
-    alike: the note names the one continued). A copy trained on other data than `data` is refused before
-    it is brought in (other_data). Where output_dir holds no checkpoint and no copy verifies, raise naming
-    them: a fresh start would not be what was asked for, and a rerun with a good copy must find output_dir
-    as it was (the import wrote nothing there)."""
+    """Copy into output_dir the newest verifying checkpoint of this run (or, where it holds none, of any
+    run with these settings) in mirror_dir or under import_from; return what to print. Main process only.
+    Raise, writing nothing, where output_dir holds no checkpoint and no copy verifies."""
     places = [place for place in (config.mirror_dir, config.import_from) if place]
     if not places:
         return []
     output_dir = Path(config.output_dir)
-    own = newest_readable(output_dir)
+    newest = newest_readable(output_dir)
     notes: list[str] = []
     candidates: list[Copy] = []
     # Copies are named as the config names their places (absolute, links kept), output_dir both ways.
@@ -213,12 +198,12 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
             continue
         for copy in find_copies(place, seen, notes):
             if copy.problem:  # named, and counted as a copy that does not verify
-                candidates += [copy] if own is None or copy.step > own[0] else []
+                candidates += [copy] if newest is None or copy.step > newest[0] else []
             elif changed := changed_settings(copy.config_yaml, config):
                 notes.append(f"not continuing {copy}: other settings ({changed})")
-            elif own is not None and copy.run_id != own[1]:
-                notes.append(f"not continuing {copy}: another run; output_dir holds run {own[1] or '?'}")
-            elif own is None or copy.step > own[0]:
+            elif newest is not None and copy.run_id != newest[1]:
+                notes.append(f"not continuing {copy}: another run; output_dir holds run {newest[1] or '?'}")
+            elif newest is None or copy.step > newest[0]:
                 candidates.append(copy)
     failed = []
     for copy in sorted(candidates, key=lambda copy: copy.step, reverse=True):
@@ -228,26 +213,25 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
             notes.append(f"WARNING: skipping {copy}: {problem}")
             failed.append(f"{copy}: {problem}")
             continue
-        local = f"output_dir's newest is step {own[0]}" if own else "output_dir holds no checkpoint"
+        local = f"output_dir's newest is step {newest[0]}" if newest else "output_dir holds no checkpoint"
         notes.append(
             f"continuing from {copy}: the newest copy with these settings that verifies ({local}); its "
             f"checkpoint, metrics and exports were copied to {output_dir}"
         )
         return notes
-    if failed and own is None:
+    if failed and newest is None:
         raise RunError(
             f"no copy of this run verifies, so none was brought in ({'; '.join(failed)}): nothing was "
             f"written to {output_dir}; give --import_from a good copy and rerun, or --import_from '' to "
             "start fresh"
         )
-    if own is not None:
+    if newest is not None:
         notes.append(f"no newer copy of this run in {' or '.join(str(place) for place in places)}")
     return notes
 
 
 def changed_settings(saved: Path | str, config: TrainConfig) -> str:
-    """The run-defining fields whose value in a saved config.yaml (its text, or the folder that holds it)
-    differs from `config` ("" if none)."""
+    """The run-defining fields that a saved config.yaml (its text, or its folder) sets otherwise, or ""."""
     try:
         values = yaml.safe_load(saved if isinstance(saved, str) else (saved / "config.yaml").read_bytes())
     except (OSError, yaml.YAMLError) as error:
@@ -265,8 +249,7 @@ def changed_settings(saved: Path | str, config: TrainConfig) -> str:
 
 @dataclass
 class Copy:
-    """One checkpoint of a run found outside output_dir, in a run folder, local or remote: read through an
-    fsspec filesystem, the local disk's or a remote store's."""
+    """One checkpoint of a run found outside output_dir, in a run folder, local or remote (through fsspec)."""
 
     source: Path | str  # the run folder, or the URL of a remote run folder
     step: int
@@ -290,15 +273,14 @@ class Copy:
 
 
 def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
-    """Checkpoints of the run folders at `place` (a folder or a URL) or below it (SEARCH_DEPTH), from one
-    listing, each run folder once (`seen`). Checkpoints cut off mid-upload are named in `notes`."""
+    """Checkpoints of the run folders at `place` (a folder or a URL) or below it, each run folder once
+    (`seen`). Checkpoints cut off mid-upload are named in `notes`."""
     try:
         # A remote store lists everything below `root` in one request, but a walk (a request per folder)
         # where a depth is given; the local disk is walked only as deep as a run folder can be.
-        if is_url(place):
-            (store, root), depth = open_store(place), None
-        else:
-            store, root, depth = fsspec.filesystem("file"), str(Path(place).absolute()), SEARCH_DEPTH + 3
+        local = (fsspec.filesystem("file"), str(Path(place).absolute()))
+        store, root = open_store(place) if is_url(place) else local
+        depth = None if is_url(place) else SEARCH_DEPTH + 3
         store.invalidate_cache()
         files = store.find(root, maxdepth=depth) if store.isdir(root) else [root]
     except (OSError, ValueError) as error:
@@ -331,16 +313,13 @@ def find_copies(place: str, seen: set[str], notes: list[str]) -> list[Copy]:
 
 
 def _read_copy(store: Any, run: str, source: Path | str, step: int) -> Copy:
-    """The checkpoint at `step` of the run folder `run` in `store`; a damaged one is named, not skipped: it
-    counts as a copy that does not verify."""
+    """The checkpoint at `step` of the run folder `run` in `store`; a damaged one counts as not verifying."""
     copy = Copy(source, step, "", "", store, run)
     try:
         record = json.loads(store.cat_file(copy.at(f"{copy.checkpoint}/{LOOP_STATE_FILE}")))
         copy.config_yaml = store.cat_file(copy.at(f"{copy.checkpoint}/config.yaml")).decode()
     except (OSError, ValueError) as error:
-        copy.problem = (
-            f"its {LOOP_STATE_FILE} or config.yaml cannot be read ({type(error).__name__}: {error})"
-        )
+        copy.problem = f"its loop_state.json or config.yaml cannot be read ({type(error).__name__}: {error})"
         return copy
     state = record.get("loop_state", {}) if isinstance(record, dict) else {}
     fingerprint = state.get("data_fingerprint", {})
@@ -350,9 +329,8 @@ def _read_copy(store: Any, run: str, source: Path | str, step: int) -> Copy:
 
 
 def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
-    """Copy `copy`'s checkpoint into output_dir, verify it, then bring the run's other files; return why
-    it could not be used (nothing of it is kept then), or None. An export (model/, best_model/) that does
-    not match its checksums is not brought in: `notes` names it, and output_dir's own stays."""
+    """Copy `copy`'s checkpoint into output_dir, verify it, then bring the run's other files (exports that
+    verify); return why it could not be used (nothing of it is kept then), or None."""
     final = checkpoint_root(output_dir) / f"step_{copy.step:08d}"
     staging = final.with_name(f"{STAGING_PREFIX}{final.name}")
     made_root = not final.parent.exists()
@@ -365,8 +343,8 @@ def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
         if problem := checkpoint_problem(staging):
             _discard([staging], final.parent if made_root else None)
             return problem
-        tops = [top.rstrip("/").rsplit("/", 1)[-1] for top in copy.store.ls(copy.path, detail=False)]
-        names = sorted(name for name in tops if is_run_file(name))  # what comes with the checkpoint
+        top_names = [top.rstrip("/").rsplit("/", 1)[-1] for top in copy.store.ls(copy.path, detail=False)]
+        names = sorted(name for name in top_names if is_run_file(name))  # what comes with the checkpoint
         exports = _stage_exports(copy, [name for name in names if name in EXPORTS], output_dir, notes)
         others = [name for name in names if name not in EXPORTS]
         # The run's other files (metrics up to at least this checkpoint, exports, tracker logs) replace
@@ -387,8 +365,8 @@ def import_copy(copy: Copy, output_dir: Path, notes: list[str]) -> str | None:
 
 
 def _stage_exports(copy: Copy, names: list[str], output_dir: Path, notes: list[str]) -> dict[str, Path]:
-    """Copy the exports `names` next to output_dir's and verify each against its checksums.json; return
-    those that verify (name -> staged folder). One that does not is removed and named in `notes`."""
+    """Copy the exports `names` next to output_dir's; return those that verify (name -> staged folder).
+    One that does not is removed and named in `notes`."""
     staged: dict[str, Path] = {}
     for name in names:
         folder = output_dir / f"{STAGING_PREFIX}{name}"
@@ -412,8 +390,7 @@ def _discard(paths: list[Path], root: Path | None) -> None:
 
 
 def _bring(copy: Copy, name: str, destination: Path) -> None:
-    """Copy the run's file or folder `name` (relative to the run folder) to `destination`. Only below
-    `destination`: a crafted listing cannot write elsewhere."""
+    """Copy the run's file or folder `name` to `destination`, never outside it (a crafted listing)."""
     source = copy.at(name)
     if not copy.store.isdir(source):
         copy.store.get_file(source, str(destination))

@@ -1,6 +1,5 @@
-"""The task's contract (task.py), checked on two real samples and a fresh model on the CPU before a run
-takes its folder: a breach, or an exception inside a task function, stops it with one line naming the
-function (docs/own-task.md, "The task check").
+"""The task's contract (task.py), checked on two real samples and a fresh model on the CPU before a run takes
+its folder: a breach, or an exception in a task function, is one line naming the function (docs/own-task.md).
 """
 
 from __future__ import annotations
@@ -32,12 +31,9 @@ class TaskError(ConfigError):
 def check_task(
     config: TrainConfig, train_set: Dataset, eval_set: Dataset, predict_inputs: int = 1
 ) -> list[str]:
-    """Run task.py's functions on a few samples; raise TaskError on a breach, return warnings to print.
-
-    `predict_inputs`: how many of them `predict` gets. Training does not use it, but a wrong return found
-    now is not found by predict.py after the whole run.
-    The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check.
-    """
+    """Run task.py's functions on a few samples (`predict` on `predict_inputs` of them: a wrong return found
+    now is not found by predict.py after the run); raise TaskError on a breach, return warnings to print.
+    The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check."""
     with _kept_random_state():
         train_batch = _first_batch(train_set, "training")
         eval_batch = _first_batch(eval_set, "eval")
@@ -118,9 +114,11 @@ def _check_eval_step(model: torch.nn.Module, eval_batch: Any, rows: int) -> Mapp
         )
     for name, value in values.items():
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != (rows,):
+            columns = isinstance(value, torch.Tensor) and value.dim() == 2 and len(value) == rows
+            way_out = f"; return one name per column ('{name}_0': v[:, 0], ...), stacked in metrics" * columns
             raise TaskError(
                 f"eval_step(model, batch) returned {_describe(value)} as {name!r} for a batch of {rows} "
-                f"samples: the contract wants one value per sample, a tensor of shape [{rows}]"
+                f"samples: the contract wants one value per sample, a tensor of shape [{rows}]{way_out}"
             )
     return values
 
@@ -174,15 +172,11 @@ def check_rows(predicted: Any, count: int) -> None:
 
 
 class TaskModel:
-    """The model as loss and eval_step get it, from the task check and from the loop alike: called, it runs
-    `forward` (the prepared model: DDP's gradient sync, torch.compile); an attribute is read from `model`,
-    the module build_model returned. So a setting kept on the model (loss gets no config) reads the same
-    on any number of processes, where DDP's wrapper alone has none of the model's attributes.
-
-    In loss (`training`), a submodule with parameters or a method of the model's own is refused with one
-    line: calling it skips `forward`, and with it DDP's gradient sync, so 1 and N processes would train
-    differently.
-    """
+    """The model as loss and eval_step get it (task check and loop alike): called, it runs `forward` (the
+    prepared model: DDP's gradient sync, torch.compile); attributes come from `model`, the module build_model
+    returned, so a setting kept on it (loss gets no config) reads the same on any number of processes. In
+    loss (`training`), a submodule with parameters or a method of the model's own is refused in one line:
+    calling it would skip `forward` and DDP's gradient sync, so 1 and N processes would train differently."""
 
     def __init__(self, forward: Callable[..., Any], model: torch.nn.Module, training: bool = False) -> None:
         self._forward, self._model, self._training = forward, model, training
@@ -204,8 +198,7 @@ class TaskModel:
 
 
 def _first_batch(dataset: Dataset, split: str) -> Any:
-    """What the training loop would get: the first items, through the dataset's `__getitems__` if it has
-    one, collated by task.collate."""
+    """The first items as the loop gets them: through the dataset's `__getitems__` if any, by task.collate."""
     loader = DataLoader(dataset, batch_size=SAMPLES, collate_fn=task.collate)
     batch = _call(f"collate(the first {SAMPLES} {split} samples)", lambda: next(iter(loader)))
     tensors = list(batch_tensors(batch))

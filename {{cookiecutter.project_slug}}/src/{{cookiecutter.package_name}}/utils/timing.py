@@ -1,7 +1,7 @@
-"""Time limits of a session: checkpoints so that a kill loses at most `max_time_lost`, and a stop before
-`time_budget` (docs/resume.md), decided on the main process's clock (the processes advance in lockstep) at
-logging steps, checkpoints also after a session's first step, and carried by the logging reduce (the other
-processes add zeros): every process acts at the same step without a sync of its own."""
+"""Time limits of a session: checkpoints so that a kill loses at most `max_time_lost`, a stop before
+`time_budget` (docs/resume.md), a signal's within a second; decided on the main process's clock (processes
+advance in lockstep) at votes, steps about VOTE_S apart and logging steps, and carried by the vote's reduce
+(the other processes add zeros): every process acts at the same step without a sync of its own."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from .config import TrainConfig, parse_duration
 
 LOOP_SHARE = 0.02  # the most of the wall time that checkpoints may stop the loop for
+VOTE_S = 0.5  # seconds between votes: a signal waits for one at most (a sync each, not one per step)
 
 
 class SessionClock:
@@ -26,43 +27,52 @@ class SessionClock:
         self.longest_interval = 0.0  # between logging steps, start-up included in the first
         self.longest_save = self.stop_s = 0.0  # a whole checkpoint; the loop's stop for the last one
         self.every, self.said = 0.0, False  # the steps between checkpoints agreed on; the cost line printed
+        self.vote_s = min(VOTE_S, self.lost / 10) if self.lost else VOTE_S  # also the plan's margin
         self.begin(0)
 
     def begin(self, step: int) -> None:
         """The loop starts at `step`: a kill from now on loses the time since then, until a checkpoint."""
-        self.checkpoint_step = step
-        self.taken = [(step, time.monotonic())]  # (step, reached at) of checkpoints, from the newest durable
+        self.checkpoint_step = self.voted_step = self.next_vote = step
+        self.voted_at, self.step_s = time.monotonic(), 0.0  # the last vote; the pace before it
+        self.taken = [(step, self.voted_at)]  # (step, reached at) of checkpoints, from the newest durable
 
-    def at_log(self, step: int, logging: bool = True) -> tuple[float, float]:
-        """(checkpoint interval in steps, stop now: 1.0), for the reduce; zeros on the other processes; not
-        `logging` (the first step): the interval alone. Stop when one more logging interval, a checkpoint
-        and the export (no longer than a checkpoint) would not fit in what is left of the budget."""
-        if not (self.enabled and logging):
-            return self.plan(step), 0.0
+    def vote(self, step: int, logging: bool) -> tuple[float, float, float]:
+        """(checkpoint interval in steps, stop now: 1.0, steps to the next vote), for the reduce; zeros on the
+        other processes. The budget is read at logging steps: stop when one more logging interval, a
+        checkpoint and the export (no longer than a checkpoint) would not fit in what is left of it."""
+        if not self.enabled:
+            return 0.0, 0.0, 0.0
         now = time.monotonic()
-        self.longest_interval = max(self.longest_interval, now - self.last_log)
-        self.last_log = now
-        return self.plan(step), float(0 < self.budget <= now - self.start + self.reserve())
+        step_s = max(1e-9, now - self.voted_at) / max(1, step - self.voted_step)  # a slow start, forgotten
+        steady_s = min(step_s, self.step_s)  # a step's own time: not one evaluation's or the compile's
+        self.voted_step, self.voted_at, self.step_s = step, now, step_s
+        late = 0.0
+        if logging:
+            self.longest_interval = max(self.longest_interval, now - self.last_log)
+            self.last_log = now
+            late = float(0 < self.budget <= now - self.start + self.reserve())
+        return self.plan(step, now, step_s, steady_s), late, float(max(1, math.floor(self.vote_s / step_s)))
 
-    def plan(self, step: int) -> float:
-        """Steps from the last checkpoint's to the next, at the pace since the last (evaluations included)."""
-        if not (self.enabled and self.lost):
+    def plan(self, step: int, now: float, step_s: float, steady_s: float) -> float:
+        """Steps from the last checkpoint's to the next, at `step_s` a step: durable within max_time_lost of
+        the last, less a vote interval (the pace may change before the next vote corrects the plan)."""
+        if not self.lost:
             return 0.0
-        now, reached = time.monotonic(), self.taken[-1][1]  # when the last checkpoint's step was
-        step_s = max(1e-9, now - reached) / max(1, step - self.checkpoint_step)
-        fits, cost = self.interval()  # whole steps: within the first, never under the second
+        reached = self.taken[-1][1]  # when the last checkpoint's step was
+        fits, cost = self.interval(steady_s)  # whole steps: within the first, never under the second
         ahead = max(math.floor((reached + fits - now) / step_s), math.ceil((reached + cost - now) / step_s))
         return float(step - self.checkpoint_step + max(0, ahead))
 
-    def interval(self) -> tuple[float, float]:
+    def interval(self, step_s: float = 0.0) -> tuple[float, float]:
         """Seconds from a checkpoint to the next: at most such that its stop, write and copy still fit in
-        max_time_lost (half of it until one is measured); at least what checkpoints cost."""
+        max_time_lost (half of it until one is measured); at least what checkpoints cost, and one step."""
         write, copy = self.saver.last_seconds, self.mirror.copy_seconds
-        fits = self.lost - (self.stop_s + write + copy if self.stop_s else self.lost / 2)
+        fits = self.lost - self.vote_s - (self.stop_s + write + copy if self.stop_s else self.lost / 2)
         cost, why = max(
             (self.stop_s / LOOP_SHARE, f"each stops training for {format_duration(self.stop_s)}, 2% at most"),
             (write, f"each checkpoint's write takes {format_duration(write)}"),
             (copy, f"each copy to {self.mirror.target} takes {format_duration(copy)}"),
+            (step_s, f"each step takes {format_duration(step_s)}"),
         )
         if cost > fits and not self.said:
             self.said, risk = True, format_duration(self.lost - fits + cost)

@@ -100,13 +100,14 @@ def logged_rows(output_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def save_curves(output_dir: str | Path, best_metric: str, best_step: int | None) -> None:
-    """curves.png in output_dir, from metrics.jsonl, at a session's end (main process). A failure to draw
-    (matplotlib missing or broken, a full disk) is a warning line: the run itself is saved by then."""
+    """curves.png in output_dir, from metrics.jsonl, at a session's end (main process); a line names it. A
+    failure to draw (matplotlib missing or broken, a full disk) is a warning line: the run is saved by now."""
     path = Path(output_dir) / "curves.png"
     try:
         if figure := curves_figure(logged_rows(output_dir), best_metric, best_step):
             figure.savefig(png := io.BytesIO(), format="png", dpi=80)
             write_atomically(path, png.getvalue(), durable=False)  # a kill leaves the last picture whole
+            print(f"curves: {path}", flush=True)
     except Exception as error:
         print(f"WARNING: {path} not drawn: {type(error).__name__}: {error}", flush=True)
 

@@ -1,11 +1,5 @@
-"""The task: all that train.py and predict.py know about the data, the model and the metrics.
-
-Digits: classify 8x8 handwritten digits (data/digits.csv) with a small MLP. To train your own task, change
-this file and the data/ and models/ modules it calls; train.py and predict.py stay as they are, and so
-do exact resume, the same optimization on any number of processes and exact distributed evaluation.
-
-The contract, function by function: docs/own-task.md. Every run checks it on two samples before it
-starts, and `python train.py --check_task` checks it alone.
+"""The task: all that train.py and predict.py know about the data, the model and the metrics. Digits:
+classify 8x8 handwritten digits (data/digits.csv) with a small MLP. Your own task: docs/own-task.md.
 """
 
 from __future__ import annotations
@@ -17,8 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .utils.config import Check, ConfigError, TrainConfig, setting
 
-# torch, numpy and the data/ and models/ modules are imported inside the functions that use them, so that
-# `train.py --help` and config errors answer before torch loads (seconds).
+# torch and the data/ and models/ modules load inside the functions: --help answers at once (own-task.md).
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
@@ -28,7 +21,6 @@ if TYPE_CHECKING:
 
 @dataclass
 class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
     eval_fraction: float = setting(0.2, "share of the images held out for evaluation")
     augment_noise: float = setting(0.05, "std of the Gaussian pixel noise added to training images (0: off)")
     hidden_size: int = setting(256, "width of the MLP's two hidden layers")
@@ -96,8 +88,7 @@ def metrics(values: dict[str, torch.Tensor], config: Config) -> dict[str, float]
 
 def predict_inputs(config: Config, path: Path | None) -> Dataset:
     """The eval split with labels and the line of data/digits.csv that holds each, or the images of a CSV
-    file: one image per line, 64 comma-separated pixel values 0..16 (8x8, row by row: data/digits.csv
-    without its last column, the digit)."""
+    file (docs/task.md, "Predictions")."""
     import torch
     from torch.utils.data import TensorDataset
 
@@ -111,8 +102,7 @@ def predict_inputs(config: Config, path: Path | None) -> Dataset:
 
 
 def predict(model: torch.nn.Module, batch: list[torch.Tensor], config: Config) -> list[dict[str, Any]]:
-    """The predicted digit; for the eval split, the true one and the line of data/digits.csv that holds the
-    image; the probability of each digit. (predict.py adds each row's index in the input.)"""
+    """The output rows of docs/task.md ("Predictions"), with the line of data/digits.csv of an eval image."""
     inputs, *known = batch
     probs = model(inputs).float().softmax(dim=-1).cpu()
     rows = []
@@ -158,8 +148,7 @@ def read_pixels(path: Path) -> torch.Tensor:
 
 
 def read_input_lines(path: Path, expected: str) -> list[str]:
-    """The lines of the text file `path`; a ConfigError names it, and what was expected, when it is missing,
-    a folder, unreadable or not text (a binary file)."""
+    """The lines of the text file `path`; a ConfigError names it, and what was expected, if it is not one."""
     if path.is_dir():
         raise ConfigError(f"input {path} is a folder; expected {expected}")
     if not path.is_file():

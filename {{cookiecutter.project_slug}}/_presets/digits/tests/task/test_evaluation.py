@@ -97,10 +97,15 @@ def test_early_stopping_stops_every_process_at_the_same_step_after_a_resume_too(
     result = run_training(reference, *EARLY, processes=2)
     best = json.loads((reference / "best_model" / "export.json").read_text())
     assert best["step"] == 2
-    assert result.stdout.splitlines()[-1] == (
+    # The progress where it stopped, why, then what it left; curves.png last.
+    lines = result.stdout.splitlines()
+    stopped = lines.index(
         f"stopped early at step 6: eval/accuracy has not improved for 2 evaluations; best "
         f"{best['eval/accuracy']:.4f} at step 2, exported to {reference / 'best_model'}/"
     )
+    assert lines[stopped - 1].startswith("train: step 6/") or lines[stopped - 2].startswith("train: step 6/")
+    assert lines[stopped + 1].startswith("done: 6 optimizer steps")
+    assert lines[-1] == f"curves: {reference / 'curves.png'}"
     assert max(row["step"] for row in read_metrics(reference)) == 6
     assert json.loads((reference / "model" / "export.json").read_text())["step"] == 6
     # Both processes took part in the checkpoint of step 6: each wrote its random state there.
@@ -127,7 +132,7 @@ def test_early_stopping_stops_every_process_at_the_same_step_after_a_resume_too(
     # Running the same command again does not train on: the run is over, and says so.
     before = (hop / "metrics.jsonl").read_text()
     rerun = run_training(hop, *EARLY)
-    assert rerun.stdout.splitlines()[-1].startswith("stopped early at step 6: eval/accuracy has not improved")
+    assert rerun.stdout.splitlines()[-4].startswith("stopped early at step 6: eval/accuracy has not improved")
     assert (hop / "metrics.jsonl").read_text() == before
     assert [session["ending"] for session in sessions_of(hop)] == [
         "max_steps reached",

@@ -98,7 +98,7 @@ def test_signal_stops_saves_and_resumes_exactly(
             sent += 1
     output, _ = process.communicate(timeout=120)
     # One line for the signal, from rank 0 alone: the launcher forwards it to every process.
-    assert output.count(f"{stop_signal.name} received: finishing") == 1, output[-2000:]
+    assert output.count(f"{stop_signal.name} received: saving a checkpoint") == 1, output[-2000:]
     assert output.count("received again") <= sent - 1, output[-2000:]
     assert "checkpoint saved, run the same command to continue" in output, output[-2000:]
     # A single process exits with EXIT_STOPPED; the launcher reports the signal it got (non-zero).

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +15,9 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data import digits
 from {{ cookiecutter.package_name }}.data.digits import NoisyDigits
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
+from {{ cookiecutter.package_name }}.utils.task_check import TaskModel
 
-from ..conftest import assert_quoted, last_eval, run_training
+from ..conftest import PROJECT, assert_quoted, last_eval, run_training
 
 
 @pytest.mark.slow
@@ -61,3 +65,26 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index() -> None:
     blank = torch.zeros(2, 64), torch.zeros(2, dtype=torch.long)  # the images are the noise alone
     first, second = (NoisyDigits(*blank, noise=0.05, seed=seed) for seed in (1, 2))
     assert not torch.equal(first[0][0], second[0][0])
+
+
+def test_the_worked_example_of_own_task_md_imports_what_it_uses_and_its_loss_reads_its_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/own-task.md's worked example (which starts from this preset), run as a module of this package:
+    its imports are all it needs (TrainConfig, setting), its data loads from a table, and its loss divides
+    by the temperature that build_model kept on the model (loss gets no config)."""
+    text = (PROJECT / "docs" / "own-task.md").read_text(encoding="utf-8")
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "(TrainConfig):" in block]
+    example = types.ModuleType(f"{task.__package__}.own_task_example")
+    example.__package__ = task.__package__
+    monkeypatch.setitem(sys.modules, example.__name__, example)  # where @dataclass looks its module up
+    exec(compile(code, "docs/own-task.md", "exec"), vars(example))
+    generator = np.random.default_rng(0)
+    table = np.column_stack([generator.normal(size=(40, 20)), generator.integers(0, 3, size=40)])
+    np.savetxt(tmp_path / "train.csv", table, delimiter=",", header="features and label", comments="")
+    config = example.Config(data_file=str(tmp_path / "train.csv"), temperature=2.0)
+    train_set, _ = example.build_datasets(config)
+    model = example.build_model(config).eval()  # no dropout: the same loss twice
+    inputs, labels = train_set[:8]
+    loss = example.loss(TaskModel(model, model, training=True), [inputs, labels])
+    assert torch.equal(loss, torch.nn.functional.cross_entropy(model(inputs) / 2.0, labels))

@@ -4,15 +4,8 @@ through np.memmap, so a corpus of any size trains in little memory):
     python -m {{ cookiecutter.package_name }}.prepare --input "corpus/*.txt" more.jsonl --output data/tokens
     python train.py --data_file data/tokens
 
-Two streaming passes over the input, each reading a few MB at a time: the first builds the tokenizer
-(the sorted characters of the text by default; with `--tokenizer bpe`, a byte-level BPE trained with
-the `tokenizers` library), the second writes the ids. A text file is one document; a jsonl line or a
-parquet row is one, its `--text_field`. Documents are joined by a blank line, so one text file gives the
-ids of the file itself: the shards of data/tinyshakespeare.txt train exactly as the file does.
-
-The folder appears whole or not at all: it is written under a hidden name and renamed when complete, and
-an existing --output is never written into. A bad input stops it with one line naming the file (and the
-line of a jsonl file).
+Two streaming passes over the input, a few MB at a time: the first builds the tokenizer, the second writes
+the ids. What it reads and writes: docs/task.md, "A corpus larger than memory".
 """
 
 from __future__ import annotations
@@ -154,7 +147,9 @@ def texts(files: list[Path], text_field: str, advance: Callable[[int], None]) ->
 
 def plain_text(path: Path, _: str, advance: Callable[[int], None]) -> Iterator[tuple[str, bool]]:
     decoder = codecs.getincrementaldecoder("utf-8")()
-    carried, offset, new_document = "", 0, True
+    carried = ""  # the end of a chunk after its last line break
+    offset = 0
+    new_document = True
     with path.open("rb") as file:
         while raw := file.read(CHUNK_BYTES):
             text = carried + decode(decoder, raw, path, offset)
@@ -209,7 +204,9 @@ def parquet_texts(path: Path, field: str, advance: Callable[[int], None]) -> Ite
             f"{path} has no column {field!r} (its columns: {', '.join(table.schema_arrow.names)}); "
             "name the text column with --text_field"
         )
-    size, rows, done = path.stat().st_size, max(1, table.metadata.num_rows), 0
+    size = path.stat().st_size
+    rows = max(1, table.metadata.num_rows)
+    done = 0
     for batch in table.iter_batches(columns=[field], batch_size=1024):
         for row, text in enumerate(batch.column(0).to_pylist(), start=done):
             if not isinstance(text, str):
@@ -236,13 +233,14 @@ def train_bpe(pieces: Iterator[str], vocab_size: int) -> Any:
 
 
 class ShardWriter:
-    """Appends ids to shard_000000.bin, shard_000001.bin, ... of `shard_tokens` each (the last shorter),
-    hashing them as they are written."""
+    """Appends ids to shard_000000.bin, shard_000001.bin, ... of `shard_tokens` each (the last shorter)."""
 
     def __init__(self, folder: Path, shard_tokens: int) -> None:
-        self.folder, self.shard_tokens = folder, shard_tokens
+        self.folder = folder
+        self.shard_tokens = shard_tokens
         self.entries: list[dict[str, Any]] = []
-        self.tokens, self.file = 0, None
+        self.tokens = 0
+        self.file = None
 
     def write(self, ids: np.ndarray) -> None:
         ids = ids.astype(DTYPE)
@@ -280,7 +278,9 @@ class Progress:
     """A plain line every 10 s and one at the end: the same on a terminal and in a log (a SLURM .out)."""
 
     def __init__(self, label: str, total: int) -> None:
-        self.label, self.total, self.done = label, total, 0
+        self.label = label
+        self.total = total
+        self.done = 0
         self.started = self.next_line = time.monotonic()
 
     def advance(self, count: int) -> None:

@@ -1,12 +1,6 @@
-"""The task: all that train.py and predict.py know about the data, the model and the metrics.
-
-lm: a small GPT that predicts the next character of a text (Shakespeare's plays by default), and writes
-text from prompts. To train your own task, change this file and the data/ and models/ modules it calls;
-train.py and predict.py stay as they are, and so do exact resume, the same optimization on any number of
-processes and exact distributed evaluation.
-
-The contract, function by function: docs/own-task.md. Every run checks it on two samples before it
-starts, and `python train.py --check_task` checks it alone.
+"""The task: all that train.py and predict.py know about the data, the model and the metrics. lm: a small
+GPT that predicts the next character of a text (Shakespeare's plays by default), and writes text from
+prompts. Your own task: docs/own-task.md.
 """
 
 from __future__ import annotations
@@ -20,8 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .utils.config import Check, ConfigError, TrainConfig, session, setting
 
-# torch, numpy and the data/ and models/ modules are imported inside the functions that use them, so that
-# `train.py --help` and config errors answer before torch loads (seconds).
+# torch and the data/ and models/ modules load inside the functions: --help answers at once (own-task.md).
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
@@ -34,7 +27,6 @@ NUM_EVAL_PROMPTS = 8  # predict.py without --input: prompts cut from the eval te
 
 @dataclass
 class Config(TrainConfig):
-    # This task's fields (each is a YAML key and a --flag), each with its meaning for --help.
     # A relative data_file is taken from the project folder.
     data_file: str = setting(
         "data/tinyshakespeare.txt",
@@ -196,23 +188,22 @@ def eval_step(model: torch.nn.Module, batch: torch.Tensor) -> dict[str, torch.Te
 
 
 def metrics(values: dict[str, torch.Tensor], config: Config) -> dict[str, float]:
-    """Mean loss per character (nats) and its perplexity, exp(loss): the number of characters the model
-    is, on average, as unsure between as a uniform guess (65 for an untrained model on Shakespeare)."""
+    """Mean loss per character (nats) and its perplexity, exp(loss) (docs/task.md, "Quality")."""
     mean = (values["loss_sum"].double().sum() / values["tokens"].sum()).item()
     return {"eval/loss": mean, "eval/perplexity": math.exp(mean)}
 
 
 def predict_inputs(config: Config, path: Path | None) -> list[dict[str, Any]]:
-    """Prompts: one per line of the UTF-8 text file `path` (empty lines are skipped), or, with `path`
-    None, NUM_EVAL_PROMPTS prompts of block_size characters cut from the eval text at line starts, each
-    with the `sample_chars` characters that truly follow it."""
+    """Prompts: one per line of the text file `path`, or, with `path` None, NUM_EVAL_PROMPTS cut from the
+    eval text at line starts, each with the `sample_chars` characters that truly follow it."""
     from .data.chars import split_ids
 
     text = corpus(config)
     if path is not None:
         return read_prompts(path, text, config.data_file)
     _, ids = split_ids(text.ids, config.eval_fraction)
-    length, follow = config.block_size, config.sample_chars
+    length = config.block_size
+    follow = config.sample_chars
     room = max(0, len(ids) - length - follow)
     newline = text.tokenizer.line_break
     items = []
@@ -279,8 +270,7 @@ def predict(model: torch.nn.Module, batch: dict[str, torch.Tensor], config: Conf
 
 
 def sampling_generator(seed: int, index: int) -> torch.Generator:
-    """The random stream of prompt `index`: a function of (seed, index) only, so its text is the same
-    on any number of processes and in any batch."""
+    """The random stream of prompt `index`, a function of (seed, index) only (docs/task.md)."""
     import numpy as np
     import torch
 

@@ -25,8 +25,8 @@ COMPILED = [
     *("--compile", "true", "--num_layers", "1", "--num_heads", "2", "--embed_dim", "32"),
     *("--block_size", "16", "--dropout", "0.1", "--eval_windows", "32", "--eval_every", "4"),
     *("--max_steps", "24", "--log_every", "2", "--checkpoint_every", "8", "--tracker", "none"),
-    # Checkpoints by step alone: with max_time_lost, minutes of compiling make the first steps' checkpoints
-    # come at every step, and the resumed session then compiled one graph anew (not understood yet).
+    # Checkpoints by step alone: with max_time_lost (a checkpoint after the minutes of the first step, no
+    # longer one at every early step) the resumed session still compiles its first graph anew (not understood)
     *("--max_time_lost", ""),
 ]
 # Inductor's own log of the resumed session: each compiled graph found in its cache, or compiled anew.

@@ -146,8 +146,8 @@ def test_a_loader_worker_killed_ends_the_run_and_the_rerun_resumes_bitwise(
     jsonl_files: str, reference: Path, tmp_path: Path
 ) -> None:
     """A stream's loader worker killed with SIGKILL (as the kernel's out-of-memory killer does) after a
-    checkpoint: train.py ends at once with PyTorch's error (not a hang); the rerun ends bitwise equal to a
-    run never stopped."""
+    checkpoint: train.py ends at once (not a hang) with one line that says so and that the rerun continues,
+    not PyTorch's traceback; the rerun ends bitwise equal to a run never stopped."""
     output_dir = tmp_path / "run"
     command, env = training_command(output_dir, "--data_files", jsonl_files, *STEPS)
     started = time.time()
@@ -163,7 +163,10 @@ def test_a_loader_worker_killed_ends_the_run_and_the_rerun_resumes_bitwise(
         kill_children(process.pid)
         time.sleep(0.02)
     err = process.communicate(timeout=120)[1].decode()
-    assert process.returncode == 1 and "Traceback" in err, err[-3000:]
+    assert process.returncode == 1 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: DataLoader worker (pid"), last
+    assert last.endswith("(out of memory?): rerun the same command to continue"), last
     run_training(output_dir, "--data_files", jsonl_files, *STEPS)
     assert_same_run(output_dir, reference)
 
@@ -531,3 +534,100 @@ def test_a_copy_trained_on_other_data_is_refused_before_it_is_brought_in(tmp_pat
     assert line.startswith(f"error: the copy {mirror} (step 4, run ")
     assert "--start_over" not in line and "a --mirror_dir and --import_from that do not hold" in line
     assert snapshot(output_dir) == {}  # the lock file alone: no checkpoint brought in
+
+
+@pytest.mark.slow
+def test_an_early_stop_where_a_streams_epoch_runs_out_is_checkpointed(
+    jsonl_files: str, tmp_path: Path
+) -> None:
+    """With eval_every 0 a stream is evaluated where an epoch runs out, after its last step: an early stop
+    decided there is checkpointed at that step (checkpoints every 5 steps miss the epoch ends, 7, 14...), so
+    that the same command again trains no further."""
+    output_dir = tmp_path / "run"
+    args = ["--data_files", jsonl_files, "--max_steps", "70", "--log_every", "2", "--eval_every", "0"]
+    args += ["--checkpoint_every", "5", "--early_stopping_patience", "1", *MODEL]
+    output = run_training(output_dir, *args).stdout
+    line = next(line for line in output.splitlines() if line.startswith("stopped early at step "))
+    stopped_at = int(line.split()[4].rstrip(":"))
+    state = read_loop_state(list_checkpoints(output_dir)[-1])
+    assert (state.step, state.stopped_early) == (stopped_at, True)
+    before = (output_dir / "metrics.jsonl").read_text()
+    rerun = run_training(output_dir, *args).stdout
+    assert f"resuming from {list_checkpoints(output_dir)[-1]} (step {stopped_at}," in rerun
+    assert line in rerun.splitlines()
+    assert (output_dir / "metrics.jsonl").read_text() == before
+
+
+def alive(pids: list[str]) -> list[str]:
+    """Those of `pids` still running (a zombie has ended: its parent has not reaped it yet)."""
+    running = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                running.append(pid)
+    return running
+
+
+def test_close_ends_the_workers_of_a_stream_loader(jsonl_files: str) -> None:
+    """What finish() calls once training is done: the workers torchdata keeps for state_dict end."""
+    config = config_for(jsonl_files, "--num_workers", "2")
+    train, _ = task.build_datasets(config)
+    accelerator = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+    loader = StreamLoader(train, config, accelerator, task.collate, pin_memory=False)
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    others = children.read_text().split()  # the fork server of the runs, if started
+    batches = iter(loader)
+    next(batches)
+    workers = [pid for pid in children.read_text().split() if pid not in others]
+    assert len(alive(workers)) == 2, workers
+    del batches
+    assert len(alive(workers)) == 2  # torchdata keeps the iterator, and its workers
+    loader.close()
+    deadline = time.monotonic() + 30
+    while alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive(workers) == []
+
+
+# A sitecustomize that makes task.loss fail after $FAIL_AFTER calls, first writing the pids of the
+# process's children (the stream's loader workers) to $WORKER_PIDS.
+FAILING_LOSS = """import os
+from pathlib import Path
+
+from {{ cookiecutter.package_name }} import task
+
+_loss, calls = task.loss, []
+
+
+def loss(model, batch):
+    calls.append(1)
+    if len(calls) > int(os.environ["FAIL_AFTER"]):
+        children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text()
+        Path(os.environ["WORKER_PIDS"]).write_text(children)
+        raise RuntimeError("the task's loss failed (a test)")
+    return _loss(model, batch)
+
+
+task.loss = loss
+"""
+
+
+@pytest.mark.slow
+def test_a_run_that_crashes_mid_stream_leaves_no_loader_worker(jsonl_files: str, tmp_path: Path) -> None:
+    """task.loss raises at step 4 while 2 workers read the stream: train.py ends with the error, at once,
+    and its workers end with it (they ignore SIGTERM, so nothing but the loader's own end stops them)."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(FAILING_LOSS)
+    args = ["--data_files", jsonl_files, *STEPS, "--num_workers", "2"]
+    command, env = training_command(tmp_path / "run", *args)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "hook"), env.get("PYTHONPATH", "")])
+    env |= {"FAIL_AFTER": "6", "WORKER_PIDS": str(tmp_path / "workers")}
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "the task's loss failed (a test)" in result.stderr
+    workers = (tmp_path / "workers").read_text().split()
+    assert len(workers) == 2, workers
+    deadline = time.monotonic() + 30
+    while alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive(workers) == [], "loader workers outlived train.py"

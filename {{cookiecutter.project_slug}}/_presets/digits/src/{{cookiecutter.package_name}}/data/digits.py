@@ -1,7 +1,4 @@
-"""Handwritten digits (1,797 8x8 images), shipped with the project in data/digits.csv: no network needed.
-
-The file is the test set of UCI's "Optical Recognition of Handwritten Digits" (CC BY 4.0; data/README.md
-says where it comes from), the same rows in the same order as scikit-learn's `load_digits`.
+"""Handwritten digits (1,797 8x8 images) of data/digits.csv (data/README.md says where they come from).
 Replace this module with your own data; task.py is the only caller.
 """
 
@@ -33,19 +30,18 @@ class DigitBatch(NamedTuple):
 
 
 class NoisyDigits(Dataset):
-    """Training images with Gaussian pixel noise.
+    """Training images with Gaussian pixel noise, a function of (seed, epoch, index) only (docs/resume.md).
 
-    The noise of an item is a function of (seed, epoch, index) only, never of a global random
-    stream: the loader reads ahead and a resumed run skips batches, so anything else would make a
-    resumed run see different images than the uninterrupted one. One generator seeded with (seed, epoch)
-    draws the whole epoch's noise at once, and `__getitems__` (which DataLoader calls with a batch's
-    indices) hands over the whole batch, already stacked, as a `DigitBatch`: a generator per image cost
-    about 50 us each, and slicing a batch into images for collate to stack again another 40 us per batch,
-    enough to keep a GPU waiting.
+    One generator seeded with (seed, epoch) draws the whole epoch's noise at once, and `__getitems__` hands
+    over a batch already stacked: a generator per image cost about 50 us each, and slicing a batch into
+    images for collate to stack again another 40 us per batch, enough to keep a GPU waiting.
     """
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, noise: float, seed: int) -> None:
-        self.features, self.labels, self.noise, self.seed = features, labels, noise, seed
+        self.features = features
+        self.labels = labels
+        self.noise = noise
+        self.seed = seed
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -78,10 +74,7 @@ class NoisyDigits(Dataset):
 
 
 def digit_splits(seed: int, eval_fraction: float, noise: float) -> tuple[NoisyDigits, TensorDataset]:
-    """(train, eval) datasets of (features, label) pairs, features scaled to 0..1.
-
-    The split depends only on `seed`, so every process and every platform sees the same one.
-    """
+    """(train, eval) datasets of (features, label) pairs, features scaled to 0..1, split by `seed` alone."""
     if not DATA_FILE.is_file():
         raise ConfigError(
             f"{DATA_FILE} does not exist: the data ships in the project's data/ folder, which an install "

@@ -123,7 +123,10 @@ class ImageFolder(Dataset):
         flip: bool = False,
         normalization: Normalization | None = None,
     ) -> None:
-        self.samples, self.size, self.padding, self.flip = samples, size, padding, flip
+        self.samples = samples
+        self.size = size
+        self.padding = padding
+        self.flip = flip
         self.normalization = normalization
 
     def __len__(self) -> int:

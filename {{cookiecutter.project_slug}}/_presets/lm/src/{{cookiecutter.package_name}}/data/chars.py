@@ -1,10 +1,6 @@
-"""A plain text file as a character-level corpus: its vocabulary, the train/eval split and the windows.
-
-The vocabulary is every distinct character of the file, sorted by code point, so it is rebuilt
-identically from the same file by train.py, predict.py and every process. The model keeps only its
-SHA-256 (task.keep_vocabulary), so it needs this file (or one with the same characters) to read prompts
-and write text. Replace the file (task.py: `data_file`) with any UTF-8 text; a corpus larger than memory
-goes through prepare.py into token shards (data/shards.py), which the windows below read alike.
+"""A plain text file as a character-level corpus: its vocabulary (its sorted characters, rebuilt from the
+file by every process; the model keeps only its SHA-256), the train/eval split and the windows, which read
+token shards (data/shards.py) alike. docs/task.md, "Your own text".
 """
 
 from __future__ import annotations
@@ -65,15 +61,12 @@ def split_ids(ids: Any, eval_fraction: float) -> tuple[Any, Any]:
 
 class TrainWindows(Dataset):
     """Windows of block_size + 1 characters (inputs and next-character targets) that tile the training
-    text; one epoch is one pass over it.
-
-    Each epoch shifts the tiling by an offset in [0, block_size) drawn from (seed, epoch) only, never from
-    a global random stream (the loader reads ahead and a resumed run skips batches), so that across epochs
-    the model sees the text cut at different places. The length is the same for every offset.
-    """
+    text, shifted each epoch by an offset in [0, block_size) drawn from (seed, epoch) (docs/task.md)."""
 
     def __init__(self, ids: torch.Tensor, block_size: int, seed: int) -> None:
-        self.ids, self.block_size, self.seed = ids, block_size, seed
+        self.ids = ids
+        self.block_size = block_size
+        self.seed = seed
         self.sampler = WindowOrder(len(self), seed)  # the order train.py's loader takes the windows in
         self.set_epoch(0)
 
@@ -97,7 +90,8 @@ class EvalWindows(Dataset):
     of them (0 = all), evenly spaced over it, so that an evaluation stays short but covers the whole text."""
 
     def __init__(self, ids: torch.Tensor, block_size: int, max_windows: int) -> None:
-        self.ids, self.size = ids, block_size + 1
+        self.ids = ids
+        self.size = block_size + 1
         available = len(ids) // self.size
         count = min(available, max_windows) if max_windows else available
         self.starts = [k * available // count * self.size for k in range(count)] if count else []
@@ -120,7 +114,9 @@ class WindowOrder(Sampler[int]):
     CHUNK = 4096
 
     def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
+        self.size = size
+        self.seed = seed
+        self.epoch = 0
         self.half = max(1, (max(size - 1, 1).bit_length() + 1) // 2)
 
     def set_epoch(self, epoch: int) -> None:

@@ -1,9 +1,5 @@
-"""A folder of token shards, as prepare.py writes it, read through np.memmap.
-
-Layout: `shard_000000.bin`, `shard_000001.bin`, ...: the token ids of the whole text, in order, as
-little-endian uint16, the shards one after the other; `meta.json`: the tokenizer, the token counts and
-each shard's SHA-256; `tokenizer.json` for a byte-level BPE. The shards are never loaded whole: a window
-reads its few tokens from the page cache, so memory stays small whatever the size of the corpus.
+"""A folder of token shards, as prepare.py writes it (docs/task.md), read through np.memmap: a window reads
+its few tokens from the page cache, so memory stays small whatever the size of the corpus.
 """
 
 from __future__ import annotations
@@ -65,9 +61,11 @@ class TokenShards:
     def __init__(
         self, shards: list[Shard], start: int = 0, stop: int | None = None, vocabulary: str = ""
     ) -> None:
-        self.shards, self.vocabulary = shards, vocabulary
+        self.shards = shards
+        self.vocabulary = vocabulary
         self.ends = np.cumsum([shard.tokens for shard in shards]).tolist()
-        self.start, self.stop = start, self.ends[-1] if stop is None else stop
+        self.start = start
+        self.stop = self.ends[-1] if stop is None else stop
         self._maps: dict[int, np.memmap] = {}
         self._reads = 0
 

@@ -1,10 +1,6 @@
-"""A small GPT (decoder-only transformer) in plain PyTorch, after nanoGPT: replace it with your own network;
-task.py builds it.
-
-Token and position embeddings, `num_layers` pre-LayerNorm blocks of causal self-attention and an MLP, a
-final LayerNorm and a linear head to one logit per vocabulary entry. With `tie_embeddings` the head's weight
-is the token embedding's (one tensor, as in GPT-2): safetensors files then hold it under one name, and the
-project's checkpoints and predict.py load it back under both.
+"""A small GPT (decoder-only transformer) in plain PyTorch, after nanoGPT (docs/task.md, "Model"): replace it
+with your own network; task.py builds it. With `tie_embeddings` the head's weight is the token embedding's:
+safetensors files hold it under one name, and checkpoints and predict.py load it back under both.
 """
 
 from __future__ import annotations
@@ -19,7 +15,8 @@ from torch import nn
 class CausalSelfAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float) -> None:
         super().__init__()
-        self.num_heads, self.dropout = num_heads, dropout
+        self.num_heads = num_heads
+        self.dropout = dropout
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.proj_dropout = nn.Dropout(dropout)
