@@ -19,7 +19,7 @@ import pytest
 {% if cookiecutter.tracker == "mlflow" %}
 from {{ cookiecutter.package_name }}.utils import tracking
 {%- endif %}
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints{% if cookiecutter.tracker == "mlflow" %}, seal{% endif %}
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, TrainConfig, load_config
 {%- if cookiecutter.tracker == "wandb" %}
 from {{ cookiecutter.package_name }}.utils.run_dir import RunError
@@ -360,6 +360,28 @@ def test_mlflow_viewer_line_says_what_to_install_where_only_mlflow_skinny_is(
     assert alone == "mlflow: view with: mlflow ui --backend-store-uri sqlite:///x.db"
 
 
+def test_a_checkpoint_of_the_previous_version_continues_its_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous version saved its one tracker's run id bare (`tracker_run_id: "<id>"`): a run resumed
+    from such a checkpoint continues that MLflow run, the render's tracker, each step once."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    reference = tmp_path / "reference"
+    run_training(reference, *ARGS)
+    output_dir = tmp_path / "run"
+    interrupt(output_dir, signal.SIGKILL, 15, *ARGS)
+    for checkpoint in list_checkpoints(output_dir):
+        path = checkpoint / "loop_state.json"
+        record = json.loads(path.read_text())
+        name, run_id = record["loop_state"]["tracker_run_id"].split("=")
+        assert name == "mlflow" and run_id
+        record["loop_state"]["tracker_run_id"] = run_id  # as the previous version wrote it
+        record["seal"] = seal(record)
+        path.write_text(json.dumps(record))
+    run_training(output_dir, *ARGS)
+    assert mlflow_metrics(output_dir) == mlflow_metrics(reference)  # one MLflow run, each step once
+
+
 def post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(request, timeout=30).read())
@@ -404,9 +426,9 @@ def test_kaggle_secret_is_used_and_never_written(tmp_path: Path, monkeypatch: py
     output_dir = tmp_path / "run"
     result = run_training(output_dir, "--max_steps", "10", "--log_every", "5")
 {%- if cookiecutter.tracker == "wandb" %}
-    assert "wandb: API key from Kaggle secrets" in result.stdout
+    assert "wandb: API key from Kaggle's secrets" in result.stdout
 {%- else %}
-    assert "mlflow: MLFLOW_TRACKING_TOKEN from Kaggle secrets" in result.stdout
+    assert "mlflow: MLFLOW_TRACKING_TOKEN from Kaggle's secrets" in result.stdout
 {%- endif %}
     assert SECRET not in result.stdout + result.stderr
     for path in [*output_dir.rglob("*"), *(tmp_path / "home").rglob("*")]:

@@ -22,6 +22,7 @@ from accelerate.tracking import GeneralTracker
 from .checkpoint import LoopState
 from .config import ConfigError, TrainConfig
 from .durable import fsync_path, write_atomically
+from .remote import load_secret
 from .run_dir import RunError, write_error
 
 # Where each tracker writes in output_dir (MLflow: unless MLFLOW_TRACKING_URI names another store), and
@@ -69,9 +70,8 @@ def metrics_size(output_dir: str | Path, durable: bool = False) -> int:
 
 
 def truncate_metrics(output_dir: str | Path, size: int, step: int) -> str | None:
-    """Cut metrics.jsonl back to `size` bytes, its length at the checkpoint of `step`. A shorter file is
-    cut to whole lines and filled to `size` with a row of `step` and no values (a later cut lands where the
-    checkpoint says); the warning that says what was lost is returned."""
+    """Cut metrics.jsonl back to `size` bytes, its length at the checkpoint of `step`; a shorter file is cut
+    to whole lines and filled to `size` with a row of `step` and no values: the warning is returned."""
     path = metrics_path(output_dir)
     held = path.stat().st_size if path.exists() else 0
     if held > size:
@@ -100,8 +100,7 @@ def logged_rows(output_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def save_curves(output_dir: str | Path, best_metric: str, best_step: int | None) -> None:
-    """curves.png in output_dir, from metrics.jsonl, at a session's end (main process); a line names it. A
-    failure to draw (matplotlib missing or broken, a full disk) is a warning line: the run is saved by now."""
+    """curves.png in output_dir, from metrics.jsonl, at a session's end; a failure to draw is a warning."""
     path = Path(output_dir) / "curves.png"
     try:
         if figure := curves_figure(logged_rows(output_dir), best_metric, best_step):
@@ -113,8 +112,7 @@ def save_curves(output_dir: str | Path, best_metric: str, best_step: int | None)
 
 
 def curves_figure(rows: list[tuple[int, dict[str, Any]]], best_metric: str, best_step: int | None) -> Any:
-    """A panel per metric (train/loss, then each eval metric) with its line by step; on best_metric's, a
-    marker at the best evaluation. None where nothing is logged yet."""
+    """A panel per metric by step, the best evaluation marked on best_metric's; None if nothing is logged."""
     series: dict[str, dict[int, float]] = {}
     for step, values in rows:
         for name, value in values.items():
@@ -141,11 +139,9 @@ def tracker_names(config: TrainConfig) -> list[str]:
 
 
 def trackers(config: TrainConfig) -> list[Any]:
-    """The `log_with` list for the Accelerator. A tracker not installed stops the run here, before anything
-    is written: Accelerate would drop it with a warning, and the run would log nowhere."""
+    """The Accelerator's `log_with`; a tracker not installed is an error here (Accelerate would drop it)."""
     for name in tracker_names(config):
-        modules = TRACKER_MODULES[name].split()
-        if missing := [module for module in modules if importlib.util.find_spec(module) is None]:
+        if missing := [m for m in TRACKER_MODULES[name].split() if importlib.util.find_spec(m) is None]:
             raise ConfigError(
                 f"tracker {name} is not installed (missing: {', '.join(missing)}): pip install -e "
                 f'".[{name}]" in the project folder, or leave {name} out of tracker'
@@ -158,19 +154,18 @@ def tracker_dir(config: TrainConfig, name: str) -> Path:
 
 
 def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState, finished: bool) -> None:
-    """Start the trackers: each continues its run (MLflow's and wandb's by the ids in `state`, TensorBoard's
-    folder), which records the settings once; one new to the run starts one (`log_each_step_once`).
-
-    `finished`: the run is at its last step already, so this session logs only what it logged before.
-    A full disk under a tracker, now or later, ends in the project's one line (`NamesAFullDisk`)."""
+    """Start the trackers, each continuing its run (by its id in `state`; TensorBoard's by its folder) with
+    each step once; `finished`: the run is at its last step already. A full disk ends in one line."""
     names = tracker_names(config)
     where = tracker_dir(config, names[0]) if len(names) == 1 else Path(config.output_dir)
     quiet_full_disk_in_threads(where)
-    ids = dict(part.split("=", 1) for part in state.tracker_run_id.split(",") if "=" in part)  # mlflow=<id>
+    # "mlflow=<id>,wandb=<id>"; the previous version saved a bare id, of the render's tracker, its only one
+    default = next(field.default for field in dataclasses.fields(config) if field.name == "tracker")
+    parts = [p.split("=", 1) if "=" in p else (default, p) for p in state.tracker_run_id.split(",")]
+    ids = {name: run_id for name, run_id in parts if run_id}
     try:
-        kwargs = {name: setup_tracker(accelerator, config, name, ids, state.step) for name in names}
-        # A finished run's new wandb session would be one more offline folder holding nothing new. Only the
-        # main process logs (Accelerate's trackers), so only it needs to decide.
+        kwargs = {n: setup_tracker(accelerator, config, n, ids.get(n, ""), state.step) for n in names}
+        # A finished run's new wandb session would be an offline folder holding nothing new (main: it logs).
         if "wandb" in names and finished and accelerator.is_main_process and offline_done(config, state, ids):
             accelerator.log_with = [tracker for tracker in accelerator.log_with if str(tracker) != "wandb"]
             names.remove("wandb")
@@ -190,12 +185,8 @@ def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopSta
         raise write_error(where, error) from error
 
 
-def setup_tracker(
-    accelerator: Accelerator, config: TrainConfig, name: str, ids: dict[str, str], step: int
-) -> dict[str, Any]:
-    """Make tracker `name` work offline and continue its run (of `ids`, or for TensorBoard its folder,
-    which first drops the steps from the checkpoint's, `step`, on): its `init_trackers` kwargs."""
-    run_id = ids.get(name, "")
+def setup_tracker(accelerator: Accelerator, config: TrainConfig, name: str, run_id: str, step: int) -> dict:
+    """Tracker `name`'s `init_trackers` kwargs: offline where no key says otherwise, continuing its run."""
     if name == "tensorboard":
         events = (Path(accelerator.logging_dir) / Path(config.output_dir).name).glob("events.out.tfevents.*")
         return {"purge_step": step} if any(events) else {}
@@ -211,12 +202,10 @@ def setup_tracker(
     for secret in MLFLOW_SECRETS:
         if source := load_secret(secret):
             accelerator.print(f"mlflow: {secret} from {source}")
-    # MLflow logs a database error with its traceback, then raises it: the raise is what the run reports
-    # (a full disk: one line, NamesAFullDisk), so the logged copy is dropped.
+    # MLflow logs a database error with its traceback, then raises it: the raise is reported (in one line).
     logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: record.levelno < logging.ERROR)
     if os.environ.get("MLFLOW_TRACKING_URI"):  # a server
         return {"run_id": run_id or None}
-    # A SQLite file in the output folder: what MLflow recommends for local use, and what `mlflow ui` opens.
     output_dir = Path(config.output_dir).resolve()
     os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + (output_dir / "mlflow.db").as_posix()
     return {"run_id": run_id or None, "logging_dir": (output_dir / "mlartifacts").as_uri()}  # not ./mlruns
@@ -225,15 +214,12 @@ def setup_tracker(
 def log_each_step_once(
     accelerator: Accelerator, config: TrainConfig, name: str, continued: bool, step: int
 ) -> dict[str, str]:
-    """Make tracker `name`'s run show each logged step once, without a gap, however the sessions ended:
-    metrics.jsonl, cut back to the checkpoint, is replayed for the steps that the tracker's own store lacks
-    (docs/trackers.md); the settings are recorded when the run starts. Returns {name: its run id}."""
+    """Replay metrics.jsonl for the steps that tracker `name`'s store lacks, and record the settings when its
+    run starts (docs/trackers.md): each step once, without a gap. Returns {name: its run id}."""
     tracker = accelerator.get_tracker(name)
     run = tracker.tracker
-    held: dict[str, int] = {}
     held_by_all = step - 1 if continued and name == "tensorboard" else -1  # TensorBoard purged the rest
-    if name == "mlflow" and continued:
-        held = mlflow_held_steps(run.info.run_id)
+    held = mlflow_held_steps(run.info.run_id) if name == "mlflow" and continued else {}
     if name == "wandb":  # online, the server ignores the steps it holds; offline, the files are read
         held = wandb_offline_steps(tracker_dir(config, name), run.id) if continued else {}
         held_by_all = run.step - 1
@@ -250,7 +236,6 @@ def log_each_step_once(
             run.file_writer.add_summary(summary)
         run.flush()  # before training: a run stopped early has them, and does not record them again
     if name == "wandb" and os.environ.get("WANDB_MODE") in OFFLINE:
-        # wandb's own closing hint names this session's folder only; a resumed run has several.
         print(f"wandb: offline; upload every session with: wandb sync {tracker_dir(config, name)}")
     if name == "mlflow" and os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
         print(mlflow_viewer_hint(os.environ["MLFLOW_TRACKING_URI"]))
@@ -258,8 +243,7 @@ def log_each_step_once(
 
 
 def quiet_full_disk_in_threads(where: Path) -> None:
-    """A tracker's own writer thread (one that writes events in the background) meeting a full disk says
-    so in one line instead of its traceback: the run's next write to that disk ends the run in one line."""
+    """A tracker's writer thread meeting a full disk says so in one line instead of its traceback."""
     default = threading.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:
@@ -285,10 +269,8 @@ def disk_full(error: BaseException) -> bool:
 
 
 class NamesAFullDisk(GeneralTracker):
-    """Hands to another tracker (`inner`), as itself, the values of the steps that its run does not hold
-    yet (`held`: metric -> its last step there; `held_by_all`: a step up to which it holds every metric);
-    a full disk under it (an OSError, or SQLite's "database or disk is full") is raised as the project's
-    one-line error, which names the free space."""
+    """Hands to `inner`, as itself, the values of steps its run lacks (`held`: metric -> its last step;
+    `held_by_all`: the step up to which it holds all); a full disk under it is raised as one line."""
 
     requires_logging_directory = False
 
@@ -306,11 +288,7 @@ class NamesAFullDisk(GeneralTracker):
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         if step is not None:  # else not a value of a step: nothing to compare with
-            values = {
-                key: value
-                for key, value in values.items()
-                if step > max(self.held.get(key, -1), self.held_by_all)
-            }
+            values = {k: v for k, v in values.items() if step > max(self.held.get(k, -1), self.held_by_all)}
             self.held.update(dict.fromkeys(values, step))
         if values:
             self._named(self.inner.log, values, step=step, **kwargs)
@@ -328,8 +306,7 @@ class NamesAFullDisk(GeneralTracker):
 
 
 def mlflow_viewer_hint(uri: str) -> str:
-    """How to look at the run: the viewer's command, after the install of the viewer where it lacks (full
-    mlflow ships its built pages; mlflow-skinny, of the mlflow extra, has an `mlflow ui` that fails)."""
+    """The viewer's command, after its install where it lacks (mlflow-skinny's `mlflow ui` fails)."""
     command = f"mlflow ui --backend-store-uri {uri}"
     spec = importlib.util.find_spec("mlflow")
     if spec and spec.origin and (Path(spec.origin).parent / "server" / "js" / "build").is_dir():
@@ -345,15 +322,12 @@ def mlflow_held_steps(run_id: str) -> dict[str, int]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    return {
-        name: max(metric.step for metric in client.get_metric_history(run_id, name))
-        for name in client.get_run(run_id).data.metrics
-    }
+    metrics = client.get_run(run_id).data.metrics
+    return {name: max(metric.step for metric in client.get_metric_history(run_id, name)) for name in metrics}
 
 
 def offline_done(config: TrainConfig, state: LoopState, ids: dict[str, str]) -> bool:
-    """Whether the offline files of wandb's run (of `ids`) hold every metric up to the step of `state`,
-    that of the final evaluation and of the last train loss (logged after the last checkpoint) included."""
+    """Whether wandb's offline files hold every metric up to `state`'s step, the final evaluation's too."""
     if os.environ.get("WANDB_MODE") not in OFFLINE or "wandb" not in ids:
         return False  # online, the server holds the run: nothing local to compare with
     held = wandb_offline_steps(tracker_dir(config, "wandb"), ids["wandb"])
@@ -363,9 +337,7 @@ def offline_done(config: TrainConfig, state: LoopState, ids: dict[str, str]) -> 
 
 
 def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
-    """The last step of each metric that the offline sessions of wandb run `run_id` wrote to their files,
-    read by wandb's own reader, which stops where a killed session stopped writing. A file it cannot read
-    stops the run, named: a resume that trusted an empty answer would send every step again."""
+    """The last step of each metric in the offline files of wandb run `run_id` (read by wandb's reader)."""
     held: dict[str, int] = {}
     for path in wandb_dir.glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"):
         for step, items in wandb_history(path):
@@ -376,11 +348,8 @@ def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
 
 def wandb_history(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """(step, {name: value}) of each history record of a `.wandb` file, in the file's order."""
-    result = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
-        capture_output=True,
-        text=True,
-    )
+    command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True)
     try:
         if result.returncode != 0:
             raise ValueError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output")
@@ -388,40 +357,7 @@ def wandb_history(path: Path) -> list[tuple[int, dict[str, Any]]]:
         history = [record["history"] for record in records if record["type"] == "history"]
         return [(int(record["step"]["num"]), record["item"]) for record in history]
     except (ValueError, KeyError, TypeError) as error:
-        raise RunError(
+        raise RunError(  # a resume trusting an empty answer would send every step again
             f"cannot read wandb's offline file {path} with `wandb leet inspect --json` ({error}): "
-            "it is how a resumed run knows which steps wandb holds; pip install -U wandb, or move the "
-            "file away to resume without it (its steps are then sent again)"
+            "pip install -U wandb, or move the file away to resume without it (its steps are then sent again)"
         ) from error
-
-
-def load_secret(name: str) -> str | None:
-    """Make secret `name` available to this process: from the environment, Kaggle's secrets or Colab's
-    (the notebook exports them for the launcher); return where it was found, or None. The value goes
-    into this process's environment only: never to a file or a log."""
-    if os.environ.get(name):
-        return "the environment"
-    for source, read in (("Kaggle secrets", _kaggle_secret), ("Colab secrets", _colab_secret)):
-        try:
-            value = read(name)
-        except Exception:  # not that platform, secret not attached, or access refused: try the next
-            continue
-        if value:
-            os.environ[name] = value
-            return source
-    return None
-
-
-def _kaggle_secret(name: str) -> str | None:
-    from kaggle_secrets import UserSecretsClient
-
-    return UserSecretsClient().get_secret(name)
-
-
-def _colab_secret(name: str) -> str | None:
-    from google.colab import userdata
-    from IPython import get_ipython
-
-    if get_ipython() is None:  # a launcher's subprocess: userdata would need the kernel
-        return None
-    return userdata.get(name)
