@@ -172,11 +172,12 @@ def test_colab_notebook_mounts_drive_before_training() -> None:
     assert source.index('drive.mount("/content/drive")') < source.index(training_call("colab"))
     # Drive uploads in the background: the last cell waits for it before the session is left.
     assert source.rindex("drive.flush_and_unmount()") > source.index(training_call("colab"))
-{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 
 
-def test_colab_notebook_hands_tracker_keys_to_the_training_cell() -> None:
-    """Colab's secrets are readable only in the notebook kernel, not in the launcher's subprocess."""
+def test_colab_notebook_hands_every_trackers_keys_to_the_training_cell() -> None:
+    """Colab's secrets are readable only in the notebook kernel, not in the launcher's subprocess: the keys
+    of every tracker, whichever `tracker` names, are loaded before training."""
     source = code(nbformat.read(NOTEBOOKS["colab"], as_version=4))
-    assert source.index("os.environ[name] = userdata.get(name)") < source.index(training_call("colab"))
-{%- endif %}
+    training = source.index(training_call("colab"))
+    assert source.index("load_secret(name)") < training
+    assert source.index('"WANDB_API_KEY"') < training and source.index('"MLFLOW_TRACKING_') < training

@@ -1,53 +1,59 @@
-"""The tracker chosen for this project writes its logs offline, next to metrics.jsonl{% if cookiecutter.tracker != "none" %}, and a run
-interrupted in any way shows in it as a run that was never stopped{% endif %}."""
+"""The trackers of the config, one or several at once whatever tracker the project was generated with, write
+their logs offline, next to metrics.jsonl, and a run interrupted in any way shows in each as a run that was
+never stopped."""
 
 from __future__ import annotations
 
-{% if cookiecutter.tracker == "mlflow" %}import importlib.util
-import json
-{% endif %}{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import os
-{% endif %}{% if cookiecutter.tracker != "none" %}import signal
-{% endif %}{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import subprocess
-import sys
-{% endif %}{% if cookiecutter.tracker != "none" %}import time
-{% endif %}{% if cookiecutter.tracker == "mlflow" %}import urllib.parse
+import importlib.util
+{% if cookiecutter.tracker == "mlflow" %}import json
+{% endif %}import os
+import signal
+import subprocess
+{% if cookiecutter.tracker in ["wandb", "mlflow"] %}import sys
+{% endif %}import time
+{% if cookiecutter.tracker == "mlflow" %}import urllib.parse
 import urllib.request
 {% endif %}from pathlib import Path
 
 import pytest
-{%- if cookiecutter.tracker != "none" %}
 {% if cookiecutter.tracker == "mlflow" %}
 from {{ cookiecutter.package_name }}.utils import tracking
 {%- endif %}
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints{% if cookiecutter.tracker == "mlflow" %}, seal{% endif %}
+from {{ cookiecutter.package_name }}.utils.config import ConfigError, TrainConfig, load_config
 {%- if cookiecutter.tracker == "wandb" %}
 from {{ cookiecutter.package_name }}.utils.run_dir import RunError
 {%- endif %}
 from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
-{%- if cookiecutter.tracker == "wandb" %}
-from {{ cookiecutter.package_name }}.utils.tracking import wandb_history, wandb_offline_steps
-{%- endif %}
+from {{ cookiecutter.package_name }}.utils.tracking import TRACKER_MODULES, wandb_history{% if cookiecutter.tracker == "wandb" %}, wandb_offline_steps{% endif %}
 
 from .conftest import (
-{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
     PROJECT,
-{%- endif %}
 {%- if cookiecutter.tracker == "mlflow" %}
     free_port,
 {%- endif %}
     read_metrics,
     run_training,
     start_training,
+    training_command,
     wait_for_checkpoint,
     wait_for_training,
 )
-{%- else %}
-
-from .conftest import read_metrics, run_training
-{%- endif %}
 
 pytestmark = pytest.mark.slow
+
+# A checkpoint every 10 steps and a train loss every 5: a kill at step 15 leaves a step logged after the
+# newest checkpoint. Evaluations every 12 steps and at the end, whatever the task's epoch length.
+STEPS = ["--max_steps", "30", "--log_every", "5", "--checkpoint_every", "10", "--eval_every", "12"]
+ARGS = [*STEPS, "--tracker", "{{ cookiecutter.tracker }}"]
+
+
+def installed(*trackers: str) -> bool:
+    """Whether these trackers are installed (this project's extras of their names install them)."""
+    modules = [module for tracker in trackers for module in TRACKER_MODULES[tracker].split()]
+    return all(importlib.util.find_spec(module) for module in modules)
 {%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
+
 
 SECRET = "s3cr3t-value-that-must-not-leak-0123456789"
 {%- endif %}
@@ -59,14 +65,148 @@ def test_tracker_writes_offline_logs(tmp_path: Path) -> None:
     run_training(output_dir, "--max_steps", "10", "--log_every", "5", "--tracker", "none")
     assert [row["step"] for row in read_metrics(output_dir) if "train/loss" in row] == [5, 10]
     assert not (output_dir / "logs").exists()  # metrics.jsonl is the only log
-{%- else %}
+{%- endif %}
 
-# A checkpoint every 10 steps and a train loss every 5: a kill at step 15 leaves a step logged after the
-# newest checkpoint. Evaluations every 12 steps and at the end, whatever the task's epoch length.
-ARGS = [
-    *["--max_steps", "30", "--log_every", "5", "--checkpoint_every", "10", "--eval_every", "12"],
-    *["--tracker", "{{ cookiecutter.tracker }}"],
-]
+
+@pytest.mark.skipif(not installed(*TRACKER_MODULES), reason="pip install -e '.[tensorboard,wandb,mlflow]'")
+def test_several_trackers_at_once_each_show_a_killed_run_as_never_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tracker: tensorboard,wandb,mlflow, whatever the project was generated with (offline: no key, no
+    server): killed with kill -9 after a checkpoint with a step logged after it, then resumed to its end,
+    the run shows in each tracker as the same run uninterrupted: every step of every metric once, no gap,
+    the same values."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # a SQLite file in output_dir
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # wandb goes offline
+    args = [*STEPS, "--tracker", "tensorboard,wandb,mlflow"]
+    readers = {"tensorboard": tensorboard_metrics, "wandb": wandb_metrics, "mlflow": mlflow_metrics}
+    reference = tmp_path / "reference"
+    run_training(reference, *args)
+    expected = {name: read(reference) for name, read in readers.items()}
+    for metrics in expected.values():
+        assert [step for step, _ in metrics["train/loss"]] == [5, 10, 15, 20, 25, 30]
+        assert metrics.keys() == {name for row in read_metrics(reference) for name in row} - {"step"}
+
+    output_dir = tmp_path / "run"
+    interrupt(output_dir, signal.SIGKILL, 15, *args)
+    newest_checkpoint = int(list_checkpoints(output_dir)[-1].name[5:])
+    assert read_metrics(output_dir)[-1]["step"] > newest_checkpoint, "nothing was logged after the checkpoint"
+    run_training(output_dir, *args)
+    assert {name: read(output_dir) for name, read in readers.items()} == expected
+
+
+@pytest.mark.skipif(not installed("tensorboard", "mlflow"), reason="pip install -e '.[tensorboard,mlflow]'")
+def test_a_tracker_added_to_a_resumed_run_gets_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that logged to MLflow alone, killed with kill -9, continued with tensorboard,mlflow: TensorBoard
+    starts with every step logged so far, MLflow continues its run; both show what a run with both from the
+    start shows."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    reference = tmp_path / "reference"
+    run_training(reference, *STEPS, "--tracker", "tensorboard,mlflow")
+    output_dir = tmp_path / "run"
+    interrupt(output_dir, signal.SIGKILL, 15, *STEPS, "--tracker", "mlflow")
+    assert not (output_dir / "logs").exists()
+    run_training(output_dir, *STEPS, "--tracker", "tensorboard,mlflow")
+    assert tensorboard_metrics(output_dir) == tensorboard_metrics(reference)
+    assert mlflow_metrics(output_dir) == mlflow_metrics(reference)
+
+
+def test_a_tracker_not_installed_is_one_line_before_anything_is_written(tmp_path: Path) -> None:
+    """A tracker whose package is missing (here mlflow, hidden from the run) stops the run with the one
+    line that names the install command, before the output folder is touched."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    hidden = "".join(f"sys.modules[{module!r}] = None\n" for module in TRACKER_MODULES["mlflow"].split())
+    (hook / "sitecustomize.py").write_text(f"import sys\n{hidden}")  # not importable, as if not installed
+    output_dir = tmp_path / "run"
+    command, env = training_command(output_dir, *STEPS, "--tracker", "mlflow")
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env.get("PYTHONPATH", "")])
+    result = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "config error: tracker mlflow is not installed (missing: mlflow, sqlalchemy, alembic): pip "
+        'install -e ".[mlflow]" in the project folder, or leave mlflow out of tracker'
+    )
+    assert 'mlflow = ["mlflow-skinny>=' in (PROJECT / "pyproject.toml").read_text()  # the extra it names
+    assert not output_dir.exists()
+
+
+def test_tracker_takes_a_list_in_yaml_and_a_comma_separated_flag(tmp_path: Path) -> None:
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text("tracker: [tensorboard, mlflow]\n")
+    assert load_config([], config_file, TrainConfig)[0].tracker == "tensorboard,mlflow"
+    assert load_config(["--tracker", "wandb,mlflow"], config_file, TrainConfig)[0].tracker == "wandb,mlflow"
+    with pytest.raises(ConfigError, match="--tracker: tracker='tensorboard,mlfow' is invalid: it must be"):
+        load_config(["--tracker", "tensorboard,mlfow"], config_file, TrainConfig)
+
+
+def interrupt(output_dir: Path, signal_number: int, after_step: int, *args: str) -> None:
+    """Start a run of `args` in `output_dir` and send it `signal_number` once it has logged `after_step`."""
+    started = time.time()
+    process = start_training(output_dir, *args)
+    wait_for_training(output_dir, process, since=started, step=after_step)
+    if signal_number == signal.SIGKILL:
+        wait_for_checkpoint(output_dir, process)
+    process.send_signal(signal_number)
+    output, _ = process.communicate(timeout=120)
+    stopped = -signal.SIGKILL if signal_number == signal.SIGKILL else EXIT_STOPPED
+    assert process.returncode == stopped, output[-2000:]
+
+
+def tensorboard_metrics(output_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of each metric, as TensorBoard shows them: it drops what restarts purge."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = output_dir / "logs" / output_dir.name
+    assert [path for path in (output_dir / "logs").rglob("*") if path.is_dir()] == [folder]  # one run
+    accumulator = EventAccumulator(str(folder))
+    accumulator.Reload()
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def wandb_metrics(output_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of each metric of the one wandb run, as its offline sessions' files hold them."""
+    sessions = sorted((output_dir / "wandb").glob("offline-run-*"))  # one folder per session, by start time
+    assert len({wandb_run_id(path) for path in sessions}) == 1, f"two wandb runs: {sessions}"
+    metrics: dict[str, list[tuple[int, float]]] = {}
+    for session in sessions:
+        for step, items in wandb_session_history(session):
+            for name, value in items.items():
+                if not name.startswith("_"):  # wandb's own: _step, _runtime, _timestamp
+                    metrics.setdefault(name, []).append((step, value))
+    return metrics
+
+
+def wandb_run_id(session: Path) -> str:
+    """The run id in a session's folder name, offline-run-<date>_<time>-<id>, which wandb ends with -1 (-2,
+    ...) where a session of the run started in the same second as the one before."""
+    return session.name.split("-")[3]
+
+
+def wandb_session_history(session: Path) -> list[tuple[int, dict[str, float]]]:
+    """(step, {metric: value}) of each history record of an offline session, read by wandb's own reader."""
+    (path,) = session.glob("*.wandb")
+    return wandb_history(path)
+
+
+def mlflow_metrics(output_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of each metric of the one MLflow run, read by MLflow's client from its SQLite store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(output_dir / 'mlflow.db').as_posix()}")
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    (run,) = client.search_runs(experiments)
+    history = client.get_metric_history
+    return {
+        name: sorted((metric.step, metric.value) for metric in history(run.info.run_id, name))
+        for name in run.data.metrics
+    }
+{%- if cookiecutter.tracker != "none" %}
 {%- if cookiecutter.tracker == "tensorboard" %}
 
 
@@ -96,10 +236,10 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
     assert expected.keys() == {name for row in read_metrics(reference) for name in row} - {"step"}
 
     output_dir = tmp_path / "run"
-    interrupt(output_dir, signal.SIGKILL, after_step=15)
+    interrupt(output_dir, signal.SIGKILL, 15, *ARGS)
     newest_checkpoint = int(list_checkpoints(output_dir)[-1].name[5:])
     assert read_metrics(output_dir)[-1]["step"] > newest_checkpoint, "nothing was logged after the checkpoint"
-    interrupt(output_dir, signal.SIGTERM, after_step=20)
+    interrupt(output_dir, signal.SIGTERM, 20, *ARGS)
     {% if cookiecutter.tracker in ["wandb", "mlflow"] %}finishing = {% endif %}run_training(output_dir, *ARGS)
     run_training(output_dir, *ARGS)  # finished: evaluates and exports again, logging step 30 again
     assert tracker_metrics(output_dir) == expected
@@ -129,32 +269,10 @@ def test_interrupted_run_shows_in_the_tracker_as_a_run_never_stopped(
 {%- endif %}
 
 
-def interrupt(output_dir: Path, signal_number: int, after_step: int) -> None:
-    """Start a run of ARGS in `output_dir` and send it `signal_number` once it has logged `after_step`."""
-    started = time.time()
-    process = start_training(output_dir, *ARGS)
-    wait_for_training(output_dir, process, since=started, step=after_step)
-    if signal_number == signal.SIGKILL:
-        wait_for_checkpoint(output_dir, process)
-    process.send_signal(signal_number)
-    output, _ = process.communicate(timeout=120)
-    stopped = -signal.SIGKILL if signal_number == signal.SIGKILL else EXIT_STOPPED
-    assert process.returncode == stopped, output[-2000:]
-
-
 def tracker_metrics(output_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """(step, value) of each metric, in the order that the tracker shows them, read from its own files."""
 {%- if cookiecutter.tracker == "tensorboard" %}
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    folder = output_dir / "logs" / output_dir.name
-    assert [path for path in (output_dir / "logs").rglob("*") if path.is_dir()] == [folder]  # one run
-    accumulator = EventAccumulator(str(folder))  # what TensorBoard shows: it drops what restarts purge
-    accumulator.Reload()
-    return {
-        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-        for tag in accumulator.Tags()["scalars"]
-    }
+    return tensorboard_metrics(output_dir)
 
 
 def assert_settings_recorded_once(output_dir: Path, max_steps: int) -> None:
@@ -170,28 +288,7 @@ def assert_settings_recorded_once(output_dir: Path, max_steps: int) -> None:
     ]
     assert len(settings) == 1 and settings[0]["max_steps"].number_value == max_steps
 {%- elif cookiecutter.tracker == "wandb" %}
-    # One offline folder per session, named by its start time.
-    sessions = sorted((output_dir / "wandb").glob("offline-run-*"))
-    assert len({wandb_run_id(path) for path in sessions}) == 1, f"two wandb runs: {sessions}"
-    metrics: dict[str, list[tuple[int, float]]] = {}
-    for session in sessions:
-        for step, items in wandb_session_history(session):
-            for name, value in items.items():
-                if not name.startswith("_"):  # wandb's own: _step, _runtime, _timestamp
-                    metrics.setdefault(name, []).append((step, value))
-    return metrics
-
-
-def wandb_run_id(session: Path) -> str:
-    """The run id in a session's folder name, offline-run-<date>_<time>-<id>, which wandb ends with -1 (-2,
-    ...) where a session of the run started in the same second as the one before."""
-    return session.name.split("-")[3]
-
-
-def wandb_session_history(session: Path) -> list[tuple[int, dict[str, float]]]:
-    """(step, {metric: value}) of each history record of an offline session, read by wandb's own reader."""
-    (path,) = session.glob("*.wandb")
-    return wandb_history(path)
+    return wandb_metrics(output_dir)
 
 
 def test_unreadable_wandb_file_is_named(tmp_path: Path) -> None:
@@ -202,17 +299,7 @@ def test_unreadable_wandb_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(RunError, match=f"cannot read wandb's offline file {path}"):
         wandb_offline_steps(tmp_path, "abc")
 {%- elif cookiecutter.tracker == "mlflow" %}
-    # MLflow's own client on the run's SQLite store.
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{(output_dir / 'mlflow.db').as_posix()}")
-    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
-    (run,) = client.search_runs(experiments)
-    history = client.get_metric_history
-    return {
-        name: sorted((metric.step, metric.value) for metric in history(run.info.run_id, name))
-        for name in run.data.metrics
-    }
+    return mlflow_metrics(output_dir)
 
 
 def mlflow_ui_installed() -> bool:
@@ -273,6 +360,28 @@ def test_mlflow_viewer_line_says_what_to_install_where_only_mlflow_skinny_is(
     assert alone == "mlflow: view with: mlflow ui --backend-store-uri sqlite:///x.db"
 
 
+def test_a_checkpoint_of_the_previous_version_continues_its_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous version saved its one tracker's run id bare (`tracker_run_id: "<id>"`): a run resumed
+    from such a checkpoint continues that MLflow run, the render's tracker, each step once."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    reference = tmp_path / "reference"
+    run_training(reference, *ARGS)
+    output_dir = tmp_path / "run"
+    interrupt(output_dir, signal.SIGKILL, 15, *ARGS)
+    for checkpoint in list_checkpoints(output_dir):
+        path = checkpoint / "loop_state.json"
+        record = json.loads(path.read_text())
+        name, run_id = record["loop_state"]["tracker_run_id"].split("=")
+        assert name == "mlflow" and run_id
+        record["loop_state"]["tracker_run_id"] = run_id  # as the previous version wrote it
+        record["seal"] = seal(record)
+        path.write_text(json.dumps(record))
+    run_training(output_dir, *ARGS)
+    assert mlflow_metrics(output_dir) == mlflow_metrics(reference)  # one MLflow run, each step once
+
+
 def post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(request, timeout=30).read())
@@ -317,9 +426,9 @@ def test_kaggle_secret_is_used_and_never_written(tmp_path: Path, monkeypatch: py
     output_dir = tmp_path / "run"
     result = run_training(output_dir, "--max_steps", "10", "--log_every", "5")
 {%- if cookiecutter.tracker == "wandb" %}
-    assert "wandb: API key from Kaggle secrets" in result.stdout
+    assert "wandb: API key from Kaggle's secrets" in result.stdout
 {%- else %}
-    assert "mlflow: MLFLOW_TRACKING_TOKEN from Kaggle secrets" in result.stdout
+    assert "mlflow: MLFLOW_TRACKING_TOKEN from Kaggle's secrets" in result.stdout
 {%- endif %}
     assert SECRET not in result.stdout + result.stderr
     for path in [*output_dir.rglob("*"), *(tmp_path / "home").rglob("*")]:

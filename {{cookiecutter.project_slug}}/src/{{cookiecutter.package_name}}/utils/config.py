@@ -26,6 +26,7 @@ from .durable import write_atomically
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 DURATION_FORMS = "a duration such as 11h40m, 90m, 45s or 1.5h (h, m, s in this order)"
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "none")  # what `tracker` names, several at once (a,b)
 # (field, predicate, what the value must be): checked after loading, naming where a bad value came from.
 Check = tuple[str, typing.Callable[[Any], bool], str]
 
@@ -67,7 +68,7 @@ class RunConfig:
     )
     time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
     log_every: int = session(10, "log the train loss every this many optimizer steps")
-    tracker: Literal[{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}", {% endif %}"none"] = session("{{ cookiecutter.tracker }}", "experiment tracker; metrics.jsonl too")
+    tracker: str = session("{{ cookiecutter.tracker }}", "experiment trackers (a,b or a YAML list); metrics.jsonl too")
 
 
 @dataclass
@@ -151,6 +152,7 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("time_budget", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for no limit"),
         ("keep_checkpoints", lambda v: v > 0, "> 0"),
         ("fp16_skip_patience", lambda v: v > 0, "> 0"),
+        ("tracker", lambda v: set(v.split(",")) <= set(TRACKERS), "one or several of " + ", ".join(TRACKERS)),
     ]
 
 
@@ -236,6 +238,8 @@ def _coerce(key: str, value: Any, kind: Any, where: str, forms: str = "") -> Any
             return value
     elif kind is str and isinstance(value, str):
         return value
+    elif key == "tracker" and isinstance(value, list):  # a YAML list: the text that the flag takes
+        return ",".join(map(str, value))
     hint = f": it must be {forms}" if forms else ""
     raise ConfigError(f"{where}: {key} must be {kind.__name__}, got {value!r} ({type(value).__name__}){hint}")
 

@@ -72,8 +72,7 @@ class Bookkeeping:
         return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
 
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
-        """One optimizer step is done, unless fp16's loss scaler skipped it (overflowing gradients): then
-        the logged loss does not count it, and too many skipped in a row is divergence."""
+        """A step done, unless fp16's scaler skipped it: not in the logged loss; many in a row: divergence."""
         state, config = self.state, self.config
         self.check.digested(state.step)
         if skipped:

@@ -61,22 +61,29 @@ def open_store(url: str) -> tuple[Any, str]:
 
 
 def load_secrets(url: str) -> list[str]:
-    """Put the secrets `url`'s protocol needs, where the environment lacks them, into it from Kaggle's or
-    Colab's secrets; return notes naming where each came from (never a value)."""
+    """Put the secrets `url`'s protocol needs into the environment (`load_secret`); return notes naming
+    where each came from (never a value)."""
     found: dict[str, list[str]] = {}
     for name in SECRETS.get(protocol(url), ()):
-        if os.environ.get(name):
-            continue
-        for where, read in (("Kaggle's secrets", _kaggle_secret), ("Colab's secrets", _colab_secret)):
-            try:
-                value = read(name)
-            except Exception:  # not this platform; or absent, not granted, read outside the notebook's kernel
-                continue
-            if value:
-                os.environ[name] = value
-                found.setdefault(where, []).append(name)
-                break
+        if not os.environ.get(name) and (where := load_secret(name)):
+            found.setdefault(where, []).append(name)
     return [f"credentials: {', '.join(names)} from {where}" for where, names in found.items()]
+
+
+def load_secret(name: str) -> str | None:
+    """Put secret `name`, where the environment lacks it, into this process's environment (never a file or
+    a log) from Kaggle's or Colab's secrets; return where it was found, or None."""
+    if os.environ.get(name):
+        return "the environment"
+    for where, read in (("Kaggle's secrets", _kaggle_secret), ("Colab's secrets", _colab_secret)):
+        try:
+            value = read(name)
+        except Exception:  # not this platform; or absent, not granted, read outside the notebook's kernel
+            continue
+        if value:
+            os.environ[name] = value
+            return where
+    return None
 
 
 def export_secrets(*urls: str) -> None:
@@ -99,8 +106,9 @@ def _kaggle_secret(name: str) -> str | None:
 
 def _colab_secret(name: str) -> str | None:
     from google.colab import userdata
+    from IPython import get_ipython
 
-    return userdata.get(name)
+    return userdata.get(name) if get_ipython() is not None else None  # not in a launcher's subprocess
 
 
 def access_problem(url: str, field: str) -> str | None:

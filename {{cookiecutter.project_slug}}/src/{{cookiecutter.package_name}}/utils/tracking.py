@@ -1,21 +1,16 @@
-"""Where metrics go: always `<output_dir>/metrics.jsonl`, plus the experiment tracker chosen in the config."""
+"""Where metrics go: always `<output_dir>/metrics.jsonl`, plus the config's experiment trackers, one or
+several, each continuing its own run across sessions with each step once (docs/trackers.md)."""
 
 from __future__ import annotations
 
-{% if cookiecutter.tracker != "none" %}import dataclasses
-{% endif %}import errno
+import dataclasses
+import errno
 import importlib.util
 import io
 import json
-{%- if cookiecutter.tracker == "mlflow" %}
 import logging
-{%- endif %}
-{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
 import os
-{%- endif %}
-{%- if cookiecutter.tracker == "wandb" %}
 import subprocess
-{%- endif %}
 import sys
 import threading
 from pathlib import Path
@@ -25,9 +20,18 @@ from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 
 from .checkpoint import LoopState
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .durable import fsync_path, write_atomically
-from .run_dir import {% if cookiecutter.tracker == "wandb" %}RunError, {% endif %}write_error
+from .remote import load_secret
+from .run_dir import RunError, write_error
+
+# Where each tracker writes in output_dir (MLflow: unless MLFLOW_TRACKING_URI names another store), and
+# what it imports: the project's extra of the tracker's name installs them.
+TRACKER_FILES = {"tensorboard": "logs", "wandb": "wandb", "mlflow": "mlflow.db"}
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow sqlalchemy alembic"}
+# Read from the platform's secrets when not in the environment; set MLFLOW_TRACKING_URI to log to a server.
+MLFLOW_SECRETS = [f"MLFLOW_TRACKING_{part}" for part in ("URI", "TOKEN", "USERNAME", "PASSWORD")]
+OFFLINE = ("offline", "dryrun")  # WANDB_MODE's values that write files for `wandb sync`
 
 
 class JsonlTracker(GeneralTracker):
@@ -40,9 +44,7 @@ class JsonlTracker(GeneralTracker):
         super().__init__()
         self.path = path
 
-    @property
-    def tracker(self) -> Path:
-        return self.path
+    tracker = property(lambda self: self.path)
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         try:
@@ -68,14 +70,8 @@ def metrics_size(output_dir: str | Path, durable: bool = False) -> int:
 
 
 def truncate_metrics(output_dir: str | Path, size: int, step: int) -> str | None:
-    """Cut metrics.jsonl back to `size` bytes, its length at the checkpoint of `step`: what was logged after
-    the checkpoint is logged again.
-
-    A file shorter than that lost lines the checkpoint counted (a copy cut short, a disk that dropped its
-    last writes). It is repaired rather than refused: cut back to its last whole line, then filled to
-    `size` with one row of `step` and no values, so that every line is JSON and a later cut lands where the
-    checkpoint says. Returns the warning that says what was lost, or None.
-    """
+    """Cut metrics.jsonl back to `size` bytes, its length at the checkpoint of `step`; a shorter file is cut
+    to whole lines and filled to `size` with a row of `step` and no values: the warning is returned."""
     path = metrics_path(output_dir)
     held = path.stat().st_size if path.exists() else 0
     if held > size:
@@ -104,8 +100,7 @@ def logged_rows(output_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def save_curves(output_dir: str | Path, best_metric: str, best_step: int | None) -> None:
-    """curves.png in output_dir, from metrics.jsonl, at a session's end (main process); a line names it. A
-    failure to draw (matplotlib missing or broken, a full disk) is a warning line: the run is saved by now."""
+    """curves.png in output_dir, from metrics.jsonl, at a session's end; a failure to draw is a warning."""
     path = Path(output_dir) / "curves.png"
     try:
         if figure := curves_figure(logged_rows(output_dir), best_metric, best_step):
@@ -117,8 +112,7 @@ def save_curves(output_dir: str | Path, best_metric: str, best_step: int | None)
 
 
 def curves_figure(rows: list[tuple[int, dict[str, Any]]], best_metric: str, best_step: int | None) -> Any:
-    """A panel per metric (train/loss, then each eval metric) with its line by step; on best_metric's, a
-    marker at the best evaluation. None where nothing is logged yet."""
+    """A panel per metric by step, the best evaluation marked on best_metric's; None if nothing is logged."""
     series: dict[str, dict[int, float]] = {}
     for step, values in rows:
         for name, value in values.items():
@@ -139,43 +133,117 @@ def curves_figure(rows: list[tuple[int, dict[str, Any]]], best_metric: str, best
     return figure
 
 
+def tracker_names(config: TrainConfig) -> list[str]:
+    """The trackers that `config.tracker` names (`tensorboard,mlflow`): none for `none`."""
+    return [name for name in dict.fromkeys(config.tracker.split(",")) if name != "none"]
+
+
 def trackers(config: TrainConfig) -> list[Any]:
-    """The `log_with` list for the Accelerator."""
-    chosen: list[Any] = [JsonlTracker(metrics_path(config.output_dir))]
-    if config.tracker != "none":
-        _check_installed(config.tracker)
-        chosen.append(config.tracker)
-    return chosen
+    """The Accelerator's `log_with`; a tracker not installed is an error here (Accelerate would drop it)."""
+    for name in tracker_names(config):
+        if missing := [m for m in TRACKER_MODULES[name].split() if importlib.util.find_spec(m) is None]:
+            raise ConfigError(
+                f"tracker {name} is not installed (missing: {', '.join(missing)}): pip install -e "
+                f'".[{name}]" in the project folder, or leave {name} out of tracker'
+            )
+    return [JsonlTracker(metrics_path(config.output_dir)), *tracker_names(config)]
+
+
+def tracker_dir(config: TrainConfig, name: str) -> Path:
+    return Path(config.output_dir) / TRACKER_FILES[name]
 
 
 def start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState, finished: bool) -> None:
-    """Start the trackers: a resumed run continues its tracker run, which records the settings once.
-
-    `finished`: the run is at its last step already, so this session logs only what it logged before.
-    A full disk under a tracker, now or later, ends in the project's one line (`NamesAFullDisk`)."""
-    where = Path(config.output_dir) / TRACKER_FILES.get(config.tracker, "")
+    """Start the trackers, each continuing its run (by its id in `state`; TensorBoard's by its folder) with
+    each step once; `finished`: the run is at its last step already. A full disk ends in one line."""
+    names = tracker_names(config)
+    where = tracker_dir(config, names[0]) if len(names) == 1 else Path(config.output_dir)
     quiet_full_disk_in_threads(where)
+    # "mlflow=<id>,wandb=<id>"; the previous version saved a bare id, of the render's tracker, its only one
+    default = next(field.default for field in dataclasses.fields(config) if field.name == "tracker")
+    parts = [p.split("=", 1) if "=" in p else (default, p) for p in state.tracker_run_id.split(",")]
+    ids = {name: run_id for name, run_id in parts if run_id}
     try:
-        _start_trackers(accelerator, config, state, finished)
+        kwargs = {n: setup_tracker(accelerator, config, n, ids.get(n, ""), state.step) for n in names}
+        # A finished run's new wandb session would be an offline folder holding nothing new (main: it logs).
+        if "wandb" in names and finished and accelerator.is_main_process and offline_done(config, state, ids):
+            accelerator.log_with = [tracker for tracker in accelerator.log_with if str(tracker) != "wandb"]
+            names.remove("wandb")
+            print("wandb: its offline run holds every step of this finished run already: no new session")
+        accelerator.init_trackers(Path(config.output_dir).name, init_kwargs=kwargs)
+        state.tracker_run_id = ""
+        if accelerator.is_main_process:
+            for name in names:
+                continued = name in ids or "purge_step" in kwargs[name]
+                ids |= log_each_step_once(accelerator, config, name, continued, state.step)
+            state.tracker_run_id = ",".join(f"{name}={run_id}" for name, run_id in ids.items())
     except Exception as error:
         if not disk_full(error):
             raise
         # A tracker that failed to start cannot be closed either (end_training would raise over this).
         accelerator.trackers = [one for one in accelerator.trackers if isinstance(one, JsonlTracker)]
         raise write_error(where, error) from error
-    accelerator.trackers = [
-        tracker if isinstance(tracker, JsonlTracker | NamesAFullDisk) else NamesAFullDisk(tracker, where)
-        for tracker in accelerator.trackers
-    ]
 
 
-# Where the tracker writes in output_dir{% if cookiecutter.tracker == "mlflow" %} (its SQLite store unless MLFLOW_TRACKING_URI names another){% endif %}.
-TRACKER_FILES = {{ '{' }}{% if cookiecutter.tracker != "none" %}"{{ cookiecutter.tracker }}": "{{ {'tensorboard': 'logs', 'mlflow': 'mlflow.db', 'wandb': 'wandb'}[cookiecutter.tracker] }}"{% endif %}{{ '}' }}
+def setup_tracker(accelerator: Accelerator, config: TrainConfig, name: str, run_id: str, step: int) -> dict:
+    """Tracker `name`'s `init_trackers` kwargs: offline where no key says otherwise, continuing its run."""
+    if name == "tensorboard":
+        events = (Path(accelerator.logging_dir) / Path(config.output_dir).name).glob("events.out.tfevents.*")
+        return {"purge_step": step} if any(events) else {}
+    if name == "wandb":
+        if source := load_secret("WANDB_API_KEY"):
+            accelerator.print(f"wandb: API key from {source}")
+        else:
+            # Without a key wandb would prompt for one; offline, it writes a run that `wandb sync` uploads.
+            os.environ.setdefault("WANDB_MODE", "offline")
+            accelerator.print("wandb: no WANDB_API_KEY in the environment or the platform's secrets: offline")
+        online = {} if os.environ.get("WANDB_MODE") in OFFLINE else {"resume": "allow"}  # offline: ignored
+        return {"dir": config.output_dir, **({"id": run_id, **online} if run_id else {})}
+    for secret in MLFLOW_SECRETS:
+        if source := load_secret(secret):
+            accelerator.print(f"mlflow: {secret} from {source}")
+    # MLflow logs a database error with its traceback, then raises it: the raise is reported (in one line).
+    logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: record.levelno < logging.ERROR)
+    if os.environ.get("MLFLOW_TRACKING_URI"):  # a server
+        return {"run_id": run_id or None}
+    output_dir = Path(config.output_dir).resolve()
+    os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + (output_dir / "mlflow.db").as_posix()
+    return {"run_id": run_id or None, "logging_dir": (output_dir / "mlartifacts").as_uri()}  # not ./mlruns
+
+
+def log_each_step_once(
+    accelerator: Accelerator, config: TrainConfig, name: str, continued: bool, step: int
+) -> dict[str, str]:
+    """Replay metrics.jsonl for the steps that tracker `name`'s store lacks, and record the settings when its
+    run starts (docs/trackers.md): each step once, without a gap. Returns {name: its run id}."""
+    tracker = accelerator.get_tracker(name)
+    run = tracker.tracker
+    held_by_all = step - 1 if continued and name == "tensorboard" else -1  # TensorBoard purged the rest
+    held = mlflow_held_steps(run.info.run_id) if name == "mlflow" and continued else {}
+    if name == "wandb":  # online, the server ignores the steps it holds; offline, the files are read
+        held = wandb_offline_steps(tracker_dir(config, name), run.id) if continued else {}
+        held_by_all = run.step - 1
+    once = NamesAFullDisk(tracker, tracker_dir(config, name), held, held_by_all)
+    accelerator.trackers[accelerator.trackers.index(tracker)] = once
+    for logged_step, values in logged_rows(config.output_dir):
+        once.log(values, step=logged_step)
+    if not continued and name != "tensorboard":  # settings once: MLflow refuses to change a parameter
+        once.store_init_configuration(dataclasses.asdict(config))
+    elif not continued:  # in the run's folder: Accelerate would add two timestamped folders per start
+        from torch.utils.tensorboard.summary import hparams
+
+        for summary in hparams(dataclasses.asdict(config), {}):
+            run.file_writer.add_summary(summary)
+        run.flush()  # before training: a run stopped early has them, and does not record them again
+    if name == "wandb" and os.environ.get("WANDB_MODE") in OFFLINE:
+        print(f"wandb: offline; upload every session with: wandb sync {tracker_dir(config, name)}")
+    if name == "mlflow" and os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
+        print(mlflow_viewer_hint(os.environ["MLFLOW_TRACKING_URI"]))
+    return {} if name == "tensorboard" else {name: run.id if name == "wandb" else run.info.run_id}
 
 
 def quiet_full_disk_in_threads(where: Path) -> None:
-    """A tracker's own writer thread (one that writes events in the background) meeting a full disk says
-    so in one line instead of its traceback: the run's next write to that disk ends the run in one line."""
+    """A tracker's writer thread meeting a full disk says so in one line instead of its traceback."""
     default = threading.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:
@@ -201,29 +269,29 @@ def disk_full(error: BaseException) -> bool:
 
 
 class NamesAFullDisk(GeneralTracker):
-    """Hands everything to another tracker (`inner`), as itself; a full disk under it (an OSError, or
-    SQLite's "database or disk is full") is raised as the project's one-line error, which names the free
-    space."""
+    """Hands to `inner`, as itself, the values of steps its run lacks (`held`: metric -> its last step;
+    `held_by_all`: the step up to which it holds all); a full disk under it is raised as one line."""
 
     requires_logging_directory = False
 
-    def __init__(self, inner: GeneralTracker, where: Path) -> None:
+    def __init__(self, inner: GeneralTracker, where: Path, held: dict[str, int], held_by_all: int) -> None:
         self.inner, self.where = inner, where
+        self.held = held
+        self.held_by_all = held_by_all
         super().__init__()
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def tracker(self) -> Any:
-        return self.inner.tracker
+    name = property(lambda self: self.inner.name)
+    tracker = property(lambda self: self.inner.tracker)
 
     def store_init_configuration(self, values: dict) -> None:
         self._named(self.inner.store_init_configuration, values)
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self._named(self.inner.log, values, step=step, **kwargs)
+        if step is not None:  # else not a value of a step: nothing to compare with
+            values = {k: v for k, v in values.items() if step > max(self.held.get(k, -1), self.held_by_all)}
+            self.held.update(dict.fromkeys(values, step))
+        if values:
+            self._named(self.inner.log, values, step=step, **kwargs)
 
     def finish(self) -> None:
         self._named(self.inner.finish)
@@ -237,198 +305,16 @@ class NamesAFullDisk(GeneralTracker):
             raise write_error(self.where, error) from error
 
 
-def _start_trackers(accelerator: Accelerator, config: TrainConfig, state: LoopState, finished: bool) -> None:
-{%- if cookiecutter.tracker == "tensorboard" %}
-    if config.tracker == "tensorboard":
-        start_tensorboard(accelerator, config, state)
-        return
-{%- endif %}
-    run_name = Path(config.output_dir).name
-{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
-    if config.tracker != "none":
-        kwargs = setup_tracker(accelerator, config, state)
-{%- if cookiecutter.tracker == "mlflow" %}
-        # A continued tracker run keeps the settings it started with: MLflow refuses to change a logged
-        # parameter, and max_steps, say, may differ between sessions. Each checkpoint holds its config.yaml.
-{%- else %}
-        # A continued tracker run keeps the settings it started with: max_steps, say, may differ between
-        # sessions. Each checkpoint holds its config.yaml.
-{%- endif %}
-        continued = bool(state.tracker_run_id)
-{%- if cookiecutter.tracker == "wandb" %}
-        # Only the main process logs to wandb (Accelerate's trackers), so only it needs to decide.
-        if continued and finished and accelerator.is_main_process and offline_run_complete(config, state):
-            # A new session would be one more offline folder of the run, holding nothing new.
-            accelerator.log_with = [tracker for tracker in accelerator.log_with if str(tracker) != "wandb"]
-            print("wandb: its offline run holds every step of this finished run already: no new session")
-            accelerator.init_trackers(run_name)
-            return
-{%- endif %}
-        hparams = None if continued else dataclasses.asdict(config)
-        accelerator.init_trackers(run_name, config=hparams, init_kwargs=kwargs)
-        state.tracker_run_id = tracker_run_id(accelerator, config)
-        if accelerator.is_main_process:
-            log_each_step_once(accelerator, config, continued)
-{%- if cookiecutter.tracker == "wandb" %}
-            if os.environ.get("WANDB_MODE") in ("offline", "dryrun"):
-                # wandb's own closing hint names this session's folder only; a resumed run has several.
-                folder = Path(config.output_dir) / "wandb"
-                print(f"wandb: offline; upload every session with: wandb sync {folder}")
-{%- elif cookiecutter.tracker == "mlflow" %}
-            if os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:"):
-                print(mlflow_viewer_hint(os.environ["MLFLOW_TRACKING_URI"]))
-{%- endif %}
-        return
-{%- endif %}
-    accelerator.init_trackers(run_name)  # metrics.jsonl alone: it records no settings (config.yaml does)
-{%- if cookiecutter.tracker == "tensorboard" %}
-
-
-def start_tensorboard(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> None:
-    """One TensorBoard run, the folder `logs/<run name>`, per training run however many sessions it takes.
-
-    TensorBoard has no run ids: each session adds an event file to the folder, and a resumed one first
-    drops what was logged after its checkpoint, which it logs again, so that every step shows once.
-    Dropping works here, unlike on a tracker's server, because the files are local; and Accelerate
-    flushes them at every log, so a killed session's file holds everything up to its checkpoint.
-    TensorBoard drops whole steps, and a run logs at its checkpoint's step after saving it too (the
-    last train loss): the checkpoint's step is dropped and written again from metrics.jsonl, cut back
-    to the checkpoint already. Accelerate would write the settings to two new timestamped folders at
-    every start: they go to the run's folder instead, once.
-    """
-    run_name = Path(config.output_dir).name
-    continued = any((Path(accelerator.logging_dir) / run_name).glob("events.out.tfevents.*"))
-    accelerator.init_trackers(
-        run_name, init_kwargs={"tensorboard": {"purge_step": state.step}} if continued else {}
-    )
-    if not accelerator.is_main_process:
-        return
-    # What the purge dropped, or all of it for a run that had no TensorBoard folder (another tracker before).
-    tracker = accelerator.get_tracker("tensorboard")
-    for step, values in logged_rows(config.output_dir):
-        if step >= state.step or not continued:
-            tracker.log(values, step=step)
-    if not continued:
-        from torch.utils.tensorboard.summary import hparams
-
-        writer = accelerator.get_tracker("tensorboard", unwrap=True)
-        for summary in hparams(dataclasses.asdict(config), {}):
-            writer.file_writer.add_summary(summary)
-        writer.flush()  # before training: a run stopped early has them, and does not record them again
-{%- endif %}
-
-{%- if cookiecutter.tracker in ["wandb", "mlflow"] %}
-
-
-def setup_tracker(accelerator: Accelerator, config: TrainConfig, state: LoopState) -> dict[str, Any]:
-    """Make the chosen tracker work offline and continue the run of `state`; return `init_trackers` kwargs."""
-{%- if cookiecutter.tracker == "wandb" %}
-    if config.tracker == "wandb":
-        source = load_secret("WANDB_API_KEY")
-        if source:
-            accelerator.print(f"wandb: API key from {source}")
-        else:
-            # Without a key wandb would prompt for one; offline, it writes a run that `wandb sync` uploads.
-            os.environ.setdefault("WANDB_MODE", "offline")
-            accelerator.print("wandb: no WANDB_API_KEY in the environment or the platform's secrets: offline")
-        kwargs: dict[str, Any] = {"dir": config.output_dir}
-        if state.tracker_run_id:  # each step once: see log_each_step_once
-            kwargs["id"] = state.tracker_run_id
-            if os.environ.get("WANDB_MODE") not in ("offline", "dryrun"):  # offline wandb ignores it, warning
-                kwargs["resume"] = "allow"
-        return {"wandb": kwargs}
-{%- elif cookiecutter.tracker == "mlflow" %}
-    if config.tracker == "mlflow":
-        for name in MLFLOW_SECRETS:
-            if source := load_secret(name):
-                accelerator.print(f"mlflow: {name} from {source}")
-        # MLflow logs a database error with its traceback, then raises it: the raise is what the run reports
-        # (a full disk: one line, NamesAFullDisk), so the logged copy is dropped.
-        logging.getLogger("mlflow.store.db.utils").addFilter(lambda record: record.levelno < logging.ERROR)
-        kwargs = {"run_id": state.tracker_run_id or None}  # the same run, each step once: log_each_step_once
-        # A SQLite file in the output folder unless MLFLOW_TRACKING_URI points at a server: what MLflow
-        # recommends for local use (its file store is in maintenance mode), and what `mlflow ui` opens.
-        if not os.environ.get("MLFLOW_TRACKING_URI"):
-            output_dir = Path(config.output_dir).resolve()
-            os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + (output_dir / "mlflow.db").as_posix()
-            kwargs["logging_dir"] = (output_dir / "mlartifacts").as_uri()  # not ./mlruns in the cwd
-        return {"mlflow": kwargs}
-{%- endif %}
-    return {}
-{%- if cookiecutter.tracker == "mlflow" %}
-
-
-def mlflow_viewer_installed() -> bool:
-    """Whether MLflow's web viewer is installed: full mlflow (the mlflow-ui extra) ships its built pages;
-    mlflow-skinny, which the default install has, has an `mlflow ui` command that fails without them."""
-    spec = importlib.util.find_spec("mlflow")
-    origin = spec.origin if spec is not None else None
-    return origin is not None and (Path(origin).parent / "server" / "js" / "build").is_dir()
-
-
 def mlflow_viewer_hint(uri: str) -> str:
-    """The line that says how to look at the run: the viewer's command, after its install where it lacks."""
+    """The viewer's command, after its install where it lacks (mlflow-skinny's `mlflow ui` fails)."""
     command = f"mlflow ui --backend-store-uri {uri}"
-    if mlflow_viewer_installed():
+    spec = importlib.util.find_spec("mlflow")
+    if spec and spec.origin and (Path(spec.origin).parent / "server" / "js" / "build").is_dir():
         return f"mlflow: view with: {command}"
     return (
         'mlflow: view with: pip install -e ".[mlflow-ui]" (once, in the project folder: the default install '
         f"has mlflow-skinny, without the viewer), then {command}"
     )
-{%- endif %}
-
-
-class SkipsHeldSteps(NamesAFullDisk):
-    """Passes on to a tracker the values of the steps that its run does not hold yet, and no others."""
-
-    def __init__(
-        self, inner: GeneralTracker, where: Path, held: dict[str, int], held_by_all: int = -1
-    ) -> None:
-        super().__init__(inner, where)
-        self.held = held  # metric name -> the last step of it that the tracker's run holds
-        self.held_by_all = held_by_all  # a step up to which the run holds every metric
-
-    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        if step is None:  # not a value of a step: nothing to compare with
-            super().log(values, **kwargs)
-            return
-        new = {
-            name: value
-            for name, value in values.items()
-            if step > max(self.held.get(name, -1), self.held_by_all)
-        }
-        if new:
-            super().log(new, step=step, **kwargs)
-            self.held.update(dict.fromkeys(new, step))
-
-
-def log_each_step_once(accelerator: Accelerator, config: TrainConfig, continued: bool) -> None:
-    """Make the tracker's run show each logged step once and without a gap, however the sessions ended.
-
-    What the run holds is asked of the tracker's own store, not inferred from metrics.jsonl: a killed
-    session may have left it holding less than was sent, maybe less than the checkpoint{% if cookiecutter.tracker == "wandb" %} (wandb writes its
-    files every 15 s or 32 KiB: after `kill -9` an offline session may have written nothing){% endif %}, and
-    a server holds what sessions on other machines sent. So metrics.jsonl, cut back to the checkpoint,
-    is replayed for what the run lacks, and values of steps that the run holds are dropped, never sent
-    twice. Dropped rather than deleted after the checkpoint because {% if cookiecutter.tracker == "wandb" %}wandb, online or offline,{% else %}an MLflow server{% endif %} does not
-    let a client remove logged values; resume is exact, so the values dropped are those the run has
-    (with `deterministic: false` on a GPU the tracker keeps the first session's values of those steps).
-    """
-    tracker = accelerator.get_tracker(config.tracker)
-    where = Path(config.output_dir) / TRACKER_FILES[config.tracker]
-{%- if cookiecutter.tracker == "mlflow" %}
-    once = SkipsHeldSteps(tracker, where, mlflow_held_steps(tracker.tracker.info.run_id) if continued else {})
-{%- elif cookiecutter.tracker == "wandb" %}
-    run = tracker.tracker
-    # Online, wandb resumes at the step after the last one its server holds and ignores lower steps;
-    # offline, it knows nothing of the earlier sessions, whose files are read instead.
-    held = wandb_offline_steps(Path(config.output_dir) / "wandb", run.id) if continued else {}
-    once = SkipsHeldSteps(tracker, where, held, held_by_all=run.step - 1)
-{%- endif %}
-    accelerator.trackers[accelerator.trackers.index(tracker)] = once
-    for step, values in logged_rows(config.output_dir):
-        once.log(values, step=step)
-{%- if cookiecutter.tracker == "mlflow" %}
 
 
 def mlflow_held_steps(run_id: str) -> dict[str, int]:
@@ -436,26 +322,22 @@ def mlflow_held_steps(run_id: str) -> dict[str, int]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
-    return {
-        name: max(metric.step for metric in client.get_metric_history(run_id, name))
-        for name in client.get_run(run_id).data.metrics
-    }
-{%- elif cookiecutter.tracker == "wandb" %}
+    metrics = client.get_run(run_id).data.metrics
+    return {name: max(metric.step for metric in client.get_metric_history(run_id, name)) for name in metrics}
 
 
-def offline_run_complete(config: TrainConfig, state: LoopState) -> bool:
-    """Whether the offline files of the run hold every metric up to the step of `state`, that of the
-    final evaluation and of the last train loss (logged after the last checkpoint) included."""
-    if os.environ.get("WANDB_MODE") not in ("offline", "dryrun"):
+def offline_done(config: TrainConfig, state: LoopState, ids: dict[str, str]) -> bool:
+    """Whether wandb's offline files hold every metric up to `state`'s step, the final evaluation's too."""
+    if os.environ.get("WANDB_MODE") not in OFFLINE or "wandb" not in ids:
         return False  # online, the server holds the run: nothing local to compare with
-    held = wandb_offline_steps(Path(config.output_dir) / "wandb", state.tracker_run_id)
+    held = wandb_offline_steps(tracker_dir(config, "wandb"), ids["wandb"])
     names = {name for _, values in logged_rows(config.output_dir) for name in values}
     names |= {config.best_metric, *(["train/loss"] if state.loss_batches else [])}
     return all(held.get(name, -1) >= state.step for name in names)
 
 
 def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
-    """The last step of each metric that the offline sessions of wandb run `run_id` wrote to their files."""
+    """The last step of each metric in the offline files of wandb run `run_id` (read by wandb's reader)."""
     held: dict[str, int] = {}
     for path in wandb_dir.glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"):
         for step, items in wandb_history(path):
@@ -465,96 +347,17 @@ def wandb_offline_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
 
 
 def wandb_history(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(step, {name: value}) of each history record of a `.wandb` file, in the file's order.
-
-    Read by wandb's own reader, `wandb leet inspect --json`, which stops at the end of what a killed
-    session wrote. A file it cannot read stops the run, named: a resume that trusted an empty answer
-    would send every step again.
-    """
+    """(step, {name: value}) of each history record of a `.wandb` file, in the file's order."""
     command = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)]
     result = subprocess.run(command, capture_output=True, text=True)
     try:
         if result.returncode != 0:
             raise ValueError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output")
         records = [json.loads(line) for line in result.stdout.splitlines()]
-        return [
-            (int(record["history"]["step"]["num"]), record["history"]["item"])
-            for record in records
-            if record["type"] == "history"
-        ]
+        history = [record["history"] for record in records if record["type"] == "history"]
+        return [(int(record["step"]["num"]), record["item"]) for record in history]
     except (ValueError, KeyError, TypeError) as error:
-        raise RunError(
+        raise RunError(  # a resume trusting an empty answer would send every step again
             f"cannot read wandb's offline file {path} with `wandb leet inspect --json` ({error}): "
-            "it is how a resumed run knows which steps wandb holds; pip install -U wandb, or move the "
-            "file away to resume without it (its steps are then sent again)"
+            "pip install -U wandb, or move the file away to resume without it (its steps are then sent again)"
         ) from error
-{%- endif %}
-
-
-def tracker_run_id(accelerator: Accelerator, config: TrainConfig) -> str:
-    """The tracker's run id, saved in checkpoints so that a resumed run continues that run."""
-{%- if cookiecutter.tracker == "wandb" %}
-    if config.tracker == "wandb" and accelerator.is_main_process:
-        return accelerator.get_tracker("wandb", unwrap=True).id
-{%- elif cookiecutter.tracker == "mlflow" %}
-    if config.tracker == "mlflow" and accelerator.is_main_process:
-        return accelerator.get_tracker("mlflow", unwrap=True).info.run_id
-{%- endif %}
-    return ""
-{%- if cookiecutter.tracker == "mlflow" %}
-
-
-# Read from the platform's secrets when not in the environment; set MLFLOW_TRACKING_URI to log to a server.
-MLFLOW_SECRETS = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-)
-{%- endif %}
-
-
-def load_secret(name: str) -> str | None:
-    """Make secret `name` available to this process; return where it was found, or None.
-
-    Looked up in the environment, then in Kaggle's secrets (Add-ons > Secrets), then in Colab's
-    (the key icon; readable only inside the notebook kernel, so notebooks/colab.ipynb exports it for
-    the launcher). The value goes into this process's environment only: never to a file or a log.
-    """
-    if os.environ.get(name):
-        return "the environment"
-    for source, read in (("Kaggle secrets", _kaggle_secret), ("Colab secrets", _colab_secret)):
-        try:
-            value = read(name)
-        except Exception:  # not that platform, secret not attached, or access refused: try the next
-            continue
-        if value:
-            os.environ[name] = value
-            return source
-    return None
-
-
-def _kaggle_secret(name: str) -> str | None:
-    from kaggle_secrets import UserSecretsClient
-
-    return UserSecretsClient().get_secret(name)
-
-
-def _colab_secret(name: str) -> str | None:
-    from google.colab import userdata
-    from IPython import get_ipython
-
-    if get_ipython() is None:  # a launcher's subprocess: userdata would need the kernel
-        return None
-    return userdata.get(name)
-{%- endif %}
-
-
-def _check_installed(tracker: str) -> None:
-    # Accelerate drops a tracker whose package is missing with only a warning; a run that silently
-    # logs nowhere is worse than one that does not start.
-    if importlib.util.find_spec(tracker) is None:
-        raise RuntimeError(
-            f"tracker {tracker!r} is configured but its package is not installed: "
-            "pip install -e . (the project lists it), or set tracker: none"
-        )
