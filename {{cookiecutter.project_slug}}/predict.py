@@ -183,7 +183,7 @@ def default_model_dir(last: bool) -> Path:
 
 
 def best_why(model_dir: Path, config: task.Config) -> str:
-    """Why predict.py took best_model/: ` (eval/accuracy 0.9777 at step 308, the best evaluation; ...)`."""
+    """Why predict.py took best_model/: ` (<best_metric> <value> at step <N>, the best evaluation; ...)`."""
     export = json.loads((model_dir / "export.json").read_text(encoding="utf-8"))  # written whole, or not
     best = f"{config.best_metric} {export[config.best_metric]:.4f} at step {export['step']}"
     return f" ({best}, the best evaluation; --last for model/, the last step's)"

@@ -119,7 +119,7 @@ class Bookkeeping:
         self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """A stream's epoch ends where it runs out: with eval_every 0 it is evaluated here, a stop checkpointed."""
+        """A stream's epoch ends where it runs out: evaluated here (eval_every 0), a stop checkpointed."""
         if self.streamed and not self.config.eval_every and not self.end.now():
             self.end_of_epoch = True  # until the next step's count
             self.evaluate(model, forward, eval_loader)
