@@ -291,8 +291,9 @@ def test_a_file_that_is_no_image_is_a_one_line_error_naming_it(
 
 @pytest.mark.slow
 def test_the_default_config_reaches_the_stated_accuracy(tmp_path: Path) -> None:
-    """README and docs/task.md: configs/local.yaml, 480 optimizer steps, the eval accuracy and loss they quote:
-    inside the range measured over CPUs, thread counts and kernels (seeded: the same on every run of one)."""
+    """README and docs/task.md: configs/local.yaml, 480 optimizer steps, the eval accuracy and loss they
+    quote: inside the range measured over CPUs, thread counts and kernels (seeded: the same on every run of
+    one)."""
     output_dir = tmp_path / "run"
     result = run_training(output_dir)
     assert "done: 480 optimizer steps" in result.stdout
