@@ -50,12 +50,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("platform_roots")]
 
 PLATFORMS = ("colab", "kaggle")
 STANDINS = Path(__file__).parent / "platform_standins"
-# Few steps. The stop that an interrupt asks for happens at the next logging step or right after the next
-# evaluation, both at step 100 here (no checkpoint step of its own), about 70 steps after the interrupt: a
-# second or more, far longer than the 0.2 s Jupyter leaves a `!` command before killing it.
-TRAIN_ARGS = ["--max_steps", "200", "--log_every", "100", "--eval_every", "100", "--checkpoint_every", "30"]
+# Few steps. The stop that an interrupt asks for happens at the loop's next vote (within a second), at a step
+# that depends on the machine's pace: read from the output. That is far longer than the 0.2 s Jupyter leaves
+# a `!` command before killing it. No evaluation before the end: a stopped run has no export yet.
+TRAIN_ARGS = ["--max_steps", "600", "--log_every", "10", "--eval_every", "1000", "--checkpoint_every", "30"]
 INTERRUPT_AFTER = "checkpoint: step 30 saved"
-STOP_STEP, LAST_STEP = 100, 200
+LAST_STEP = 600
 CELL_TIMEOUT_S = 300
 KAGGLE_NOTEBOOK = "train-digits"  # the notebook's slug on Kaggle: its output is attached under this name
 # Linux's unshare(2), mount(2) and setns(2) flags.
@@ -290,6 +290,14 @@ class Interrupted:
     session: Session
     kept: Path  # what the platform keeps of it (Colab: /content/drive; Kaggle: /kaggle/working)
 
+    @property
+    def stop_step(self) -> int:
+        """The step the interrupt's stop saved, as the training cell said."""
+        output = self.session.output("train")
+        found = re.search(r"stopped by SIGINT at step (\d+): checkpoint saved", output)
+        assert found, output
+        return int(found.group(1))
+
 
 @pytest.fixture(scope="module", params=PLATFORMS)
 def interrupted(
@@ -312,7 +320,7 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     interrupted: Interrupted, render: Callable[..., Render]
 ) -> None:
     """In a fresh session, "Run all" starts training fresh; the stop button in the training cell makes
-    training save a checkpoint at its next logging step and exit, and "Run all" goes on: every result
+    training save a checkpoint within a second and exit, and "Run all" goes on: every result
     cell shows what the stopped run has (its metrics; no export yet, said in one line) without an error.
     Stood in for: as in the module's docstring (the stop button: nbclient's kernel interrupt, SIGINT to
     the kernel)."""
@@ -320,15 +328,16 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
     output = session.output("train")
     assert f"starting fresh in {output_dir(render(), platform)}" in output, output
     assert "SIGINT received: saving a checkpoint within a second or a step, then stopping" in output, output
-    assert f"stopped by SIGINT at step {STOP_STEP}: checkpoint saved" in output, output
-    saved = re.findall(rf"checkpoint: step {STOP_STEP} saved to (\S+)", output)
+    stop = interrupted.stop_step
+    assert 30 < stop < LAST_STEP, output
+    saved = re.findall(rf"checkpoint: step {stop} saved to (\S+)", output)
     assert saved and Path(saved[0]).is_dir(), output
     assert session.error("train") is None, output
     assert "training stopped (exit 75): run this cell again to continue" in output, output
     for cell in ("results", "predict", *(("flush-drive",) if platform == "colab" else ())):
         assert session.ran(cell) and session.error(cell) is None, (cell, session.output(cell))
     results = session.output("results")
-    assert f'"step": {STOP_STEP}' in results and "model: not exported yet" in results, results
+    assert f'"step": {stop // 10 * 10}' in results and "model: not exported yet" in results, results
     # Training's own bar, redrawn in the cell; after the stop, the results cell shows curves.png.
     assert re.search(r"\rtrain: +\d+%\|", output), output
     assert any("image/png" in shown.get("data", {}) for shown in session.cell("results").outputs), results
@@ -339,12 +348,12 @@ def test_fresh_session_trains_and_an_interrupt_saves_a_checkpoint(
         assert "done: the run is on Drive: /content/drive/MyDrive/" in session.output("flush-drive")
 
 
-def assert_continued_to_the_end(session: Session, project: Render, platform: str) -> str:
+def assert_continued_to_the_end(session: Session, project: Render, platform: str, stop_step: int) -> str:
     """The training cell continued the interrupted run from the stop's checkpoint to the last step, and the
     results cell showed the last metrics and the exported model. Returns the training cell's output."""
     output = session.output("train")
     assert session.error("train") is None, output
-    assert re.search(rf"resuming from \S+ \(step {STOP_STEP},", output), output
+    assert re.search(rf"resuming from \S+ \(step {stop_step},", output), output
     assert f"done: {LAST_STEP} optimizer steps" in output, output
     assert (output_dir(project, platform) / "model").is_dir()
     results = session.output("results")
@@ -377,10 +386,10 @@ def test_running_all_cells_again_continues(
     project, platform = render(), interrupted.platform
     new_session(project, platform, roots, kept=interrupted.kept)
     session = run_session(project, platform, roots)
-    output = assert_continued_to_the_end(session, project, platform)
+    output = assert_continued_to_the_end(session, project, platform, interrupted.stop_step)
     if platform == "colab":  # the new session's disk is empty: the run comes from its copy on Drive
         mirror = yaml.safe_load((project.path / "configs" / "colab.yaml").read_text())["mirror_dir"]
-        assert f"continuing from {mirror} (step {STOP_STEP}," in output, output
+        assert f"continuing from {mirror} (step {interrupted.stop_step}," in output, output
         # The copy to Drive was complete when training ended; the last cell then flushed Drive.
         assert f"mirror: {mirror} holds step {LAST_STEP} (verified)" in output, output
         assert session.error("flush-drive") is None and "done: the run is on Drive" in session.output(
@@ -402,9 +411,10 @@ def test_new_kaggle_session_continues_the_previous_versions_output(
     project = render()
     new_session(project, "kaggle", roots, kept=None)
     shutil.copytree(interrupted.kept, roots["kaggle"] / "input" / KAGGLE_NOTEBOOK)
-    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
+    stop = interrupted.stop_step
+    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle", stop)
     run = output_dir(project, "kaggle").relative_to("/kaggle/working")
-    assert f"continuing from /kaggle/input/{KAGGLE_NOTEBOOK}/{run} (step {STOP_STEP}," in output, output
+    assert f"continuing from /kaggle/input/{KAGGLE_NOTEBOOK}/{run} (step {stop}," in output, output
 
 
 @pytest.mark.parametrize("interrupted", ["colab"], indirect=True)
@@ -421,8 +431,9 @@ def test_colab_run_uploaded_from_drive_continues_in_a_new_kaggle_session(
     on_drive = interrupted.kept / mirror.relative_to("/content/drive")
     new_session(project, "kaggle", roots, kept=None)
     shutil.copytree(on_drive, roots["kaggle"] / "input" / "colab-run" / on_drive.name)
-    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle")
-    assert f"continuing from /kaggle/input/colab-run/{on_drive.name} (step {STOP_STEP}," in output, output
+    stop = interrupted.stop_step
+    output = assert_continued_to_the_end(run_session(project, "kaggle", roots), project, "kaggle", stop)
+    assert f"continuing from /kaggle/input/colab-run/{on_drive.name} (step {stop}," in output, output
 
 
 @pytest.fixture

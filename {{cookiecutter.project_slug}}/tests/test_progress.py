@@ -187,7 +187,9 @@ def test_a_runs_model_line_gives_the_size_of_its_checkpoints(single_run: tuple) 
     estimate = float(number) * 1000 ** " KMGT".index(prefix or " ")
     newest = list_checkpoints(output_dir)[-1]
     size = sum(path.stat().st_size for path in newest.rglob("*") if path.is_file())
-    assert 0.7 < size / estimate < 1.4, (line, size)
+    # The estimate is the weights and AdamW's moments; the random states, loop state and history add a few
+    # tens of KB, which only a tiny model (the own task's 4.9K parameters) notices.
+    assert 0.7 * estimate < size < 1.4 * estimate + 64_000, (line, size)
 
 
 def test_the_curves_have_a_line_per_metric_and_the_best_evaluation_marked() -> None:
