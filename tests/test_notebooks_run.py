@@ -53,9 +53,9 @@ STANDINS = Path(__file__).parent / "platform_standins"
 # Few steps. The stop that an interrupt asks for happens at the loop's next vote (within a second), at a step
 # that depends on the machine's pace: read from the output. That is far longer than the 0.2 s Jupyter leaves
 # a `!` command before killing it. No evaluation before the end: a stopped run has no export yet.
-TRAIN_ARGS = ["--max_steps", "600", "--log_every", "10", "--eval_every", "1000", "--checkpoint_every", "30"]
+TRAIN_ARGS = ["--max_steps", "400", "--log_every", "10", "--eval_every", "1000", "--checkpoint_every", "30"]
 INTERRUPT_AFTER = "checkpoint: step 30 saved"
-LAST_STEP = 600
+LAST_STEP = 400
 CELL_TIMEOUT_S = 300
 KAGGLE_NOTEBOOK = "train-digits"  # the notebook's slug on Kaggle: its output is attached under this name
 # Linux's unshare(2), mount(2) and setns(2) flags.
