@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -364,6 +365,11 @@ if __name__ == "__main__":
         if not str(error).startswith("DataLoader worker (pid"):
             raise
         status = f"error: {str(error).split('. ')[0]} (out of memory?): rerun the same command to continue"
+    except ConnectionResetError as error:  # a loader worker killed as it handed a batch over
+        if not any("utils/data" in frame.filename for frame in traceback.extract_tb(error.__traceback__)):
+            raise
+        status = "error: DataLoader worker died handing a batch over (out of memory?): rerun the same command"
+        status += " to continue"
     except OSError as error:  # a write outside the checkpoint code (metrics, exports' folders)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
             raise
