@@ -1,8 +1,10 @@
-"""The template repository itself: git holds every template file, and its pre-commit hooks pass."""
+"""The template repository itself: git holds every template file, its pre-commit hooks pass, and its docs
+are reference pages, not a history."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -13,6 +15,15 @@ from .conftest import HOOKS_DIR, TEMPLATE, TEMPLATE_DIR, explain, run
 
 # Byproducts of running Python or its tools, never part of the template.
 CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache"}
+# A dated passage: a line of docs that holds a date (2026-11-30, "Nov 2026") or speaks of a round of work.
+# Figures keep the date they were measured; the story of how they changed is git's.
+DATED = re.compile(
+    r"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.? (?:19|20)\d\d\b"
+    r"|\bround\b",
+    re.IGNORECASE,
+)
+MOST_DATED = 12
+BENCHMARKS_WORDS = 6000
 
 
 def git(*args: str) -> list[str]:
@@ -87,3 +98,27 @@ def test_repository_pre_commit_passes(tmp_path: Path) -> None:
         timeout=1800,
     )
     assert result.returncode == 0, explain(result)
+
+
+def docs_pages() -> list[Path]:
+    """The template's docs/ and what a render's docs/ is made of (its docs/ and each preset's task.md)."""
+    presets = sorted((TEMPLATE_DIR / "_presets").glob("*/README.md"))
+    return [*sorted((TEMPLATE / "docs").glob("*.md")), *sorted((TEMPLATE_DIR / "docs").glob("*.md")), *presets]
+
+
+def test_docs_hold_few_dated_passages() -> None:
+    """At most MOST_DATED lines of docs hold a date or a round: the pages say what is, with the date each
+    figure was measured, and leave the narration of how it came to be to git."""
+    dated = [
+        f"{page.relative_to(TEMPLATE)}:{number}: {line.strip()[:80]}"
+        for page in docs_pages()
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if DATED.search(line)
+    ]
+    assert len(dated) <= MOST_DATED, f"{len(dated)} dated lines, at most {MOST_DATED}:\n" + "\n".join(dated)
+
+
+def test_benchmarks_page_fits_its_word_budget() -> None:
+    """docs/benchmarks.md holds each figure once, with its command, machine and date: a reference page."""
+    words = len((TEMPLATE / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert words <= BENCHMARKS_WORDS, f"docs/benchmarks.md has {words} words, at most {BENCHMARKS_WORDS}"
