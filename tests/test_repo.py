@@ -18,8 +18,9 @@ CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 # A dated passage: a line of docs that holds a date (2026-11-30, "Nov 2026") or speaks of a round of work.
 # Figures keep the date they were measured; the story of how they changed is git's.
 DATED = re.compile(
-    r"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.? (?:19|20)\d\d\b"
-    r"|\bround\b",
+    r"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b"  # 2026-11-30
+    r"|\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.? (?:19|20)\d\d\b"  # Nov 2026
+    r"|\bround\b",  # "this round", "in round 3"
     re.IGNORECASE,
 )
 MOST_DATED = 12
@@ -102,8 +103,11 @@ def test_repository_pre_commit_passes(tmp_path: Path) -> None:
 
 def docs_pages() -> list[Path]:
     """The template's docs/ and what a render's docs/ is made of (its docs/ and each preset's task.md)."""
-    presets = sorted((TEMPLATE_DIR / "_presets").glob("*/README.md"))
-    return [*sorted((TEMPLATE / "docs").glob("*.md")), *sorted((TEMPLATE_DIR / "docs").glob("*.md")), *presets]
+    folders = [TEMPLATE / "docs", TEMPLATE_DIR / "docs"]
+    return [
+        *(page for folder in folders for page in sorted(folder.glob("*.md"))),
+        *sorted(TEMPLATE_DIR.glob("_presets/*/README.md")),
+    ]
 
 
 def test_docs_hold_few_dated_passages() -> None:
