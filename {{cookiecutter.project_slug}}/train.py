@@ -52,6 +52,7 @@ from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest,
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, warmup_cosine
+from {{ cookiecutter.package_name }}.utils.lr_find import find_lr
 from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
 from {{ cookiecutter.package_name }}.utils.persist import Persister
@@ -142,6 +143,10 @@ def train(
     model, optimizer, scheduler, train_loader = accelerator.prepare(model, optimizer, scheduler, train_loader)
     # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
     forward = torch.compile(model) if config.compile else model
+    if config.find_lr:  # a learning-rate range test instead of training: it leaves lr_find.png only
+        return find_lr(
+            accelerator, config, model, forward, trained, optimizer, train_loader, train_set, step_gradients
+        )
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     state, resumed_from = resume(accelerator, config, frozen, data)
