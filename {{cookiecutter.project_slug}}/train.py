@@ -131,22 +131,18 @@ def train(
     # --- data (build_loaders, below)
     train_set, train_loader, eval_set, steps_per_epoch, data = build_loaders(accelerator, config)
     schedule_steps = config.max_steps if not steps_per_epoch else steps_per_epoch * config.num_epochs
-
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
     for note in on_main(accelerator, lock.acquire):
         accelerator.print(note)
-
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader = accelerator.prepare(model, optimizer, scheduler, train_loader)
     # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
     forward = torch.compile(model) if config.compile else model
-    if config.find_lr:  # a learning-rate range test instead of training: it leaves lr_find.png only
-        return find_lr(
-            accelerator, config, model, forward, trained, optimizer, train_loader, train_set, step_gradients
-        )
+    if config.find_lr:  # a learning-rate range test instead of training: lr_find.png only (utils/lr_find.py)
+        return find_lr(accelerator, config, optimizer, train_loader, step_gradients, model, forward)
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     state, resumed_from = resume(accelerator, config, frozen, data)

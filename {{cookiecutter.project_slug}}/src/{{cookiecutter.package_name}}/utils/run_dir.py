@@ -308,8 +308,7 @@ def _read_holder(fd: int) -> dict:
 
 
 def earlier_outputs(output_dir: str | Path) -> list[str]:
-    """Names of what an earlier run left in `output_dir`, but for the lock, set_aside/, a cut-off write and
-    --find_lr's curve."""
+    """Names an earlier run left in `output_dir`, but the lock, set_aside/, lr_find.png, cut-off writes."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
