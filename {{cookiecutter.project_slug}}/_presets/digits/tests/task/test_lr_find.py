@@ -49,7 +49,7 @@ def test_find_lr_gives_the_same_curve_on_two_processes(tmp_path: Path) -> None:
     assert one[1].read_bytes() == two[1].read_bytes()
 
 
-def test_find_lr_waits_for_the_run_that_holds_the_folder(tmp_path: Path) -> None:
+def test_find_lr_refuses_a_folder_in_use(tmp_path: Path) -> None:
     lock = OutputLock(tmp_path)
     lock.acquire()
     try:
