@@ -38,6 +38,7 @@ ROOMS = {
                 "config",
                 "loop",
                 "memory",
+                "lr_find",
                 "accelerate_fixes",
                 "progress",
                 "tracking",

@@ -52,6 +52,7 @@ from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest,
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
 from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, warmup_cosine
+from {{ cookiecutter.package_name }}.utils.lr_find import find_lr
 from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
 from {{ cookiecutter.package_name }}.utils.persist import Persister
@@ -130,18 +131,18 @@ def train(
     # --- data (build_loaders, below)
     train_set, train_loader, eval_set, steps_per_epoch, data = build_loaders(accelerator, config)
     schedule_steps = config.max_steps if not steps_per_epoch else steps_per_epoch * config.num_epochs
-
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
     for note in on_main(accelerator, lock.acquire):
         accelerator.print(note)
-
     # --- model, optimizer, schedule (build_model, below)
     model, trained, frozen, optimizer, scheduler = build_model(accelerator, config, schedule_steps)
     # --- prepare: wraps for DDP, shards the loaders, moves to the device, sets up autocast
     model, optimizer, scheduler, train_loader = accelerator.prepare(model, optimizer, scheduler, train_loader)
     # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
     forward = torch.compile(model) if config.compile else model
+    if config.find_lr:  # a learning-rate range test instead of training: lr_find.png only (utils/lr_find.py)
+        return find_lr(accelerator, config, optimizer, train_loader, step_gradients, model, forward)
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     state, resumed_from = resume(accelerator, config, frozen, data)

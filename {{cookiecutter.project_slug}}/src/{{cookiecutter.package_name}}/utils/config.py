@@ -98,6 +98,7 @@ class OptimizationConfig:
     )
     auto_batch_size: bool = session(False, "on out of memory: smaller per-device batches, more accumulation")
     compile: bool = session(False, "torch.compile the model (slow start, faster steps)")
+    find_lr: bool = session(False, "instead of training: a learning-rate range test, lr_find.png")
     deterministic: bool = session(True, "deterministic kernels: bitwise-equal reruns and resumes on a GPU")
     # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
     fp16_skip_patience: int = session(

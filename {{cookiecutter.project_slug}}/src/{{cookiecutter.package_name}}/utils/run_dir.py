@@ -308,14 +308,15 @@ def _read_holder(fd: int) -> dict:
 
 
 def earlier_outputs(output_dir: str | Path) -> list[str]:
-    """Names of what an earlier run left in `output_dir`, but for the lock, set_aside/ and a cut-off write."""
+    """Names an earlier run left in `output_dir`, but the lock, set_aside/, lr_find.png, cut-off writes."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
     return sorted(
         path.name
         for path in folder.iterdir()
-        if path.name not in (LOCK_FILE, SET_ASIDE) and not path.name.startswith(TEMPORARY_PREFIX)
+        if path.name not in (LOCK_FILE, SET_ASIDE, "lr_find.png")
+        and not path.name.startswith(TEMPORARY_PREFIX)
     )
 
 
