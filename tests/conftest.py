@@ -156,3 +156,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--run-slurm", action="store_true", help="run tests/test_slurm.py on a real SLURM started here (root)"
     )
+
+
+# The longest tests (seconds on the 2-core CI machine, from `--durations`), in the order xdist should start
+# them: it hands its workers the tests in collection order, and a long one collected late would leave the
+# other worker idle at the end of the run.
+LONGEST_FIRST = (
+    "test_generated_test_suite_passes[lm]",  # 530 s
+    "test_generated_test_suite_passes[digits]",  # 500 s
+    "test_the_whole_generated_suite_passes_with_a_task_of_its_own",  # 430 s
+    "test_generated_test_suite_passes[text]",  # 410 s
+    "test_generated_test_suite_passes[images]",  # 175 s
+    "test_tracker_test_passes[mlflow]",
+    "test_tracker_test_passes[wandb]",
+    "test_tracker_test_passes[none]",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST first, the other tests after them in their order."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.name, len(rank)))

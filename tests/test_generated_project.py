@@ -6,6 +6,7 @@ they still run by default.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -158,41 +159,82 @@ def test_the_whole_generated_suite_passes_with_a_task_of_its_own(tmp_path: Path)
     summary = result.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary, explain(result)
     # What it may skip is what this machine cannot run (a CUDA GPU; permissions as root), never a test of
-    # the guarantees or of the task check.
+    # the guarantees, of the task check or of the data fingerprint.
     skipped = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert not [line for line in skipped if "test_guarantees" in line or "test_task_check" in line], skipped
+    guarded = ("test_guarantees", "test_task_check", "test_fingerprint")
+    assert not [line for line in skipped if any(name in line for name in guarded)], skipped
 
 
-def test_a_streamed_task_and_an_augmenting_dataset_of_its_own_pass_the_guarantees(tmp_path: Path) -> None:
-    """The own task, whose train set jitters through a transform attribute (so the data fingerprint hashes
-    its samples, each seeded as the loader seeds it), passes the fingerprint's tests; with its train rows
-    streamed (tests/own_task/streamed.py, a stream of the user's own), a run stopped on 1 process,
-    continued on 2 and finished on 1 ends as one never stopped, each resume saying what docs/resume.md
-    promises a stream (its next batch is not read ahead: "resume not verified")."""
+def test_a_streamed_task_of_its_own_passes_the_guarantees(tmp_path: Path) -> None:
+    """The own task with its train rows streamed (tests/own_task/streamed.py, a stream of the user's own): a
+    run stopped on 1 process, continued on 2 and finished on 1 ends as one never stopped, each resume saying
+    what docs/resume.md promises a stream (its next batch is not read ahead: "resume not verified"). (The
+    own task unstreamed, whose train set jitters through a transform attribute, passes the fingerprint's
+    tests in the whole generic suite: test_the_whole_generated_suite_passes_with_a_task_of_its_own.)"""
     project = render_template(tmp_path, {})
     own_task = Path(__file__).parent / "own_task"
     task_file = project / "src" / DEFAULT_PACKAGE / "task.py"
-    shutil.copy(own_task / "task.py", task_file)
+    shutil.copy(own_task / "task.py", task_file.with_name("table_task.py"))
+    shutil.copy(own_task / "streamed.py", task_file)
     shutil.copy(own_task / "task_settings.py", project / "tests" / "task_settings.py")
     shutil.rmtree(project / "tests" / "task")
-    pytest_command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-    tests = [["tests/test_fingerprint.py"], ["tests/test_guarantees.py", "-k", "one_then_two_then_one"]]
-    for index, selected in enumerate(tests):
-        if index:  # the same task, its train set streamed
-            shutil.copy(own_task / "task.py", task_file.with_name("table_task.py"))
-            shutil.copy(own_task / "streamed.py", task_file)
-        result = run([*pytest_command, *selected], cwd=project, env=project_env(project), timeout=900)
-        assert result.returncode == 0, explain(result)
-        assert " passed" in result.stdout and "skipped" not in result.stdout, explain(result)
+    selected = ["tests/test_guarantees.py", "-k", "one_then_two_then_one"]
+    result = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *selected],
+        cwd=project,
+        env=project_env(project),
+        timeout=900,
+    )
+    assert result.returncode == 0, explain(result)
+    assert " passed" in result.stdout and "skipped" not in result.stdout, explain(result)
+
+
+# The tests of test_tracking.py that name their trackers (`--tracker tensorboard,wandb,mlflow`) instead of
+# taking the render's: the same test in every render (test_the_tests_that_name_their_trackers_are_the_same_
+# with_every_tracker), run once, in the whole generic suite (the own task's render, the default tracker).
+TRACKER_FREE = (
+    "test_several_trackers_at_once_each_show_a_killed_run_as_never_stopped",
+    "test_a_tracker_added_to_a_resumed_run_gets_every_step",
+    "test_a_tracker_not_installed_is_one_line_before_anything_is_written",
+    "test_tracker_takes_a_list_in_yaml_and_a_comma_separated_flag",
+)
+
+
+def tracker_free_sources(project: Path) -> dict[str, str]:
+    """The source of each TRACKER_FREE test of a render and of the module's names it reads."""
+    tree = ast.parse((project / "tests" / "test_tracking.py").read_text(encoding="utf-8"))
+    top = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node]
+        for target in targets:
+            name = getattr(target, "name", getattr(target, "id", None))
+            if name:
+                top[name] = node
+    wanted = list(TRACKER_FREE)
+    for name in wanted:  # grows with what the tests and their helpers read
+        for used in ast.walk(top[name]):
+            if isinstance(used, ast.Name) and used.id in top and used.id not in wanted:
+                wanted.append(used.id)
+    return {name: ast.unparse(top[name]) for name in wanted}
+
+
+def test_the_tests_that_name_their_trackers_are_the_same_with_every_tracker(
+    render: Callable[..., Render],
+) -> None:
+    """Why test_tracker_test_passes leaves TRACKER_FREE out: they do not read the render's tracker."""
+    default = tracker_free_sources(render().path)
+    assert "interrupt" in default and "STEPS" in default, sorted(default)
+    for tracker in CHOICES["tracker"][1:]:
+        assert tracker_free_sources(render(tracker=tracker).path) == default, tracker
 
 
 # The default tracker's tests run in the whole generic suite (the own task's render has the default tracker).
 @pytest.mark.parametrize("tracker", CHOICES["tracker"][1:])
 def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> None:
-    """With each tracker, the project's tracker tests (offline logs; a run killed, stopped and resumed shows
-    in the tracker as one never stopped; keys from the platform's secrets never written), its notebook
-    tests, its full-disk tests (a tracker's own store fills too: MLflow's SQLite file) and the repair of a
-    metrics log cut short (replayed into the tracker at the start) run for real and pass."""
+    """With each tracker, the project's tracker tests but TRACKER_FREE (offline logs; a run killed, stopped
+    and resumed shows in the tracker as one never stopped; keys from the platform's secrets never written),
+    its notebook tests, its full-disk tests (a tracker's own store fills too: MLflow's SQLite file) and the
+    repair of a metrics log cut short (replayed into the tracker at the start) run for real and pass."""
     project = render(tracker=tracker).path
     tests = ["tests/test_tracking.py", "tests/test_notebooks.py"]
     tests += [
@@ -200,6 +242,7 @@ def test_tracker_test_passes(render: Callable[..., Render], tracker: str) -> Non
         "tests/test_faults.py::test_disk_full_before_the_start_names_the_output_folder_and_leaves_nothing",
         "tests/test_faults.py::test_a_metrics_log_shorter_than_its_checkpoint_is_repaired_with_one_warning",
     ]
+    tests += ["-k", " and ".join(f"not {name}" for name in TRACKER_FREE)]
     result = run(
         [sys.executable, "-m", "pytest", "-q", "-x", *tests],
         cwd=project,

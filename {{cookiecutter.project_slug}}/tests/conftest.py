@@ -275,3 +275,33 @@ def single_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproce
     """A short real run (task_settings.QUICK), shared by the tests that only read its outputs."""
     output_dir = tmp_path_factory.mktemp("single") / "run"
     return output_dir, run_training(output_dir, *QUICK)
+
+
+# The shared references: a run made once per session, for every test that compares a run of its own with
+# one never stopped (assert_same_run). A new test that needs such a reference takes one of these, with its
+# arguments, instead of training its own; each runs with one thread per process, as on 1 and 2 processes
+# alike the same kernels add in the same order.
+# SIGNAL_RUN with per-device batch 32 of a global 64: the same run on 1 process (2 accumulation steps) and
+# on 2 (1 each), long enough for a signal to land mid-run.
+SIGNAL_ARGS = [*SIGNAL_RUN, "--mixed_precision", "no", "--per_device_batch_size", "32"]
+# QUICK in the same split.
+PAIR_ARGS = [*QUICK, "--mixed_precision", "no", "--per_device_batch_size", "32"]
+
+
+@pytest.fixture(scope="session")
+def signal_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SIGNAL_ARGS run once on 1 process, never stopped: its output folder."""
+    reference = tmp_path_factory.mktemp("signal") / "reference"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        run_training(reference, *SIGNAL_ARGS)
+    return reference
+
+
+@pytest.fixture(scope="session")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """PAIR_ARGS run once on 1 process (forked), never stopped: its output folder and what it printed."""
+    output_dir = tmp_path_factory.mktemp("one") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        return output_dir, run_training(output_dir, *PAIR_ARGS)

@@ -80,6 +80,7 @@ def test_a_field_of_an_earlier_version_in_a_saved_config_is_skipped(tmp_path: Pa
         load_config(["--config", str(path), f"--{name}", "false"], path, task.Config)
 
 
+@pytest.mark.slow  # trains
 def test_a_removed_field_is_one_warning_of_a_run_that_goes_on(tmp_path: Path) -> None:
     """train.py reads its config twice (before torch loads, then in main): the warning is printed once."""
     path = tmp_path / "old.yaml"

@@ -34,9 +34,9 @@ from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
 
 from .conftest import (
     FORK_SERVER,
+    PAIR_ARGS,
     PROJECT,
-    QUICK,
-    SIGNAL_RUN,
+    SIGNAL_ARGS,
     assert_readable_log,
     assert_same_run,
     framework_warnings,
@@ -77,35 +77,6 @@ def stopped_for_time(output_dir: Path, *args: str, processes: int = 1) -> Path:
 
 def written_by_the_rerun(output_dir: Path, resumed_from: Path) -> list[Path]:
     return [path for path in list_checkpoints(output_dir) if path != resumed_from]
-
-
-# Per-device batch 32 of a global 64, one thread per process: the same run on 1 process (2 accumulation
-# steps) and on 2 (1 each), so that one uninterrupted run is the reference of every stopped one here.
-SIGNAL_ARGS = [*SIGNAL_RUN, "--mixed_precision", "no", "--per_device_batch_size", "32"]
-
-
-@pytest.fixture(scope="module")
-def signal_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SIGNAL_ARGS run once, never stopped."""
-    reference = tmp_path_factory.mktemp("signal") / "reference"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")  # the same kernels on 1 and 2 processes
-        run_training(reference, *SIGNAL_ARGS)
-    return reference
-
-
-# QUICK in the same split (per-device batch 32 of a global 64, one thread per process): the reference of
-# the 2-process run and of the run stopped for time, and the model predict.py runs on 1 and 2 processes.
-PAIR_ARGS = [*QUICK, "--mixed_precision", "no", "--per_device_batch_size", "32"]
-
-
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """PAIR_ARGS run once on 1 process, never stopped."""
-    output_dir = tmp_path_factory.mktemp("one") / "run"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")  # threads change the summation order of matrix products
-        return output_dir, run_training(output_dir, *PAIR_ARGS)
 
 
 def test_sigterm_mid_run_then_the_same_command_ends_bitwise_identical(

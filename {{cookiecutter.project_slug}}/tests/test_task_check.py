@@ -266,6 +266,7 @@ def test_a_setting_kept_on_the_model_trains_on_two_processes(tmp_path: Path) -> 
     assert "world size 2" in result.stdout and "done: 4 optimizer steps" in result.stdout
 
 
+@pytest.mark.slow  # imports transformers and peft: the fast selection's longest test
 def test_a_task_that_calls_peft_itself_prints_no_library_warning() -> None:
     """peft warns that transformers 5 renamed a name it reads: not the user's to fix, so a task.py of a
     user's own that makes a LoRA model gets no warning in its run (the generic tests count them)."""
