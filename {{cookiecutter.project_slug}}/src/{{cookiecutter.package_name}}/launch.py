@@ -71,9 +71,11 @@ def slurm_tasks_per_node() -> int | None:
 
 def choose_processes(gpus: list[Gpu], platform: str) -> tuple[int, str]:
     """Processes on this machine (per node on SLURM), and why."""
-    requested, source = os.environ.get("NUM_PROCESSES", ""), "NUM_PROCESSES"
+    requested = os.environ.get("NUM_PROCESSES", "")
+    source = "NUM_PROCESSES"
     if not requested and platform == "slurm" and (tasks := slurm_tasks_per_node()):
-        requested, source = str(tasks), "the job's tasks per node"
+        requested = str(tasks)
+        source = "the job's tasks per node"
     if requested:
         if not requested.isdigit() or int(requested) < 1:
             raise LaunchError(f"NUM_PROCESSES must be a positive integer, not '{requested}'")
@@ -297,7 +299,8 @@ def report_outcome(status: str, start_step: int, step: int) -> None:
 
 
 def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]:
-    nodes, processes = plan["nodes"], plan["processes"]
+    nodes = plan["nodes"]
+    processes = plan["processes"]
     # srun no longer passes the job's CPUs per task down (Slurm >= 22.05): a step without them gets one.
     cpus = os.environ.get("SLURM_CPUS_ON_NODE", "1")
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}"]
@@ -319,7 +322,8 @@ def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]
 
 def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     """Inside a job: train as an srun step; requeue the job when training stopped after a checkpoint."""
-    job, restarts = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    job = os.environ["SLURM_JOB_ID"]
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     say("slurm", f"job {job}, restart {restarts}")
     plan = decide("slurm", args)
     port, why = rendezvous_port()
@@ -328,7 +332,9 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
         say("slurm", f"{line} (port {why})")
 
     if signals.received:  # during start-up (pip, say): nothing ran, so the requeued job loses nothing
-        status, outcome, why = 1, {}, f"{signals.received} arrived before training started"
+        status = 1
+        outcome = {}
+        why = f"{signals.received} arrived before training started"
     else:
         status, outcome = run_step(command, {**os.environ, **plan["env"], **env}, signals)
         if outcome.get("status") == "finished" or (status == 0 and not outcome):
@@ -404,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    platform, args = argv[0], argv[1:]
+    platform, *args = argv
     try:
         if platform != "slurm":
             launch_here(platform, args)

@@ -41,7 +41,8 @@ def run_training(platform: str, *args: str) -> int:
         command, cwd=PROJECT, env=os.environ | bar, stdin=DEVNULL, stdout=PIPE, stderr=STDOUT
     )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    interrupts, said = 0, 0
+    interrupts = 0
+    reported = 0  # the interrupts the output has said so far
 
     # The stop button (SIGINT to the kernel) is handled here rather than raised as KeyboardInterrupt: an
     # exception between a read and its write would lose that chunk of training's output (the line saying
@@ -57,8 +58,8 @@ def run_training(platform: str, *args: str) -> int:
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         while chunk := os.read(process.stdout.fileno(), 1 << 16):
-            while said < interrupts:  # each interrupt since the last chunk, said before it
-                said += 1
+            while reported < interrupts:  # each interrupt since the last chunk, said before it
+                reported += 1
                 print(
                     "\ninterrupt: training saves a checkpoint, then stops (to stop it without one, restart "
                     "the kernel: the run continues from its previous checkpoint)",
@@ -99,7 +100,8 @@ def show_metrics(run: str | Path, lines: int = 5) -> None:
 def show_predictions(run: str | Path, rows: int = 5) -> None:
     """predict.py with the run's best_model/ (else model/) on the eval split, and its first `rows` rows; one
     line where no model is exported yet."""
-    best, output = Path(run) / "best_model", Path(run) / "predictions.csv"
+    best = Path(run) / "best_model"
+    output = Path(run) / "predictions.csv"
     model = best if (best / "export.json").is_file() else Path(run) / "model"  # as predict.py chooses
     if not (model / "export.json").is_file():
         print(f"no predictions yet: {model} is exported when training ends or stops for time")

@@ -60,7 +60,8 @@ def vars_of(value: Any) -> dict[str, Any]:
 
 def stream_files(dataset: Any) -> list[Path]:
     """The local files a Hugging Face `datasets` stream reads, found along its chain of iterables."""
-    pending, files = [getattr(dataset, "_ex_iterable", None)], []
+    pending = [getattr(dataset, "_ex_iterable", None)]
+    files = []
     while pending:
         iterable = pending.pop(0)  # breadth first: the files in the order the stream lists them
         if iterable is None:
@@ -91,7 +92,8 @@ def attribute_files(dataset: Any) -> list[Path]:
 def plain_state(dataset: Any) -> dict[str, Any]:
     """The dataset's attributes where each is a tensor, an array, a plain value or a list or tuple of them
     (what its samples are made from, then); {} where one is anything else (a tokenizer, a transform)."""
-    state, arrays = vars_of(dataset), False
+    state = vars_of(dataset)
+    arrays = False
     for value in state.values():
         items = value if isinstance(value, (list, tuple)) else [value]
         if not all(isinstance(item, (torch.Tensor, np.ndarray, *PLAIN)) or item is None for item in items):

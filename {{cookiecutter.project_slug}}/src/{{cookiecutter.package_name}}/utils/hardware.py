@@ -169,10 +169,9 @@ def usable_cpus() -> int:
     for path in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
         try:
             fields = Path(path).read_text().split()
-            if path.endswith("cpu.max"):
-                quota, period = fields[0], fields[1]
-            else:
-                quota, period = fields[0], Path(path).with_name("cpu.cfs_period_us").read_text().strip()
+            if not path.endswith("cpu.max"):  # cgroup v1: the period in a file of its own
+                fields.append(Path(path).with_name("cpu.cfs_period_us").read_text().strip())
+            quota, period = fields[:2]
         except (OSError, IndexError):
             continue
         if quota not in ("max", "-1"):  # no quota
@@ -183,7 +182,8 @@ def usable_cpus() -> int:
 
 def start_line(accelerator: Any, config: Any, config_path: str, precision_why: str, threads: str) -> str:
     """The run's start line: where it runs, on what, in which precision and batches."""
-    processes, deterministic = accelerator.num_processes, "on" if config.deterministic else "off"
+    processes = accelerator.num_processes
+    deterministic = "on" if config.deterministic else "off"
     accumulation = accelerator.gradient_accumulation_steps
     batch = f"{config.per_device_batch_size} x {processes} processes x {accumulation} accumulation"
     if config.auto_batch_size:

@@ -22,8 +22,12 @@ class Progress:
     """Counts optimizer steps and shows them; `write` prints an event line (above a live bar)."""
 
     def __init__(self, total: int, initial: int, enabled: bool, at_risk: Callable = lambda: None) -> None:
-        self.total, self.step, self.enabled, self.at_risk = total, initial, enabled, at_risk
-        self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
+        self.total = total
+        self.step = initial
+        self.start_step = initial
+        self.enabled = enabled
+        self.at_risk = at_risk
+        self.loss = None  # set by loop.py: the last logging interval's mean
         self.epoch: float | None = None  # set by loop.py: the epochs done, fractional
         self.metric = ""  # set by loop.py: the last evaluation's best_metric, e.g. `eval/accuracy 0.9777`
         self.started = time.monotonic()

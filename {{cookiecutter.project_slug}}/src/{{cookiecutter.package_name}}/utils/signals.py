@@ -70,7 +70,8 @@ class StopRequest:
         if signum == signal.SIGHUP:  # its terminal hung up (or a pipe's reader is gone): a write would fail
             self._quiet(hung_up)
         if self._name is None:
-            self._name, self._first_at = name, time.monotonic()
+            self._name = name
+            self._first_at = time.monotonic()
             message = f"{name} received: saving a checkpoint within a second or a step, then stopping"
         elif name == self._name and time.monotonic() - self._first_at < SAME_PRESS_S:
             return  # one press that reached training twice (see SAME_PRESS_S)

@@ -48,7 +48,8 @@ def check_stream_settings(config: TrainConfig) -> None:
 
 def shuffle_buffer(stream: IterableDataset) -> int:
     """The size of the shuffle buffer of a Hugging Face `datasets` stream (0: none, or another stream)."""
-    pending, largest = [getattr(stream, "_ex_iterable", None)], 0
+    pending = [getattr(stream, "_ex_iterable", None)]
+    largest = 0
     while pending:
         iterable = pending.pop()
         if iterable is not None:
@@ -93,7 +94,10 @@ class WorkerShare(IterableDataset):
     draws the same order. Its state: the part's position at that window's start, and the rows taken."""
 
     def __init__(self, stream: Any, sizes: tuple[int, int, int], window: int, seed: int) -> None:
-        self.stream, self.window, self.seed, self.epoch = stream, window, seed, 0
+        self.stream = stream
+        self.window = window
+        self.seed = seed
+        self.epoch = 0
         self.per_process, self.processes, self.index = sizes
         self.part: Any = None  # this worker's stream, once iterated
         self.saved: dict[str, Any] | None = None  # a position to resume from, at the next iter()
@@ -121,8 +125,10 @@ class WorkerShare(IterableDataset):
         if self.window < 2:
             yield from self.read()
             return
-        reader, worker = self.read(), get_worker_info()
-        window, skip = self.at["window"], self.at["taken"]
+        reader = self.read()
+        worker = get_worker_info()
+        window = self.at["window"]
+        skip = self.at["taken"]
         while True:
             if window > self.at["window"]:  # the first one's start is known (the epoch's, or a resume's)
                 self.start = self.part.state_dict()
@@ -133,17 +139,18 @@ class WorkerShare(IterableDataset):
             for taken, row in enumerate(np.random.default_rng(key).permutation(len(rows))[skip:], skip + 1):
                 self.at = {"window": window, "taken": taken}
                 yield rows[row]
-            window, skip = window + 1, 0
+            window += 1
+            skip = 0
 
     def __iter__(self) -> Iterator[Any]:
-        self.part, self.at, self.start = self.split(), {"window": 0, "taken": 0}, None
+        self.part = self.split()
         if self.saved is not None and self.window < 2:
             self.part.load_state_dict(self.saved)
-        elif self.saved is not None:
-            self.start = self.saved["stream"]
-            self.at = {"window": self.saved["window"], "taken": self.saved["taken"]}
-            if self.start is not None:
-                self.part.load_state_dict(self.start)
+        windowed = self.saved if self.saved is not None and self.window >= 2 else {}
+        self.start = windowed.get("stream")  # the part's position at the window's start
+        self.at = {"window": windowed.get("window", 0), "taken": windowed.get("taken", 0)}
+        if self.start is not None:
+            self.part.load_state_dict(self.start)
         self.saved = None
         share = IterableDatasetShard(
             self.rows(),  # run at the first batch, when the state above is in place
@@ -200,7 +207,8 @@ class StreamLoader:
                 f"num_workers {asked} -> {self.num_workers}: each worker reads whole files and the train "
                 f"stream has {self.num_workers}; split the data into more files for more workers"
             )
-        self.stream, self.max_steps = stream, config.max_steps
+        self.stream = stream
+        self.max_steps = config.max_steps
         self.resumed = False  # loaded from a checkpoint: its epoch may have no full global batch left
         self.device = accelerator.device
         self.pin_memory = pin_memory
@@ -226,7 +234,8 @@ class StreamLoader:
         self.loader.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        resumed, self.resumed = self.resumed, False
+        resumed = self.resumed
+        self.resumed = False
         batches = 0
         for batch in self.loader:
             batches += 1

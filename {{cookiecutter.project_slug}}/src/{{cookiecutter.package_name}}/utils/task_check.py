@@ -179,7 +179,9 @@ class TaskModel:
     calling it would skip `forward` and DDP's gradient sync, so 1 and N processes would train differently."""
 
     def __init__(self, forward: Callable[..., Any], model: torch.nn.Module, training: bool = False) -> None:
-        self._forward, self._model, self._training = forward, model, training
+        self._forward = forward
+        self._model = model
+        self._training = training
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
@@ -281,7 +283,8 @@ def _describe(value: Any) -> str:
 
 @contextlib.contextmanager
 def _kept_random_state() -> Iterator[None]:
-    python_state, numpy_state = random.getstate(), numpy.random.get_state()  # numpy: Accelerate's
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state()  # Accelerate's set_seed seeds it
     try:
         with torch.random.fork_rng(devices=[]):  # CPU only: the check builds its model there
             yield

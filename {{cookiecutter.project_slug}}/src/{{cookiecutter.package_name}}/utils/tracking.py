@@ -275,7 +275,8 @@ class NamesAFullDisk(GeneralTracker):
     requires_logging_directory = False
 
     def __init__(self, inner: GeneralTracker, where: Path, held: dict[str, int], held_by_all: int) -> None:
-        self.inner, self.where = inner, where
+        self.inner = inner
+        self.where = where
         self.held = held
         self.held_by_all = held_by_all
         super().__init__()

@@ -156,7 +156,8 @@ def plain_text(path: Path, _: str, advance: Callable[[int], None]) -> Iterator[t
             offset += len(raw)
             advance(len(raw))
             cut = text.rfind("\n") + 1 or len(text)  # a whole line, unless a line is longer than a chunk
-            text, carried = text[:cut], text[cut:]
+            carried = text[cut:]
+            text = text[:cut]
             if text:
                 yield text, new_document
                 new_document = False

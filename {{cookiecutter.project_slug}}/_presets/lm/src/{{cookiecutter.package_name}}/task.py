@@ -180,7 +180,8 @@ def eval_step(model: torch.nn.Module, batch: torch.Tensor) -> dict[str, torch.Te
     exact however the windows were split between processes."""
     import torch.nn.functional as F
 
-    inputs, targets = batch[:, :-1], batch[:, 1:]
+    inputs = batch[:, :-1]
+    targets = batch[:, 1:]  # each position's next token
     logits = model(inputs).float()
     token_losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [batch, length]
     tokens = targets.new_full((len(targets),), targets.shape[1])
@@ -212,7 +213,8 @@ def predict_inputs(config: Config, path: Path | None) -> list[dict[str, Any]]:
         breaks = (ids[start : start + length] == newline).nonzero()
         if len(breaks) and start + int(breaks[0]) + 1 <= room:
             start += int(breaks[0]) + 1  # begin at the start of a line, as a reader would
-        prompt, continuation = ids[start : start + length], ids[start + length : start + length + follow]
+        prompt = ids[start : start + length]
+        continuation = ids[start + length : start + length + follow]
         items.append({"index": index, "prompt": prompt, "continuation": continuation})
     return items
 

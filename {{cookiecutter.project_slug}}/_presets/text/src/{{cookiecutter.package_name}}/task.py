@@ -141,8 +141,8 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     collate.use(tokenizer)
 
     def tokenized(part: list[tuple[str, str]]) -> TokenizedTexts:
-        texts, ids = [text for text, _ in part], [labels.index(label) for _, label in part]
-        return TokenizedTexts(texts, tokenizer, config.max_length, ids)
+        texts = [text for text, _ in part]
+        return TokenizedTexts(texts, tokenizer, config.max_length, [labels.index(label) for _, label in part])
 
     if config.data_files:
         from .data.text_files import encoder, resolve, train_stream
@@ -271,9 +271,11 @@ def predict_inputs(config: Config, path: Path | None) -> Dataset:
 
     if path is None:
         _, eval_, labels = summary(config)  # data_file's eval split, or data_files' held-out texts
-        texts, ids = [text for text, _ in eval_], [labels.index(label) for _, label in eval_]
+        texts = [text for text, _ in eval_]
+        ids = [labels.index(label) for _, label in eval_]
     else:
-        texts, ids = read_texts(path), None
+        texts = read_texts(path)
+        ids = None
     tokenizer = build_tokenizer(config)
     collate.use(tokenizer)
     return TokenizedTexts(texts, tokenizer, config.max_length, labels=ids, with_text=True)

@@ -81,10 +81,9 @@ def digit_splits(seed: int, eval_fraction: float, noise: float) -> tuple[NoisyDi
             "with pip install -e . (not pip install .) keeps in reach"
         )
     table = np.loadtxt(DATA_FILE, delimiter=",", dtype=np.int64)
-    images, labels = table[:, :NUM_FEATURES], table[:, NUM_FEATURES]
-    features = torch.tensor(images / MAX_PIXEL, dtype=torch.float32)
-    targets = torch.tensor(labels, dtype=torch.long)
-    eval_idx, train_idx = map(torch.from_numpy, split_rows(len(labels), seed, eval_fraction))
+    features = torch.tensor(table[:, :NUM_FEATURES] / MAX_PIXEL, dtype=torch.float32)
+    targets = torch.tensor(table[:, NUM_FEATURES], dtype=torch.long)
+    eval_idx, train_idx = map(torch.from_numpy, split_rows(len(targets), seed, eval_fraction))
     train_set = NoisyDigits(features[train_idx], targets[train_idx], noise, seed)
     return train_set, TensorDataset(features[eval_idx], targets[eval_idx])
 

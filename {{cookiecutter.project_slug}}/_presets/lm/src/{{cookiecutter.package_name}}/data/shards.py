@@ -89,14 +89,16 @@ class TokenShards:
         if self._reads > REOPEN_AFTER:
             self._maps.clear()  # closes them: the ids handed out are copies
             self._reads = 1
-        first, last = self.start + first, self.start + max(first, last)
+        last = self.start + max(first, last)
+        first = self.start + first
         pieces = []
         index = bisect.bisect_right(self.ends, first)
         while first < last:
             begin = self.ends[index] - self.shards[index].tokens
             end = min(last, self.ends[index])
             pieces.append(self._map(index)[first - begin : end - begin])
-            first, index = end, index + 1
+            first = end
+            index += 1
         ids = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
         return torch.from_numpy(ids.astype(np.int64))
 

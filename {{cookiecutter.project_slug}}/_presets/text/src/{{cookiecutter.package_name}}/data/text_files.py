@@ -106,7 +106,8 @@ def scan(
 
     def train_texts() -> Any:
         for row in stream:
-            text, label = row[text_column], row[label_column]
+            text = row[text_column]
+            label = row[label_column]
             if not isinstance(text, str) or not text.strip() or label is None:
                 raise ValueError("a row without text or label")
             labels.add(str(label))

@@ -89,9 +89,8 @@ def build_word_tokenizer(counts: Counter[str], vocab_size: int, max_length: int)
     )
     tokenizer.normalizer = normalizer
     tokenizer.pre_tokenizer = pre_tokenizer
-    cls_id, sep_id = tokens.index("[CLS]"), tokens.index("[SEP]")
     tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]", special_tokens=[(name, tokens.index(name)) for name in ("[CLS]", "[SEP]")]
     )
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
