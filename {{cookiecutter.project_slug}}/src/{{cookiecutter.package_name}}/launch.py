@@ -2,8 +2,7 @@
 (docs/platforms.md, docs/slurm.md). Standard library only: this runs before anything is installed.
 scripts/run_<platform>.sh run it from the project root; without bash (after `pip install -e .`):
 
-    python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
-"""
+    python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]"""
 
 from __future__ import annotations
 
@@ -153,8 +152,7 @@ def missing_dependencies(pyproject: Path) -> list[str]:
 
 
 def install_missing(platform: str) -> None:
-    """`pip install -e .` when a dependency is missing, with the installed torch pinned as one more
-    requirement, so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
+    """`pip install -e .` when a dependency is missing, the installed torch pinned (Colab's stays)."""
     if os.environ.get("SKIP_INSTALL") == "1":
         say(platform, "install: skipped (SKIP_INSTALL=1)")
         return
@@ -200,8 +198,7 @@ def rendezvous_port() -> tuple[int, str]:
 def accelerate_command(
     processes: int, precision: str, port: int, nodes: int = 1, head: str = ""
 ) -> list[str]:
-    """`accelerate launch` for several processes; on several nodes (a head node given), with each node's
-    rank ($SLURM_NODEID, expanded there) and the head node's address."""
+    """`accelerate launch` for several processes; with `head`, on several nodes ($SLURM_NODEID)."""
     machine = ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", head] if head else []
     options = {
         "--num_processes": processes,
@@ -292,8 +289,7 @@ class StepSignals:
 
 
 def report_outcome(status: str, start_step: int, step: int) -> None:
-    """Called by train.py's main process at its end ("finished" or "stopped" after a checkpoint): tells a
-    SLURM launcher how far this run got. Does nothing outside one."""
+    """train.py's main process at its end ("finished", "stopped"): how far it got, for a launcher."""
     if path := os.environ.get(OUTCOME_FILE):
         write_atomically(Path(path), json.dumps({"status": status, "start_step": start_step, "step": step}))
 
@@ -373,8 +369,7 @@ def run_step(command: list[str], env: dict[str, str], signals: StepSignals) -> t
 
 
 def run_accelerate(args: list[str]) -> int:
-    """`accelerate launch ARGS` in this process, for several processes on one machine; 75 after a stop
-    (report_outcome), where torch's launcher would print a traceback of the workers' 75 and exit 1."""
+    """`accelerate launch ARGS` in this process; 75 after a stop (torch's: a traceback, 1)."""
     import torch.distributed.run  # noqa: F401 (creates the loggers quieted below)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException

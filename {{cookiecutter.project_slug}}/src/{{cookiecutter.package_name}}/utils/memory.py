@@ -24,8 +24,7 @@ from .task_check import TaskModel
 def fit_batch_size(
     accelerator: Accelerator, config: TrainConfig, model: torch.nn.Module, samples: Any, resumed: Path | None
 ) -> None:
-    """That of checkpoint `resumed`'s session if it ran on this device and as many processes; else the largest
-    size, down from per_device_batch_size, that fits on every process. The tries leave no trace."""
+    """`resumed`'s if it ran on this device and layout; else the largest that fits on every process."""
     if not config.auto_batch_size:
         return
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):

@@ -18,8 +18,7 @@ from typing import NoReturn
 
 from .hardware import main_process_of_launch
 
-# Exit status of a run that stopped on a signal after saving a checkpoint: rerun the same command
-# to continue. 75 is EX_TEMPFAIL ("try again later").
+# A run stopped by a signal after its checkpoint exits 75 (EX_TEMPFAIL): rerun the command to continue.
 EXIT_STOPPED = 75
 
 # A second signal of the same kind this soon after the first is the same stop: a notebook's stop button
@@ -87,8 +86,7 @@ class StopRequest:
             os._exit(EXIT_STOPPED)
 
     def _check_launcher(self) -> None:
-        """Once the launcher is gone (another process adopted this one): a stop; output not to a file goes to
-        /dev/null (its terminal or pipe's reader died with the launcher: a write would fail)."""
+        """Once the launcher is gone (this process adopted): a stop; output not to a file: /dev/null."""
         with self._lock:
             launcher = self._launcher
             if launcher is None or os.getppid() == launcher:
@@ -133,8 +131,7 @@ def exit_process(status: int | str | None) -> NoReturn:
     if isinstance(status, str):
         print(status, file=sys.stderr)
         status = 1
-    # What Python's own exit runs before its teardown, in its order: threads that are not daemons are
-    # joined (a library's last write), then the atexit functions.
+    # What Python's own exit runs before its teardown: non-daemon threads joined, then atexit functions.
     threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()

@@ -1,18 +1,10 @@
-"""Training from a stream: a train set that is a torch IterableDataset (a Hugging Face `datasets` stream
-read from local files, or your own with `state_dict`/`load_state_dict` and `set_epoch`), resumed exactly
-(docs/own-task.md; a shuffle that resumes: `WorkerShare`).
-
-Every process reads the same stream in the same (seeded) order, and Accelerate's IterableDatasetShard keeps,
-of each run of global batch samples, this process's block: an optimizer step sees the same samples on 1 or
-N processes, and after each batch the stream stands where a single process would be, on every process.
-
-Workers (torchdata's StatefulDataLoader) each read whole files of a `datasets` stream (file i goes to
-worker i mod num_workers) and take turns giving a batch. The loader's state, saved with each checkpoint
-(`register_for_checkpointing`), resumes at the next batch on any number of processes; num_workers is part
-of the data order, so a resume with another is refused. A worker iterates with `datasets`' `iter()`: as a
-torch IterableDataset, `datasets` (5.2) would split it again by worker and load the saved position into
-the unsplit stream (an IndexError on resume).
-"""
+"""Training from a stream (docs/own-task.md), resumed exactly. Every process reads the same stream in the same
+(seeded) order, and Accelerate's IterableDatasetShard keeps this process's block of each global batch: a step
+sees the same samples on 1 or N processes. Workers (torchdata's StatefulDataLoader) each read whole files
+of a `datasets` stream (file i goes to worker i mod num_workers; so num_workers is part of the order) and
+take turns giving a batch; the loader's state resumes at the next batch on any number of processes. A
+worker iterates with `datasets`' `iter()`: as a torch IterableDataset, `datasets` (5.2) would split it again
+by worker and load the saved position into the unsplit stream (an IndexError on resume)."""
 
 from __future__ import annotations
 
@@ -29,6 +21,7 @@ from accelerate.utils import send_to_device
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .config import ConfigError, TrainConfig
+from .fingerprint import stream_chain
 from .packages import require
 from .run_dir import RunError
 from .signals import ignore_stop_signals
@@ -48,13 +41,7 @@ def check_stream_settings(config: TrainConfig) -> None:
 
 def shuffle_buffer(stream: IterableDataset) -> int:
     """The size of the shuffle buffer of a Hugging Face `datasets` stream (0: none, or another stream)."""
-    pending = [getattr(stream, "_ex_iterable", None)]
-    largest = 0
-    while pending:
-        iterable = pending.pop()
-        if iterable is not None:
-            largest = max(largest, getattr(iterable, "buffer_size", 0) or 0)
-            pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
+    largest = max((getattr(iterable, "buffer_size", 0) or 0 for iterable in stream_chain(stream)), default=0)
     return largest if largest > 1 else 0
 
 

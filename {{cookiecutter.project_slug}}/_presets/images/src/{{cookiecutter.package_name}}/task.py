@@ -6,8 +6,7 @@ train.py and predict.py stay as they are, and so do exact resume, the same optim
 processes and exact distributed evaluation.
 
 The contract, function by function: docs/own-task.md. Every run checks it on two samples before it
-starts, and `python train.py --check_task` checks it alone.
-"""
+starts, and `python train.py --check_task` checks it alone."""
 
 from __future__ import annotations
 
@@ -192,8 +191,7 @@ def predict_inputs(config: Config, path: Path | None) -> list[tuple]:
     path); or, when `path` is None, (image, label, path) items of the eval split.
 
     Every image is read here, before any prediction, so that a bad file stops all processes alike; a
-    ConfigError names it.
-    """
+    ConfigError names it."""
     from .data.image_folder import image_files, load_image, to_tensor
 
     if path is None:

@@ -1,11 +1,8 @@
-"""Tokenize text, jsonl or parquet files into uint16 token shards for `data_file` (train.py reads them
-through np.memmap, so a corpus of any size trains in little memory):
+"""Tokenize text, jsonl or parquet files into uint16 token shards for `data_file`, read through np.memmap, in
+two streaming passes (the tokenizer, then the ids; docs/task.md, "A corpus larger than memory"):
 
     python -m {{ cookiecutter.package_name }}.prepare --input "corpus/*.txt" more.jsonl --output data/tokens
     python train.py --data_file data/tokens
-
-Two streaming passes over the input, a few MB at a time: the first builds the tokenizer, the second writes
-the ids. What it reads and writes: docs/task.md, "A corpus larger than memory".
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The task: all that train.py and predict.py know about the data, the model and the metrics. lm: a small
 GPT that predicts the next character of a text (Shakespeare's plays by default), and writes text from
-prompts. Your own task: docs/own-task.md.
-"""
+prompts. Your own task: docs/own-task.md."""
 
 from __future__ import annotations
 
@@ -146,9 +145,8 @@ def build_model(config: Config) -> torch.nn.Module:
 
 
 def keep_vocabulary(model: torch.nn.Module, digest: str, source: str) -> None:
-    """Save the vocabulary's SHA-256 with the weights (a buffer, in checkpoints and exports alike), and
-    refuse weights saved with another one: the same number of ids would otherwise load without a word
-    and read every id as the wrong character."""
+    """Save the vocabulary's SHA-256 with the weights (a buffer), and refuse weights saved with another one:
+    the same number of ids would load without a word and read every id as the wrong character."""
     import torch
 
     model.register_buffer("vocabulary_sha256", torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8))

@@ -1,6 +1,5 @@
 """Handwritten digits (1,797 8x8 images) of data/digits.csv (data/README.md says where they come from).
-Replace this module with your own data; task.py is the only caller.
-"""
+Replace this module with your own data; task.py is the only caller."""
 
 from __future__ import annotations
 
@@ -31,11 +30,8 @@ class DigitBatch(NamedTuple):
 
 class NoisyDigits(Dataset):
     """Training images with Gaussian pixel noise, a function of (seed, epoch, index) only (docs/resume.md).
-
-    One generator seeded with (seed, epoch) draws the whole epoch's noise at once, and `__getitems__` hands
-    over a batch already stacked: a generator per image cost about 50 us each, and slicing a batch into
-    images for collate to stack again another 40 us per batch, enough to keep a GPU waiting.
-    """
+    One generator seeded with (seed, epoch) draws the epoch's noise at once, and `__getitems__` hands over
+    a stacked batch: a generator per image, or a batch cut into images to stack again, kept a GPU waiting."""
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, noise: float, seed: int) -> None:
         self.features = features

@@ -6,8 +6,7 @@ Each image is one shape (circle, ring, square, ...) of random size, position and
 background of another random colour. Every class looks the same mirrored left to right, so the
 horizontal flip of the augmentation keeps its label. The same seed writes the same bytes on
 every machine (see `png_bytes`): tests/task/test_task.py checks that this reproduces the shipped files.
-Change the counts or the shapes here and rerun it to train on another set; nothing else reads this module.
-"""
+Change the counts or the shapes here and rerun it to train on another set; nothing else reads this module."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def png_bytes(mask: np.ndarray, palette: np.ndarray) -> bytes:
     compressed.
 
     zlib builds (zlib, zlib-ng, ...) compress the same data to different bytes; stored data is the same
-    everywhere, so a regenerated file is byte for byte the shipped one. 246 bytes for 32x32.
-    """
+    everywhere, so a regenerated file is byte for byte the shipped one. 246 bytes for 32x32."""
     height, width = mask.shape
     rows = np.packbits(mask, axis=1)  # 8 pixels a byte, leftmost first, as PNG stores them
     raw = b"".join(b"\x00" + row.tobytes() for row in rows)  # each row starts with filter type 0

@@ -1,6 +1,5 @@
 """A folder of token shards, as prepare.py writes it (docs/task.md), read through np.memmap: a window reads
-its few tokens from the page cache, so memory stays small whatever the size of the corpus.
-"""
+its few tokens from the page cache, so memory stays small whatever the size of the corpus."""
 
 from __future__ import annotations
 
@@ -53,10 +52,8 @@ class Shard:
 
 
 class TokenShards:
-    """The tokens of all shards as one sequence (or the part [start, stop) of it): len() and slices.
-
-    A slice returns an int64 tensor and may span shards. The memory maps are opened on first use in each
-    process and never pickled, so DataLoader workers open their own."""
+    """The tokens of all shards as one sequence (or its part [start, stop)): slices are int64 tensors. The
+    memory maps are opened on first use in each process and never pickled (workers open their own)."""
 
     def __init__(
         self, shards: list[Shard], start: int = 0, stop: int | None = None, vocabulary: str = ""
@@ -76,9 +73,7 @@ class TokenShards:
         return TokenShards(self.shards, self.start + start, self.start + stop, self.vocabulary)
 
     def fingerprint(self) -> dict[str, str]:
-        """What a run's data fingerprint (utils/fingerprint.py) records of these tokens: the vocabulary's and
-        each shard's SHA-256 from meta.json, which open_shards verified (reading them again would cost as
-        much), and the part of them read."""
+        """The vocabulary's and each shard's SHA-256 (as open_shards verified them), and the part read."""
         entries = {"vocabulary": f"sha256 {self.vocabulary}"}
         entries |= {shard.path.name: f"{shard.tokens} tokens, sha256 {shard.sha256}" for shard in self.shards}
         return entries | {"tokens read": f"{self.start} to {self.stop}"}

@@ -8,8 +8,7 @@ Order: `datasets` interleaves the files row by row, in an order drawn from `seed
 their order inside a file (with `num_workers`, each worker reads its share of whole files so: streams.py).
 The loader then shuffles the rows in windows of `shuffle_window`, in an order it draws again on resume
 (utils/streams.py). A `datasets` shuffle buffer cannot be resumed exactly (datasets drops its contents
-from a saved state; utils/streams.py refuses one): for a wider mix, write each file's rows in random order.
-"""
+from a saved state; utils/streams.py refuses one): for a wider mix, write each file's rows in random order."""
 
 from __future__ import annotations
 
