@@ -129,8 +129,7 @@ def train_args(platform: str, precision: str, args: list[str]) -> tuple[list[str
 
 
 def missing_dependencies(pyproject: Path) -> list[str]:
-    """pyproject.toml's dependencies that are not installed, or installed outside their requirement.
-    Reads package metadata only: nothing is imported, no CUDA is initialised."""
+    """pyproject.toml's dependencies not installed, or outside their requirement (from metadata alone)."""
     from importlib import metadata
 
     # pip's own copy: nothing else may be installed yet.
@@ -267,13 +266,9 @@ def launch_here(platform: str, args: list[str]) -> None:
     os.execvpe(command[0], command, env)
 
 
-# --- SLURM ------------------------------------------------------------------------------------------
-
-
 class StepSignals:
-    """Stop signals to the batch process (SLURM's --signal=B:USR1@N, a requeue's SIGTERM), passed on to
-    the running srun step as SIGUSR1: srun passes that on to every task, but kills them on a SIGTERM and
-    answers a lone SIGINT with a status report (docs/slurm.md)."""
+    """Stop signals to the batch process, passed on to the srun step as SIGUSR1: srun passes that on to
+    every task, but kills them on a SIGTERM and answers a lone SIGINT with a status report (docs/slurm.md)."""
 
     def __init__(self) -> None:
         self.received: str | None = None
@@ -306,8 +301,7 @@ def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]
         ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True
     ).stdout.split()[0]
     env, line = multi_process_env(plan["gpus"], nodes * processes, f" on {nodes} node(s), head {head}:{port}")
-    # After forwarding a signal the launcher SIGKILLs workers still running 30 s later (torch's default);
-    # 120 s leaves a large model time to write its checkpoint.
+    # torch's launcher SIGKILLs workers 30 s after forwarding a signal: 120 s lets a large model save.
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
     launch = accelerate_command(nodes * processes, plan["precision"], port, nodes, head)
     # One task per node; $SLURM_NODEID expands there, in that task.

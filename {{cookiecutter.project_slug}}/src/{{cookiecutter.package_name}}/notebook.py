@@ -47,8 +47,7 @@ def run_training(platform: str, *args: str) -> int:
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1:
-            # Jupyter may have signalled the kernel's whole process group, training included; then
-            # training takes this second SIGINT, so close behind, for the same press (utils/signals.py).
+            # If Jupyter signalled the process group too, training takes this one as the same press.
             process.send_signal(signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, interrupt)

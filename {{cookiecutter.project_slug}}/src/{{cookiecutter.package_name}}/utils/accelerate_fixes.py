@@ -26,8 +26,7 @@ def speed_up_accelerate() -> None:
 
 
 def cache_lomo_check() -> None:
-    """Ask once per run, not twice per `AcceleratedOptimizer.step` (a sys.path search), whether lomo_optim is
-    installed: one installed mid-run could not change the run's optimizer."""
+    """Ask once per run, not twice per `AcceleratedOptimizer.step` (a sys.path search), for lomo_optim."""
     check = accelerate.optimizer.is_lomo_available
     if not hasattr(check, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(check)
@@ -90,8 +89,7 @@ def clip_without_dtensor_checks() -> None:
 
 
 def read_fsdp_flag_once() -> None:
-    """Read ACCELERATE_USE_FSDP once per process, not at every `AcceleratedOptimizer.step`: the launcher sets
-    it before the process starts."""
+    """Read ACCELERATE_USE_FSDP (set by the launcher) once per process, not at every optimizer step."""
     original = accelerate.state.GradientState.is_xla_gradients_synced
     fsdp = parse_flag_from_env("ACCELERATE_USE_FSDP", default=False)
 

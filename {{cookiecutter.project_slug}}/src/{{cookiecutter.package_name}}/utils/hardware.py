@@ -125,8 +125,7 @@ def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
         return "no", "no GPU; fp16 on the CPU would silently run in fp32"
     older = [gpu for gpu in gpus if gpu.compute_capability < (8, 0)]
     if older:
-        major, minor = older[-1].compute_capability
-        return "fp16", f"{older[-1].name} (compute {major}.{minor}) is below 8.0, where bf16 is only emulated"
+        return "fp16", f"{older[-1]} is below 8.0, where bf16 is only emulated"
     return "bf16", "every GPU has compute capability >= 8.0"
 
 

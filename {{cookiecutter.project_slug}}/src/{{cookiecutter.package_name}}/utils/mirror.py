@@ -1,5 +1,4 @@
-"""A second copy of the run in `mirror_dir` (e.g. Google Drive), kept by a thread of the main process
-(persist.Worker). What it promises: docs/moving-runs.md."""
+"""A second copy of the run in `mirror_dir`, kept by a thread of the main process (docs/moving-runs.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Turn SIGTERM, SIGINT, SIGUSR1 and SIGHUP (a closed terminal), or the launcher's death, into a request to
-stop cleanly (docs/resume.md, "Signals"). The handler only records it: the loop acts on it where all
-processes meet, so every rank finishes the same step and saves the same checkpoint."""
+"""Turn SIGTERM, SIGINT, SIGUSR1, SIGHUP, or the launcher's death, into a request to stop (docs/resume.md):
+recorded only; the loop acts where all processes meet, so every rank saves the same checkpoint."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ from .signals import ignore_stop_signals
 
 
 def check_stream_settings(config: TrainConfig) -> None:
-    """Raise a ConfigError for the settings a streamed train set cannot honour; a task calls it before it
-    reads its files, so that a long scan does not come before the error."""
+    """Raise a ConfigError for the settings a streamed train set cannot honour (before a task's long scan)."""
     if not config.max_steps:
         raise ConfigError(
             "a streamed train set has no length to size training by num_epochs: set max_steps (optimizer "
@@ -49,9 +48,8 @@ def shuffle_buffer(stream: IterableDataset) -> int:
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 
-# What num_workers -1 (the default) means: a stream's reading and tokenizing (bench/streams.py: the wait for
-# data falls from 12% of a step to 3.5% on 2 CPU cores) in 2 processes; data in memory is faster without
-# workers, which start again every epoch. The same on every platform: it is part of a stream's order.
+# num_workers -1 (the default): a stream is read in 2 processes (bench/streams.py), data in memory without
+# workers (they start again every epoch). The same on every platform: it is part of a stream's order.
 STREAM_WORKERS = 2
 
 
@@ -234,13 +232,11 @@ class StreamLoader:
             )
 
     def close(self) -> None:
-        """End the workers. torchdata keeps the last iterator, and its workers, for state_dict; alive at exit,
-        multiprocessing would wait for workers that ignore SIGTERM (ignore_stop_signals) for ever."""
+        """End the workers, which torchdata keeps for state_dict: at exit, they would be awaited for ever."""
         self.loader._iterator = None
 
-    # What save_state stores (custom_checkpoint_0.pkl) and load_state gives back. max_steps rides along:
-    # it sizes a stream's schedule, so a resume with another value would change the run, not continue it;
-    # num_workers too: it decides which worker reads which file, and so the order of the batches.
+    # What save_state stores (custom_checkpoint_0.pkl), with max_steps (it sizes a stream's schedule) and
+    # num_workers (which worker reads which file): a resume with another would change the run.
     def state_dict(self) -> dict[str, Any]:
         saved = {"loader": self.loader.state_dict()}
         return saved | {"max_steps": self.max_steps, "num_workers": self.num_workers}

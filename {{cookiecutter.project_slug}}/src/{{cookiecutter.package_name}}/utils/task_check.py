@@ -32,7 +32,7 @@ def check_task(
 ) -> list[str]:
     """Run task.py's functions on a few samples (`predict` on `predict_inputs`); raise TaskError on a breach,
     return warnings to print. The random streams are left as they were: the run trains as without it."""
-    with _kept_random_state():
+    with kept_random_state([]):  # CPU only: the check builds its model there
         train_batch = _first_batch(train_set, "training")
         eval_batch = _first_batch(eval_set, "eval")
         _rows(train_batch)
@@ -49,8 +49,7 @@ def check_task(
 
 
 def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    """task.build_datasets(config), checked: two sets, each map-style (the train set may be a stream),
-    neither empty. train.py and `--check_task` take the sets from here, before anything is written."""
+    """task.build_datasets(config), checked: two sets, each map-style (or a train stream), neither empty."""
     sets = _call("build_datasets(config)", task.build_datasets, config)
     if not (isinstance(sets, list | tuple) and len(sets) == 2):
         raise TaskError(
@@ -277,11 +276,12 @@ def _describe(value: Any) -> str:
 
 
 @contextlib.contextmanager
-def _kept_random_state() -> Iterator[None]:
+def kept_random_state(devices: list[Any]) -> Iterator[None]:
+    """Python's, NumPy's and torch's generators (on `devices`) left as they were by what runs inside."""
     python_state = random.getstate()
-    numpy_state = numpy.random.get_state()  # Accelerate's set_seed seeds it
+    numpy_state = numpy.random.get_state()
     try:
-        with torch.random.fork_rng(devices=[]):  # CPU only: the check builds its model there
+        with torch.random.fork_rng(devices=devices):
             yield
     finally:
         random.setstate(python_state)

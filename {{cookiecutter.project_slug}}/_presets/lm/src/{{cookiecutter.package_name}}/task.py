@@ -44,8 +44,7 @@ class Config(TrainConfig):
     sample_chars: int = session(200, "predict.py: characters written after each prompt")
     temperature: float = session(0.8, "predict.py: sampling temperature; below 1, safer text")
     top_k: int = session(0, "predict.py: draw from the k most likely characters only")
-    # TrainConfig's defaults that this task sets otherwise. One epoch is one pass over the training text
-    # in windows of block_size + 1 characters: 15,684 windows, 245 optimizer steps of 64 windows.
+    # TrainConfig's defaults that this task sets otherwise (an epoch: 15,684 windows, 245 steps of 64).
     num_epochs: int = 2
     eval_every: int = 100
 

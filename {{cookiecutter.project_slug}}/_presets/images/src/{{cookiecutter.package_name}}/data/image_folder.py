@@ -5,8 +5,7 @@
 
 Class k is the k-th class folder in sorted order. Images are read with Pillow as RGB, brought to
 image_size x image_size (scaled and centre-cropped, only if they are not that size already) and scaled to
-[-1, 1] (or normalized as a pretrained model's image processor does). Replace this module to read other
-data; task.py is the only caller."""
+[-1, 1] (or normalized as a pretrained model's image processor does)."""
 
 from __future__ import annotations
 

@@ -17,10 +17,9 @@ import torch
 from .chars import Chars
 from .token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, file_sha256
 
-# The pages a memory map has read count as the process's resident memory until it is closed (page cache
-# that the kernel may drop, but counted), and a read fault maps far more than a window's 130 bytes (up to
-# a large folio, measured here as ~1.5 MB): 300 steps of random windows had mapped 980 MB of a 1 GB corpus.
-# Maps reopened every REOPEN_AFTER reads keep that near 100 MB (docs/benchmarks.md of the template).
+# A memory map's read pages count as the process's resident memory until it is closed, and a read fault
+# maps up to ~1.5 MB for a window's 130 bytes: maps reopened every REOPEN_AFTER reads keep that near 100 MB
+# (980 MB of a 1 GB corpus after 300 steps otherwise; the template's docs/benchmarks.md).
 REOPEN_AFTER = 64
 PREPARE = f"python -m {__package__.rsplit('.', 1)[0]}.prepare"  # the command that makes a folder
 
