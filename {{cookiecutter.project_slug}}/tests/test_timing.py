@@ -69,9 +69,9 @@ def test_checkpoints_come_so_that_each_is_durable_within_max_time_lost_of_the_la
     now[0] += 2.0  # a slow first step: 2 s
     assert clock.vote(101, logging=False) == (1 + 13, 0.0, 1.0)  # 29.5 s at 2 s a step: steps 101 to 114
     now[0] = 1006.5  # step 110: 0.5 s a step since step 101
-    every, _, ahead = clock.vote(110, logging=True)
-    clock.every = int(every)  # as the vote's reduce hands it to every process
-    assert (clock.every, ahead) == (10 + 46, 1.0)  # 23 s left of the 29.5, at 0.5 s a step
+    interval, _, ahead = clock.vote(110, logging=True)
+    clock.checkpoint_interval = int(interval)  # as the vote's reduce hands it to every process
+    assert (clock.checkpoint_interval, ahead) == (10 + 46, 1.0)  # 23 s left of the 29.5, at 0.5 s a step
     assert not clock.due(155) and clock.due(156)
     now[0] = 1029.75
     clock.saved(156, started=1029.5)  # measured: it stopped the loop for 0.25 s
@@ -171,7 +171,7 @@ def test_only_the_main_process_reads_its_clock_and_every_process_counts_the_step
     assert other.vote(5, logging=True) == (0.0, 0.0, 0.0)
     assert off.vote(5, logging=True)[:2] == (0.0, 0.0)
     assert [step for step in range(1, 20) if other.due(step)] == [7, 14]
-    other.every = 5  # the main process's vote, through the vote's reduce
+    other.checkpoint_interval = 5  # the main process's vote, through the vote's reduce
     other.saved(3, now[0])
     assert [step for step in range(4, 20) if other.due(step)] == [7, *range(8, 20)]
 

@@ -2,8 +2,7 @@
 (docs/platforms.md, docs/slurm.md). Standard library only: this runs before anything is installed.
 scripts/run_<platform>.sh run it from the project root; without bash (after `pip install -e .`):
 
-    python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]
-"""
+    python -m {{ cookiecutter.package_name }}.launch local|colab|kaggle|slurm [--field value ...]"""
 
 from __future__ import annotations
 
@@ -71,9 +70,11 @@ def slurm_tasks_per_node() -> int | None:
 
 def choose_processes(gpus: list[Gpu], platform: str) -> tuple[int, str]:
     """Processes on this machine (per node on SLURM), and why."""
-    requested, source = os.environ.get("NUM_PROCESSES", ""), "NUM_PROCESSES"
+    requested = os.environ.get("NUM_PROCESSES", "")
+    source = "NUM_PROCESSES"
     if not requested and platform == "slurm" and (tasks := slurm_tasks_per_node()):
-        requested, source = str(tasks), "the job's tasks per node"
+        requested = str(tasks)
+        source = "the job's tasks per node"
     if requested:
         if not requested.isdigit() or int(requested) < 1:
             raise LaunchError(f"NUM_PROCESSES must be a positive integer, not '{requested}'")
@@ -128,8 +129,7 @@ def train_args(platform: str, precision: str, args: list[str]) -> tuple[list[str
 
 
 def missing_dependencies(pyproject: Path) -> list[str]:
-    """pyproject.toml's dependencies that are not installed, or installed outside their requirement.
-    Reads package metadata only: nothing is imported, no CUDA is initialised."""
+    """pyproject.toml's dependencies not installed, or outside their requirement (from metadata alone)."""
     from importlib import metadata
 
     # pip's own copy: nothing else may be installed yet.
@@ -151,8 +151,7 @@ def missing_dependencies(pyproject: Path) -> list[str]:
 
 
 def install_missing(platform: str) -> None:
-    """`pip install -e .` when a dependency is missing, with the installed torch pinned as one more
-    requirement, so that pip never swaps Colab's or Kaggle's CUDA build of torch for another one."""
+    """`pip install -e .` when a dependency is missing, the installed torch pinned (Colab's stays)."""
     if os.environ.get("SKIP_INSTALL") == "1":
         say(platform, "install: skipped (SKIP_INSTALL=1)")
         return
@@ -198,8 +197,7 @@ def rendezvous_port() -> tuple[int, str]:
 def accelerate_command(
     processes: int, precision: str, port: int, nodes: int = 1, head: str = ""
 ) -> list[str]:
-    """`accelerate launch` for several processes; on several nodes (a head node given), with each node's
-    rank ($SLURM_NODEID, expanded there) and the head node's address."""
+    """`accelerate launch` for several processes; with `head`, on several nodes ($SLURM_NODEID)."""
     machine = ["--machine_rank", "$SLURM_NODEID", "--main_process_ip", head] if head else []
     options = {
         "--num_processes": processes,
@@ -268,13 +266,9 @@ def launch_here(platform: str, args: list[str]) -> None:
     os.execvpe(command[0], command, env)
 
 
-# --- SLURM ------------------------------------------------------------------------------------------
-
-
 class StepSignals:
-    """Stop signals to the batch process (SLURM's --signal=B:USR1@N, a requeue's SIGTERM), passed on to
-    the running srun step as SIGUSR1: srun passes that on to every task, but kills them on a SIGTERM and
-    answers a lone SIGINT with a status report (docs/slurm.md)."""
+    """Stop signals to the batch process, passed on to the srun step as SIGUSR1: srun passes that on to
+    every task, but kills them on a SIGTERM and answers a lone SIGINT with a status report (docs/slurm.md)."""
 
     def __init__(self) -> None:
         self.received: str | None = None
@@ -290,14 +284,14 @@ class StepSignals:
 
 
 def report_outcome(status: str, start_step: int, step: int) -> None:
-    """Called by train.py's main process at its end ("finished" or "stopped" after a checkpoint): tells a
-    SLURM launcher how far this run got. Does nothing outside one."""
+    """train.py's main process at its end ("finished", "stopped"): how far it got, for a launcher."""
     if path := os.environ.get(OUTCOME_FILE):
         write_atomically(Path(path), json.dumps({"status": status, "start_step": start_step, "step": step}))
 
 
 def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]:
-    nodes, processes = plan["nodes"], plan["processes"]
+    nodes = plan["nodes"]
+    processes = plan["processes"]
     # srun no longer passes the job's CPUs per task down (Slurm >= 22.05): a step without them gets one.
     cpus = os.environ.get("SLURM_CPUS_ON_NODE", "1")
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}"]
@@ -307,8 +301,7 @@ def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]
         ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True
     ).stdout.split()[0]
     env, line = multi_process_env(plan["gpus"], nodes * processes, f" on {nodes} node(s), head {head}:{port}")
-    # After forwarding a signal the launcher SIGKILLs workers still running 30 s later (torch's default);
-    # 120 s leaves a large model time to write its checkpoint.
+    # torch's launcher SIGKILLs workers 30 s after forwarding a signal: 120 s lets a large model save.
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
     launch = accelerate_command(nodes * processes, plan["precision"], port, nodes, head)
     # One task per node; $SLURM_NODEID expands there, in that task.
@@ -319,7 +312,8 @@ def step_command(plan: dict, port: int) -> tuple[list[str], dict[str, str], str]
 
 def run_slurm_job(args: list[str], signals: StepSignals) -> int:
     """Inside a job: train as an srun step; requeue the job when training stopped after a checkpoint."""
-    job, restarts = os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    job = os.environ["SLURM_JOB_ID"]
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     say("slurm", f"job {job}, restart {restarts}")
     plan = decide("slurm", args)
     port, why = rendezvous_port()
@@ -328,7 +322,9 @@ def run_slurm_job(args: list[str], signals: StepSignals) -> int:
         say("slurm", f"{line} (port {why})")
 
     if signals.received:  # during start-up (pip, say): nothing ran, so the requeued job loses nothing
-        status, outcome, why = 1, {}, f"{signals.received} arrived before training started"
+        status = 1
+        outcome = {}
+        why = f"{signals.received} arrived before training started"
     else:
         status, outcome = run_step(command, {**os.environ, **plan["env"], **env}, signals)
         if outcome.get("status") == "finished" or (status == 0 and not outcome):
@@ -367,8 +363,7 @@ def run_step(command: list[str], env: dict[str, str], signals: StepSignals) -> t
 
 
 def run_accelerate(args: list[str]) -> int:
-    """`accelerate launch ARGS` in this process, for several processes on one machine; 75 after a stop
-    (report_outcome), where torch's launcher would print a traceback of the workers' 75 and exit 1."""
+    """`accelerate launch ARGS` in this process; 75 after a stop (torch's: a traceback, 1)."""
     import torch.distributed.run  # noqa: F401 (creates the loggers quieted below)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -404,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    platform, args = argv[0], argv[1:]
+    platform, *args = argv
     try:
         if platform != "slurm":
             launch_here(platform, args)

@@ -5,8 +5,7 @@ output and progress bar show in the cell, and the stop button makes training sav
     run_training("kaggle", "--num_epochs", "5")   # bash scripts/run_kaggle.sh --num_epochs 5
 
 Not `!bash`: on an interrupt, IPython's `system` (Kaggle's kernel) sends SIGHUP, SIGINT then SIGKILL 0.2 s
-apart, which ends train.py at once. Standard library only: this runs before anything is installed.
-"""
+apart, which ends train.py at once. Standard library only: this runs before anything is installed."""
 
 from __future__ import annotations
 
@@ -28,10 +27,8 @@ PROJECT = Path(__file__).parents[2]  # src/<package>/notebook.py -> the folder w
 
 
 def run_training(platform: str, *args: str) -> int:
-    """Run `bash scripts/run_<platform>.sh ARGS...` from the project folder until it exits; return its exit
-    status: 0 when training finished, 75 when a stop left a checkpoint (the stop button, a signal, the
-    time budget), which a line says, so that "Run all" goes on to the results. RuntimeError when it
-    failed (the cells below still show what the run has, when run one by one)."""
+    """Run `bash scripts/run_<platform>.sh ARGS...` until it exits: 0 when training finished, 75 when a stop
+    left a checkpoint (so that "Run all" goes on to the results); RuntimeError when it failed."""
     command = ["bash", f"scripts/run_{platform}.sh", *args]
     print(f"$ {shlex.join(command)}", flush=True)
     # Its own output pipe, read in chunks: lines appear as training writes them, unbuffered, and its
@@ -41,24 +38,23 @@ def run_training(platform: str, *args: str) -> int:
         command, cwd=PROJECT, env=os.environ | bar, stdin=DEVNULL, stdout=PIPE, stderr=STDOUT
     )
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    interrupts, said = 0, 0
+    interrupts = 0
+    reported = 0  # the interrupts the output has said so far
 
-    # The stop button (SIGINT to the kernel) is handled here rather than raised as KeyboardInterrupt: an
-    # exception between a read and its write would lose that chunk of training's output (the line saying
-    # it got the signal, say). The read is resumed after the handler (PEP 475) and the loop says it.
+    # The stop button (SIGINT to the kernel) is not raised as KeyboardInterrupt: an exception between a read
+    # and its write would lose that chunk of output. The read resumes after the handler (PEP 475).
     def interrupt(signum: int, frame: object) -> None:
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1:
-            # Jupyter may have signalled the kernel's whole process group, training included; then
-            # training takes this second SIGINT, so close behind, for the same press (utils/signals.py).
+            # If Jupyter signalled the process group too, training takes this one as the same press.
             process.send_signal(signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         while chunk := os.read(process.stdout.fileno(), 1 << 16):
-            while said < interrupts:  # each interrupt since the last chunk, said before it
-                said += 1
+            while reported < interrupts:  # each interrupt since the last chunk, said before it
+                reported += 1
                 print(
                     "\ninterrupt: training saves a checkpoint, then stops (to stop it without one, restart "
                     "the kernel: the run continues from its previous checkpoint)",
@@ -97,9 +93,9 @@ def show_metrics(run: str | Path, lines: int = 5) -> None:
 
 
 def show_predictions(run: str | Path, rows: int = 5) -> None:
-    """predict.py with the run's best_model/ (else model/) on the eval split, and its first `rows` rows; one
-    line where no model is exported yet."""
-    best, output = Path(run) / "best_model", Path(run) / "predictions.csv"
+    """predict.py with the run's best_model/ (else model/) on the eval split, and its first `rows` rows."""
+    best = Path(run) / "best_model"
+    output = Path(run) / "predictions.csv"
     model = best if (best / "export.json").is_file() else Path(run) / "model"  # as predict.py chooses
     if not (model / "export.json").is_file():
         print(f"no predictions yet: {model} is exported when training ends or stops for time")

@@ -1,7 +1,5 @@
-"""Workarounds for Accelerate behaviour that slows training down, each measured by the template's bench/:
-each skips work that cannot change the result, in exactly the case where it is measured; everything else
-goes through Accelerate's own code.
-"""
+"""Workarounds for Accelerate's slow paths (measured: the template's docs/benchmarks.md): each skips work that
+cannot change the result, where it is measured; everything else goes through Accelerate's own code."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ def speed_up_accelerate() -> None:
 
 
 def cache_lomo_check() -> None:
-    """Ask once per run, not twice per `AcceleratedOptimizer.step` (a search of sys.path, 0.9 ms on a 2-core
-    CPU), whether lomo_optim is installed: one installed mid-run could not change the run's optimizer."""
+    """Ask once per run, not twice per `AcceleratedOptimizer.step` (a sys.path search), for lomo_optim."""
     check = accelerate.optimizer.is_lomo_available
     if not hasattr(check, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(check)
@@ -42,8 +39,7 @@ def takes_set_to_none(optimizer_type: type) -> bool:
 
 def cache_zero_grad_check() -> None:
     """Inspect the optimizer's `zero_grad` signature once per optimizer type, not at every step as
-    `AcceleratedOptimizer.zero_grad` does (about 3% of a small model's step on a 2-core CPU); then call
-    `zero_grad(set_to_none=True)` as Accelerate would. Any other case goes to Accelerate's method."""
+    `AcceleratedOptimizer.zero_grad` does; then call `zero_grad(set_to_none=True)` as Accelerate would."""
     original = accelerate.optimizer.AcceleratedOptimizer.zero_grad
 
     @functools.wraps(original)
@@ -58,10 +54,8 @@ def cache_zero_grad_check() -> None:
 
 
 def skip_division_by_one() -> None:
-    """Without gradient accumulation, back-propagate the loss itself, not the loss divided by 1 (one more
-    operation forward and backward, about 3% of a small model's step on a 2-core CPU; no bit changes). Only
-    where Accelerate's backward is exactly that division then `loss.backward()` (PLAIN_BACKWARD, no fp16
-    loss scaler, no LOMO learning rate)."""
+    """Without gradient accumulation, back-propagate the loss itself, not the loss divided by 1 (no bit
+    changes), where Accelerate's backward is just that division then `loss.backward()` (no fp16 scaler)."""
     original = accelerate.accelerator.Accelerator.backward
 
     @functools.wraps(original)
@@ -81,9 +75,7 @@ def skip_division_by_one() -> None:
 
 def clip_without_dtensor_checks() -> None:
     """Unscale fp16 gradients, then clip with torch's clip_grad_norm_, as `Accelerator.clip_grad_norm_` does
-    after walking every parameter in Python to group DTensor gradients (1.10 and newer; about 2% of a small
-    model's step on a 2-core CPU). Only where no gradient can be a DTensor (no FSDP, DeepSpeed, XLA or
-    parallelism config)."""
+    after grouping DTensor gradients in Python: only where none can be one (no FSDP, DeepSpeed, XLA)."""
     original = accelerate.accelerator.Accelerator.clip_grad_norm_
 
     @functools.wraps(original)
@@ -97,8 +89,7 @@ def clip_without_dtensor_checks() -> None:
 
 
 def read_fsdp_flag_once() -> None:
-    """Read ACCELERATE_USE_FSDP once per process, not at every `AcceleratedOptimizer.step` (about 1% of a
-    small model's step on a 2-core CPU): the launcher sets it before the process starts."""
+    """Read ACCELERATE_USE_FSDP (set by the launcher) once per process, not at every optimizer step."""
     original = accelerate.state.GradientState.is_xla_gradients_synced
     fsdp = parse_flag_from_env("ACCELERATE_USE_FSDP", default=False)
 
@@ -109,8 +100,7 @@ def read_fsdp_flag_once() -> None:
 
 
 def _install(owner: type, name: str, fix: Any) -> None:
-    """Put `fix` (a function or a property) in place of `owner.name`, unless a fix is there already: one
-    layer, however often speed_up_accelerate runs."""
+    """Put `fix` (a function or a property) in place of `owner.name`, once however often it is asked."""
     current = getattr(owner, name)
     if not getattr(getattr(current, "fget", current), "accelerate_fix", False):
         getattr(fix, "fget", fix).accelerate_fix = True

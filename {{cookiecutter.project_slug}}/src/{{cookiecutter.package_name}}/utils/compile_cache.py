@@ -1,5 +1,4 @@
-"""torch.compile's work kept in each checkpoint (`compile: true`, docs/resume.md): the main process's
-artifacts are saved, every process loads them."""
+"""torch.compile's work kept in each checkpoint (`compile: true`, docs/resume.md)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def cache_files(accelerator: Any, config: Any) -> dict[str, bytes]:
 
 
 def load_cache(config: Any, device: torch.device, checkpoint: Path | None) -> str:
-    """Load the checkpoint's compile cache if it was made for this torch and device, before the first
-    compiled call; return the history's line about it ('' without compile or checkpoint)."""
+    """Load the checkpoint's compile cache if made for this torch and device; the history's line about it."""
     if not config.compile or checkpoint is None:
         return ""
     scratch = "this session compiles from scratch"

@@ -10,8 +10,7 @@ TEMPORARY_PREFIX = ".partial_"
 
 
 def write_durably(path: Path, data: str | bytes, durable: bool = True) -> None:
-    """Write `path` in place (text is UTF-8) and, if `durable`, flush it to the disk: for a file of a staging
-    folder renamed as a whole."""
+    """Write `path` in place (text is UTF-8), flushed if `durable`: for a folder renamed whole."""
     with Path(path).open("wb") as file:
         file.write(data.encode("utf-8") if isinstance(data, str) else data)
         file.flush()
@@ -20,8 +19,7 @@ def write_durably(path: Path, data: str | bytes, durable: bool = True) -> None:
 
 
 def write_atomically(path: Path, data: str | bytes, durable: bool = True) -> None:
-    """Replace `path` with `data` (text is UTF-8) in one rename, so that a kill or a full disk leaves the old
-    file or the new one; `durable`: on the disk before returning. An OSError names `path`."""
+    """Replace `path` with `data` in one rename (a kill leaves the old or the new); `durable`: flushed."""
     path = Path(path)
     temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}")
     try:

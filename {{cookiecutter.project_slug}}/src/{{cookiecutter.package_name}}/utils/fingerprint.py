@@ -1,12 +1,10 @@
-"""What a run trains and evaluates on, as a fingerprint that every checkpoint keeps: a resume on other
-data stops with one line naming the first entry that differs (docs/resume.md, "The same data"; how each
-dataset is fingerprinted: docs/own-task.md). Measured cost: bench/fingerprint.py.
-"""
+"""What a run trains and evaluates on, as a fingerprint every checkpoint keeps: a resume on other data stops
+with one line naming the first entry that differs (docs/resume.md, docs/own-task.md)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +56,25 @@ def vars_of(value: Any) -> dict[str, Any]:
     return dict(getattr(value, "__dict__", {}))  # {} without one (slots, builtins)
 
 
-def stream_files(dataset: Any) -> list[Path]:
-    """The local files a Hugging Face `datasets` stream reads, found along its chain of iterables."""
-    pending, files = [getattr(dataset, "_ex_iterable", None)], []
+def stream_chain(stream: Any) -> Iterator[Any]:
+    """The iterables a Hugging Face `datasets` stream is made of, breadth first (its files in their order)."""
+    pending = [getattr(stream, "_ex_iterable", None)]
     while pending:
-        iterable = pending.pop(0)  # breadth first: the files in the order the stream lists them
-        if iterable is None:
-            continue
+        if (iterable := pending.pop(0)) is not None:
+            yield iterable
+            pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
+
+
+def stream_files(dataset: Any) -> list[Path]:
+    """The local files a Hugging Face `datasets` stream reads, or a `datasets.Dataset`'s arrow files."""
+    files = []
+    for iterable in stream_chain(dataset):
         kwargs = getattr(iterable, "kwargs", None) or {}
         for key in ("original_files", "base_files", "files"):  # the key differs between file formats
             if key in kwargs:
                 files += [Path(str(file)) for file in kwargs[key] if os.path.isfile(str(file))]
                 break
-        pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
-    for cache in getattr(dataset, "cache_files", None) or []:  # a map-style `datasets.Dataset`: arrow files
+    for cache in getattr(dataset, "cache_files", None) or []:
         files.append(Path(cache["filename"]))
     return list(dict.fromkeys(files))
 
@@ -89,9 +92,9 @@ def attribute_files(dataset: Any) -> list[Path]:
 
 
 def plain_state(dataset: Any) -> dict[str, Any]:
-    """The dataset's attributes where each is a tensor, an array, a plain value or a list or tuple of them
-    (what its samples are made from, then); {} where one is anything else (a tokenizer, a transform)."""
-    state, arrays = vars_of(dataset), False
+    """The dataset's attributes if each is a tensor, an array, a plain value, or lists of them; else {}."""
+    state = vars_of(dataset)
+    arrays = False
     for value in state.values():
         items = value if isinstance(value, (list, tuple)) else [value]
         if not all(isinstance(item, (torch.Tensor, np.ndarray, *PLAIN)) or item is None for item in items):
@@ -101,8 +104,7 @@ def plain_state(dataset: Any) -> dict[str, Any]:
 
 
 def file_entries(files: list[Path], role: str) -> dict[str, str]:
-    """Each file by its name under the folder the files share (the same on another platform), its size
-    and its XXH3-128."""
+    """Each file by its name under the folder the files share (the same elsewhere), its size and XXH3-128."""
     paths = [os.path.abspath(file) for file in files]
     root = os.path.commonpath([os.path.dirname(path) for path in paths])
     entries = {}
@@ -122,8 +124,7 @@ def file_xxh3(path: Path) -> str:
 
 
 def samples_description(dataset: Any) -> str:
-    """The count and one XXH3-128 of every sample's values, in order, each item seeded as the train loader
-    seeds it (augmentation drawn from the global generators: the same samples at every call)."""
+    """The count and one XXH3-128 of every sample's values, in order, each seeded as the train loader does."""
     digest = xxhash.xxh3_128()
     count = len(dataset)
     items = SeededItems(dataset, seed=0)

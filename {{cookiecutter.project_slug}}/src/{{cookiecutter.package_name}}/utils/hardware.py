@@ -1,9 +1,5 @@
-"""Where the run landed: platform, devices, and the decisions that follow from them.
-
-Standard library at import: the launcher uses it before anything is installed (torch and Accelerate are
-imported inside the functions that need them). GPU facts come from `nvidia-smi` alone (no CUDA
-initialised), so tests can fake a T4 or an A100 with a stand-in `nvidia-smi` first on PATH.
-"""
+"""Where the run landed: platform, devices, and the decisions that follow. Standard library at import (the
+launcher runs before anything is installed); GPU facts come from `nvidia-smi` alone (no CUDA initialised)."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ PLATFORM_FOLDERS = {"colab": PurePosixPath("/content"), "kaggle": PurePosixPath(
 
 
 def wrong_platform(platform: str) -> str | None:
-    """This machine's platform where `platform` is Colab or Kaggle and this machine is not (its paths would
-    be written on this disk: the launchers and train.py refuse); None where it is, or with ANY_PLATFORM=1."""
+    """This machine's platform where `platform` is Colab or Kaggle and this is not (unless ANY_PLATFORM=1)."""
     here = detect_platform()
     if platform in PLATFORM_FOLDERS and here != platform and os.environ.get("ANY_PLATFORM") != "1":
         return here
@@ -48,8 +43,7 @@ def wrong_platform(platform: str) -> str | None:
 
 
 def foreign_paths_problem(paths: dict[str, str], config_path: str) -> str | None:
-    """One line refusing a config whose paths lie in another platform's own folders (configs/colab.yaml on
-    a laptop would write /content at the root), with the ways out; None where none does."""
+    """One line refusing a config whose paths lie in another platform's own folders; None where none does."""
     for name, value in paths.items():
         for owner, folder in PLATFORM_FOLDERS.items():
             if value and PurePosixPath(value).is_relative_to(folder) and (here := wrong_platform(owner)):
@@ -73,8 +67,7 @@ class Gpu:
 
 
 def query_gpus() -> tuple[list[Gpu], str]:
-    """The GPUs this process may use (CUDA_VISIBLE_DEVICES respected when it lists indices), and, when
-    there are none, why: no nvidia-smi, a failing one, or none visible."""
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES respected), and why there are none if so."""
     executable = shutil.which("nvidia-smi")
     if executable is None:
         return [], "no nvidia-smi"
@@ -117,8 +110,7 @@ def unsupported_gpu(gpus: list[Gpu], arch_list: list[str]) -> str | None:
 
 
 def has_kernels(arch: str, capability: tuple[int, int]) -> bool:
-    """Whether torch's `arch` runs on `capability`: sm_XY (sm_90a too) on X.Y to X.9, PTX (compute_XY) on
-    X.Y and newer."""
+    """Whether torch's `arch` runs on `capability`: sm_XY on X.Y to X.9, PTX (compute_XY) on X.Y and newer."""
     kind, _, number = arch.rstrip("abf").partition("_")
     if not number.isdigit():  # not CUDA's (ROCm's gfx90a)
         return False
@@ -133,8 +125,7 @@ def precision_for(gpus: list[Gpu]) -> tuple[str, str]:
         return "no", "no GPU; fp16 on the CPU would silently run in fp32"
     older = [gpu for gpu in gpus if gpu.compute_capability < (8, 0)]
     if older:
-        major, minor = older[-1].compute_capability
-        return "fp16", f"{older[-1].name} (compute {major}.{minor}) is below 8.0, where bf16 is only emulated"
+        return "fp16", f"{older[-1]} is below 8.0, where bf16 is only emulated"
     return "bf16", "every GPU has compute capability >= 8.0"
 
 
@@ -143,15 +134,13 @@ KAGGLE_WORKING = Path("/kaggle/working")
 
 
 def cpu_forced() -> bool:
-    """`ACCELERATE_USE_CPU=1` (what `accelerate launch --cpu` sets) asks for a CPU run even where a GPU is;
-    read as Accelerate reads its flags (1, true, yes, on ...), without importing it (the launcher)."""
+    """`ACCELERATE_USE_CPU=1` (`accelerate launch --cpu`), read as Accelerate would, without it."""
     return os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "y", "yes", "t", "true", "on")
 
 
 def choose_cpu_threads() -> str:
-    """Set torch's intra-op threads for this process; return them and why, for the start line.
-    OMP_NUM_THREADS wins where set; else the CPUs this process may use (usable_cpus: torch's default,
-    every core of the host, ignores affinity and a container's quota), shared by this machine's processes."""
+    """Set torch's intra-op threads (OMP_NUM_THREADS, else the usable CPUs shared by this machine's processes:
+    torch's default ignores affinity and quotas); return them and why, for the start line."""
     import torch
 
     if os.environ.get("OMP_NUM_THREADS"):
@@ -169,10 +158,9 @@ def usable_cpus() -> int:
     for path in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
         try:
             fields = Path(path).read_text().split()
-            if path.endswith("cpu.max"):
-                quota, period = fields[0], fields[1]
-            else:
-                quota, period = fields[0], Path(path).with_name("cpu.cfs_period_us").read_text().strip()
+            if not path.endswith("cpu.max"):  # cgroup v1: the period in a file of its own
+                fields.append(Path(path).with_name("cpu.cfs_period_us").read_text().strip())
+            quota, period = fields[:2]
         except (OSError, IndexError):
             continue
         if quota not in ("max", "-1"):  # no quota
@@ -183,7 +171,8 @@ def usable_cpus() -> int:
 
 def start_line(accelerator: Any, config: Any, config_path: str, precision_why: str, threads: str) -> str:
     """The run's start line: where it runs, on what, in which precision and batches."""
-    processes, deterministic = accelerator.num_processes, "on" if config.deterministic else "off"
+    processes = accelerator.num_processes
+    deterministic = "on" if config.deterministic else "off"
     accumulation = accelerator.gradient_accumulation_steps
     batch = f"{config.per_device_batch_size} x {processes} processes x {accumulation} accumulation"
     if config.auto_batch_size:
@@ -198,8 +187,7 @@ def start_line(accelerator: Any, config: Any, config_path: str, precision_why: s
 
 
 def model_line(model: Any) -> str:
-    """`model: 1.2M parameters, 12.3K trainable; a checkpoint holds about 150.2KB`, in thousands as people
-    count: shared parameters once; a checkpoint, the trained weights and AdamW's two moments."""
+    """`model: 1.2M parameters, 12.3K trainable; a checkpoint holds about 150.2KB` (weights, Adam moments)."""
     params = list(model.parameters())
     trained = [param for param in params if param.requires_grad]
     size = 3 * sum(param.nbytes for param in trained)
@@ -211,17 +199,14 @@ def model_line(model: Any) -> str:
 
 
 def hide_gpus_from_cpu_run() -> None:
-    """Make a CPU run blind to the machine's GPUs, before anything touches CUDA (which reads
-    CUDA_VISIBLE_DEVICES once): Accelerate's barrier would allocate on cuda:<local rank> ("invalid device
-    ordinal" in rank 1 of 2 CPU processes on a one-GPU machine), and each checkpoint would create a CUDA
-    context on GPU 0 to record its random state."""
+    """Make a CPU run blind to the GPUs before CUDA reads CUDA_VISIBLE_DEVICES: Accelerate's barrier would
+    allocate on cuda:<local rank>, and each checkpoint would create a CUDA context to record its RNG."""
     if cpu_forced():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def launch_problem(num_processes: int) -> str | None:
-    """Processes that were started together but do not form one group (each would train alone and all
-    would write one folder), in one line; None where they do."""
+    """One line for processes started together that do not form one group (each would train alone)."""
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched == num_processes:
         return None
@@ -257,9 +242,8 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
 
 
 def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[str]:
-    """Warnings for an output_dir that the session of platform `where` will not keep; ValueError for one
-    that cannot work: on an unmounted Google Drive (it would fill the mount point), or overlapping
-    `mirror_dir`, the run's persistent copy."""
+    """Warnings for an output_dir that platform `where` will not keep; ValueError for one on an unmounted
+    Google Drive (it would fill the mount point) or overlapping `mirror_dir`."""
     from .remote import is_url  # not at import: the launcher imports this module before yaml is installed
 
     path = Path(output_dir).absolute()

@@ -220,7 +220,8 @@ class TrainLoss:
         each got its signal (utils/timing.py: why one clock decides). Sets `end`'s reasons, the checkpoint
         interval and the next vote; at logging steps, logs the loss (else its window goes on)."""
         vote = 1.0 if end.stop_request else 0.0
-        loss_total, votes, clock.every, late, ahead = self.total(vote, *clock.vote(self.state.step, logging))
+        loss_total, votes, interval, late, ahead = self.total(vote, *clock.vote(self.state.step, logging))
+        clock.checkpoint_interval = interval
         clock.next_vote = self.state.step + round(ahead)
         # A signal wins over the clock: the platform wants the machine back now, without exports.
         end.stopping, end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, send_to_device
@@ -18,14 +16,13 @@ from .. import task
 from .config import ConfigError, TrainConfig, gradient_accumulation_steps
 from .history import HISTORY_FILE, session_record
 from .run_dir import RunError
-from .task_check import TaskModel
+from .task_check import TaskModel, kept_random_state
 
 
 def fit_batch_size(
     accelerator: Accelerator, config: TrainConfig, model: torch.nn.Module, samples: Any, resumed: Path | None
 ) -> None:
-    """That of checkpoint `resumed`'s session if it ran on this device and as many processes; else the largest
-    size, down from per_device_batch_size, that fits on every process. The tries leave no trace."""
+    """`resumed`'s if it ran on this device and layout; else the largest that fits on every process."""
     if not config.auto_batch_size:
         return
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
@@ -42,11 +39,8 @@ def fit_batch_size(
         share = config.global_batch_size // accelerator.num_processes
         sizes = [size for size in range(config.per_device_batch_size, 0, -1) if share % size == 0]
         buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}  # BatchNorm's statistics
-        host_generators = np.random.get_state(), random.getstate()  # a task's items or loss may draw on them
-        with torch.random.fork_rng(devices=[] if accelerator.device.type == "cpu" else [accelerator.device]):
-            fitted = next((size for size in sizes if fits(accelerator, model, samples, size)), 0)
-        np.random.set_state(host_generators[0])
-        random.setstate(host_generators[1])
+        with kept_random_state([] if accelerator.device.type == "cpu" else [accelerator.device]):
+            fitted = next((size for size in sizes if batch_fits(accelerator, model, samples, size)), 0)
         model.load_state_dict(buffers, strict=False)
         size = int(accelerator.gather(torch.tensor([fitted], device=accelerator.device)).min())
         if size == 0:
@@ -62,7 +56,7 @@ def fit_batch_size(
     )
 
 
-def fits(accelerator: Accelerator, model: torch.nn.Module, train_set: Any, size: int) -> bool:
+def batch_fits(accelerator: Accelerator, model: torch.nn.Module, train_set: Any, size: int) -> bool:
     """Whether a forward and backward of `size` samples fit, with room for AdamW's moments."""
     room = [torch.empty_like(param) for param in model.parameters() if param.requires_grad for _ in range(2)]
     try:

@@ -1,6 +1,4 @@
-"""A second copy of the run in a persistent folder (`mirror_dir`, e.g. Google Drive), kept in the background
-by a thread of the main process (persist.Worker). What it promises: docs/moving-runs.md.
-"""
+"""A second copy of the run in `mirror_dir`, kept by a thread of the main process (docs/moving-runs.md)."""
 
 from __future__ import annotations
 
@@ -155,8 +153,7 @@ class Mirror:
 
 
 def check_stores(accelerator: Any, config: TrainConfig) -> None:
-    """Before anything is written: every URL in mirror_dir and import_from can be read with the credentials
-    at hand (the main process asks), or every process raises one line that says what to set."""
+    """Before anything is written: every URL in mirror_dir and import_from is readable: else one line."""
 
     def check() -> list[str]:
         notes = []
@@ -206,12 +203,8 @@ class Store:
         if entry.is_dir() and entry.name in EXPORTS:
             self._copy_export(entry)
             return
-        for path in [entry] if entry.is_file() else sorted(entry.rglob("*")):
-            if not path.is_file():
-                continue
+        for path, seen in sorted(snapshot(entry).items()):
             name = f"{self.root}/{path.relative_to(self.source).as_posix()}"
-            stat = path.stat()
-            seen = (stat.st_size, stat.st_mtime_ns)
             if self.copied.get(path) == seen and (self.remote or self.fs.exists(name)):
                 continue
             self._put_file(path, name)
@@ -298,8 +291,7 @@ class Store:
 
 
 class RemoteStore(Store):
-    """A mirror_dir that is a URL (utils/remote.py): a staged copy is downloaded back to be verified, and
-    published by server-side copies (a store cannot rename), the seal last."""
+    """A mirror_dir URL: a staged copy is downloaded back to be verified, then copied in place, seal last."""
 
     remote = True
 
@@ -345,8 +337,9 @@ def _why(error: Exception) -> str:
 
 
 def snapshot(folder: Path) -> Snapshot:
+    """(size, mtime) of each file under `folder`, or of `folder` itself if it is a file."""
     found = {}
-    for path in folder.rglob("*"):
+    for path in [folder] if folder.is_file() else folder.rglob("*"):
         if path.is_file():
             stat = path.stat()
             found[path] = (stat.st_size, stat.st_mtime_ns)

@@ -23,8 +23,7 @@ def require(module: str, requirement: str) -> ModuleType:
 
 
 def declared(pyproject: Path) -> list[str]:
-    """pyproject.toml's `dependencies`, read without tomllib (Python 3.10 has none) or anything installed:
-    the array's strings up to its closing bracket, comments skipped."""
+    """pyproject.toml's `dependencies`, read without tomllib (Python 3.10 has none) or anything installed."""
     text = pyproject.read_text(encoding="utf-8")
     tokens = re.findall(r'"[^"]*"|#.*|\]', text[re.search(r"^dependencies = \[", text, re.M).end() :])
     return [token.strip('"') for token in tokens[: tokens.index("]")] if token[0] == '"']

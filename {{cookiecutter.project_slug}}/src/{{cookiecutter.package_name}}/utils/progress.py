@@ -1,7 +1,5 @@
-"""Training progress, on the main process: a live tqdm bar where a person watches (a terminal, or a notebook
-cell that relays the run: PROGRESS_BAR=1), else a plain line now and then with the same parts, since in a
-file (a SLURM .out, a Kaggle commit log, CI) every redraw of a bar would land as another frame.
-"""
+"""Training progress, on the main process: a live tqdm bar where a person watches (PROGRESS_BAR=1),
+else a plain line now and then, since in a file (a SLURM .out, CI) every redraw would land as a frame."""
 
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from collections.abc import Callable
 
 from .timing import format_duration
 
-# The first line once the speed means something, then one line every so often. A
-# 12-hour SLURM job logs about 1,400 lines this way; a 10-second laptop run one or two.
+# The first line once the speed means something, then one every so often (a 12-hour job: about 1,400).
 FIRST_LINE_AFTER_S = 5.0
 LINE_EVERY_S = 30.0
 
@@ -22,8 +19,12 @@ class Progress:
     """Counts optimizer steps and shows them; `write` prints an event line (above a live bar)."""
 
     def __init__(self, total: int, initial: int, enabled: bool, at_risk: Callable = lambda: None) -> None:
-        self.total, self.step, self.enabled, self.at_risk = total, initial, enabled, at_risk
-        self.start_step, self.loss = initial, None  # loss: the last logging interval's mean (set by loop.py)
+        self.total = total
+        self.step = initial
+        self.start_step = initial
+        self.enabled = enabled
+        self.at_risk = at_risk
+        self.loss = None  # set by loop.py: the last logging interval's mean
         self.epoch: float | None = None  # set by loop.py: the epochs done, fractional
         self.metric = ""  # set by loop.py: the last evaluation's best_metric, e.g. `eval/accuracy 0.9777`
         self.started = time.monotonic()

@@ -1,6 +1,4 @@
-"""Remote stores for `mirror_dir` and `import_from` (docs/moving-runs.md, "Through a remote store"). No torch
-here: train.py checks URLs before it loads torch.
-"""
+"""Remote stores for `mirror_dir` and `import_from` (docs/moving-runs.md); no torch."""
 
 from __future__ import annotations
 
@@ -61,8 +59,7 @@ def open_store(url: str) -> tuple[Any, str]:
 
 
 def load_secrets(url: str) -> list[str]:
-    """Put the secrets `url`'s protocol needs into the environment (`load_secret`); return notes naming
-    where each came from (never a value)."""
+    """Load the secrets `url`'s protocol needs ; notes of where each came from (never a value)."""
     found: dict[str, list[str]] = {}
     for name in SECRETS.get(protocol(url), ()):
         if not os.environ.get(name) and (where := load_secret(name)):
@@ -71,8 +68,7 @@ def load_secrets(url: str) -> list[str]:
 
 
 def load_secret(name: str) -> str | None:
-    """Put secret `name`, where the environment lacks it, into this process's environment (never a file or
-    a log) from Kaggle's or Colab's secrets; return where it was found, or None."""
+    """Secret `name` into this process's environment from Kaggle's or Colab's; where, or None."""
     if os.environ.get(name):
         return "the environment"
     for where, read in (("Kaggle's secrets", _kaggle_secret), ("Colab's secrets", _colab_secret)):
@@ -87,8 +83,7 @@ def load_secret(name: str) -> str | None:
 
 
 def export_secrets(*urls: str) -> None:
-    """For a notebook cell: load the secrets these URLs need into the kernel's environment, which training
-    inherits (only the notebook's own kernel can read Colab's secrets)."""
+    """For a notebook cell: the URLs' secrets into the kernel's environment, which training inherits."""
     for url in urls:
         if is_url(url):
             for note in load_secrets(url):

@@ -1,6 +1,5 @@
-"""Turn SIGTERM, SIGINT, SIGUSR1 and SIGHUP (a closed terminal), or the launcher's death, into a request to
-stop cleanly (docs/resume.md, "Signals"). The handler only records it: the loop acts on it where all
-processes meet, so every rank finishes the same step and saves the same checkpoint."""
+"""Turn SIGTERM, SIGINT, SIGUSR1, SIGHUP, or the launcher's death, into a request to stop (docs/resume.md):
+recorded only; the loop acts where all processes meet, so every rank saves the same checkpoint."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from typing import NoReturn
 
 from .hardware import main_process_of_launch
 
-# Exit status of a run that stopped on a signal after saving a checkpoint: rerun the same command
-# to continue. 75 is EX_TEMPFAIL ("try again later").
+# A run stopped by a signal after its checkpoint exits 75 (EX_TEMPFAIL): rerun the command to continue.
 EXIT_STOPPED = 75
 
 # A second signal of the same kind this soon after the first is the same stop: a notebook's stop button
@@ -70,7 +68,8 @@ class StopRequest:
         if signum == signal.SIGHUP:  # its terminal hung up (or a pipe's reader is gone): a write would fail
             self._quiet(hung_up)
         if self._name is None:
-            self._name, self._first_at = name, time.monotonic()
+            self._name = name
+            self._first_at = time.monotonic()
             message = f"{name} received: saving a checkpoint within a second or a step, then stopping"
         elif name == self._name and time.monotonic() - self._first_at < SAME_PRESS_S:
             return  # one press that reached training twice (see SAME_PRESS_S)
@@ -86,8 +85,7 @@ class StopRequest:
             os._exit(EXIT_STOPPED)
 
     def _check_launcher(self) -> None:
-        """Once the launcher is gone (another process adopted this one): a stop; output not to a file goes to
-        /dev/null (its terminal or pipe's reader died with the launcher: a write would fail)."""
+        """Once the launcher is gone (this process adopted): a stop; output not to a file: /dev/null."""
         with self._lock:
             launcher = self._launcher
             if launcher is None or os.getppid() == launcher:
@@ -132,8 +130,7 @@ def exit_process(status: int | str | None) -> NoReturn:
     if isinstance(status, str):
         print(status, file=sys.stderr)
         status = 1
-    # What Python's own exit runs before its teardown, in its order: threads that are not daemons are
-    # joined (a library's last write), then the atexit functions.
+    # What Python's own exit runs before its teardown: non-daemon threads joined, then atexit functions.
     threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()

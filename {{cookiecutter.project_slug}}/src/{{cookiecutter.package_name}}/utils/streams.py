@@ -1,18 +1,10 @@
-"""Training from a stream: a train set that is a torch IterableDataset (a Hugging Face `datasets` stream
-read from local files, or your own with `state_dict`/`load_state_dict` and `set_epoch`), resumed exactly
-(docs/own-task.md; a shuffle that resumes: `WorkerShare`).
-
-Every process reads the same stream in the same (seeded) order, and Accelerate's IterableDatasetShard keeps,
-of each run of global batch samples, this process's block: an optimizer step sees the same samples on 1 or
-N processes, and after each batch the stream stands where a single process would be, on every process.
-
-Workers (torchdata's StatefulDataLoader) each read whole files of a `datasets` stream (file i goes to
-worker i mod num_workers) and take turns giving a batch. The loader's state, saved with each checkpoint
-(`register_for_checkpointing`), resumes at the next batch on any number of processes; num_workers is part
-of the data order, so a resume with another is refused. A worker iterates with `datasets`' `iter()`: as a
-torch IterableDataset, `datasets` (5.2) would split it again by worker and load the saved position into
-the unsplit stream (an IndexError on resume).
-"""
+"""Training from a stream (docs/own-task.md), resumed exactly. Every process reads the same stream in the same
+(seeded) order, and Accelerate's IterableDatasetShard keeps this process's block of each global batch: a step
+sees the same samples on 1 or N processes. Workers (torchdata's StatefulDataLoader) each read whole files
+of a `datasets` stream (file i goes to worker i mod num_workers; so num_workers is part of the order) and
+take turns giving a batch; the loader's state resumes at the next batch on any number of processes. A
+worker iterates with `datasets`' `iter()`: as a torch IterableDataset, `datasets` (5.2) would split it again
+by worker and load the saved position into the unsplit stream (an IndexError on resume)."""
 
 from __future__ import annotations
 
@@ -29,14 +21,14 @@ from accelerate.utils import send_to_device
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .config import ConfigError, TrainConfig
+from .fingerprint import stream_chain
 from .packages import require
 from .run_dir import RunError
 from .signals import ignore_stop_signals
 
 
 def check_stream_settings(config: TrainConfig) -> None:
-    """Raise a ConfigError for the settings a streamed train set cannot honour; a task calls it before it
-    reads its files, so that a long scan does not come before the error."""
+    """Raise a ConfigError for the settings a streamed train set cannot honour (before a task's long scan)."""
     if not config.max_steps:
         raise ConfigError(
             "a streamed train set has no length to size training by num_epochs: set max_steps (optimizer "
@@ -48,12 +40,7 @@ def check_stream_settings(config: TrainConfig) -> None:
 
 def shuffle_buffer(stream: IterableDataset) -> int:
     """The size of the shuffle buffer of a Hugging Face `datasets` stream (0: none, or another stream)."""
-    pending, largest = [getattr(stream, "_ex_iterable", None)], 0
-    while pending:
-        iterable = pending.pop()
-        if iterable is not None:
-            largest = max(largest, getattr(iterable, "buffer_size", 0) or 0)
-            pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
+    largest = max((getattr(iterable, "buffer_size", 0) or 0 for iterable in stream_chain(stream)), default=0)
     return largest if largest > 1 else 0
 
 
@@ -61,9 +48,8 @@ def shuffle_buffer(stream: IterableDataset) -> int:
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
 
-# What num_workers -1 (the default) means: a stream's reading and tokenizing (bench/streams.py: the wait for
-# data falls from 12% of a step to 3.5% on 2 CPU cores) in 2 processes; data in memory is faster without
-# workers, which start again every epoch. The same on every platform: it is part of a stream's order.
+# num_workers -1 (the default): a stream is read in 2 processes (bench/streams.py), data in memory without
+# workers (they start again every epoch). The same on every platform: it is part of a stream's order.
 STREAM_WORKERS = 2
 
 
@@ -93,7 +79,10 @@ class WorkerShare(IterableDataset):
     draws the same order. Its state: the part's position at that window's start, and the rows taken."""
 
     def __init__(self, stream: Any, sizes: tuple[int, int, int], window: int, seed: int) -> None:
-        self.stream, self.window, self.seed, self.epoch = stream, window, seed, 0
+        self.stream = stream
+        self.window = window
+        self.seed = seed
+        self.epoch = 0
         self.per_process, self.processes, self.index = sizes
         self.part: Any = None  # this worker's stream, once iterated
         self.saved: dict[str, Any] | None = None  # a position to resume from, at the next iter()
@@ -121,8 +110,10 @@ class WorkerShare(IterableDataset):
         if self.window < 2:
             yield from self.read()
             return
-        reader, worker = self.read(), get_worker_info()
-        window, skip = self.at["window"], self.at["taken"]
+        reader = self.read()
+        worker = get_worker_info()
+        window = self.at["window"]
+        skip = self.at["taken"]
         while True:
             if window > self.at["window"]:  # the first one's start is known (the epoch's, or a resume's)
                 self.start = self.part.state_dict()
@@ -133,17 +124,18 @@ class WorkerShare(IterableDataset):
             for taken, row in enumerate(np.random.default_rng(key).permutation(len(rows))[skip:], skip + 1):
                 self.at = {"window": window, "taken": taken}
                 yield rows[row]
-            window, skip = window + 1, 0
+            window += 1
+            skip = 0
 
     def __iter__(self) -> Iterator[Any]:
-        self.part, self.at, self.start = self.split(), {"window": 0, "taken": 0}, None
+        self.part = self.split()
         if self.saved is not None and self.window < 2:
             self.part.load_state_dict(self.saved)
-        elif self.saved is not None:
-            self.start = self.saved["stream"]
-            self.at = {"window": self.saved["window"], "taken": self.saved["taken"]}
-            if self.start is not None:
-                self.part.load_state_dict(self.start)
+        windowed = self.saved if self.saved is not None and self.window >= 2 else {}
+        self.start = windowed.get("stream")  # the part's position at the window's start
+        self.at = {"window": windowed.get("window", 0), "taken": windowed.get("taken", 0)}
+        if self.start is not None:
+            self.part.load_state_dict(self.start)
         self.saved = None
         share = IterableDatasetShard(
             self.rows(),  # run at the first batch, when the state above is in place
@@ -200,7 +192,8 @@ class StreamLoader:
                 f"num_workers {asked} -> {self.num_workers}: each worker reads whole files and the train "
                 f"stream has {self.num_workers}; split the data into more files for more workers"
             )
-        self.stream, self.max_steps = stream, config.max_steps
+        self.stream = stream
+        self.max_steps = config.max_steps
         self.resumed = False  # loaded from a checkpoint: its epoch may have no full global batch left
         self.device = accelerator.device
         self.pin_memory = pin_memory
@@ -226,7 +219,8 @@ class StreamLoader:
         self.loader.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        resumed, self.resumed = self.resumed, False
+        resumed = self.resumed
+        self.resumed = False
         batches = 0
         for batch in self.loader:
             batches += 1
@@ -238,13 +232,11 @@ class StreamLoader:
             )
 
     def close(self) -> None:
-        """End the workers. torchdata keeps the last iterator, and its workers, for state_dict; alive at exit,
-        multiprocessing would wait for workers that ignore SIGTERM (ignore_stop_signals) for ever."""
+        """End the workers, which torchdata keeps for state_dict: at exit, they would be awaited for ever."""
         self.loader._iterator = None
 
-    # What save_state stores (custom_checkpoint_0.pkl) and load_state gives back. max_steps rides along:
-    # it sizes a stream's schedule, so a resume with another value would change the run, not continue it;
-    # num_workers too: it decides which worker reads which file, and so the order of the batches.
+    # What save_state stores (custom_checkpoint_0.pkl), with max_steps (it sizes a stream's schedule) and
+    # num_workers (which worker reads which file): a resume with another would change the run.
     def state_dict(self) -> dict[str, Any]:
         saved = {"loader": self.loader.state_dict()}
         return saved | {"max_steps": self.max_steps, "num_workers": self.num_workers}

@@ -1,6 +1,5 @@
 """The task's contract (task.py), checked on two real samples and a fresh model on the CPU before a run takes
-its folder: a breach, or an exception in a task function, is one line naming the function (docs/own-task.md).
-"""
+its folder: a breach, or an exception in a task function, is one line naming it (docs/own-task.md)."""
 
 from __future__ import annotations
 
@@ -31,10 +30,9 @@ class TaskError(ConfigError):
 def check_task(
     config: TrainConfig, train_set: Dataset, eval_set: Dataset, predict_inputs: int = 1
 ) -> list[str]:
-    """Run task.py's functions on a few samples (`predict` on `predict_inputs` of them: a wrong return found
-    now is not found by predict.py after the run); raise TaskError on a breach, return warnings to print.
-    The random streams (torch, Python, NumPy) are left as they were: the run trains as without the check."""
-    with _kept_random_state():
+    """Run task.py's functions on a few samples (`predict` on `predict_inputs`); raise TaskError on a breach,
+    return warnings to print. The random streams are left as they were: the run trains as without it."""
+    with kept_random_state([]):  # CPU only: the check builds its model there
         train_batch = _first_batch(train_set, "training")
         eval_batch = _first_batch(eval_set, "eval")
         _rows(train_batch)
@@ -51,8 +49,7 @@ def check_task(
 
 
 def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset]:
-    """task.build_datasets(config), checked: two sets, each map-style (the train set may be a stream),
-    neither empty. train.py and `--check_task` take the sets from here, before anything is written."""
+    """task.build_datasets(config), checked: two sets, each map-style (or a train stream), neither empty."""
     sets = _call("build_datasets(config)", task.build_datasets, config)
     if not (isinstance(sets, list | tuple) and len(sets) == 2):
         raise TaskError(
@@ -172,14 +169,14 @@ def check_rows(predicted: Any, count: int) -> None:
 
 
 class TaskModel:
-    """The model as loss and eval_step get it (task check and loop alike): called, it runs `forward` (the
-    prepared model: DDP's gradient sync, torch.compile); attributes come from `model`, the module build_model
-    returned, so a setting kept on it (loss gets no config) reads the same on any number of processes. In
-    loss (`training`), a submodule with parameters or a method of the model's own is refused in one line:
-    calling it would skip `forward` and DDP's gradient sync, so 1 and N processes would train differently."""
+    """The model as loss and eval_step get it: called, it runs `forward` (the prepared model: DDP, compile);
+    attributes come from `model`, the module build_model returned. In loss (`training`), a submodule with
+    parameters or a method of the model's own is refused: it would skip DDP's gradient sync."""
 
     def __init__(self, forward: Callable[..., Any], model: torch.nn.Module, training: bool = False) -> None:
-        self._forward, self._model, self._training = forward, model, training
+        self._forward = forward
+        self._model = model
+        self._training = training
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
@@ -249,8 +246,7 @@ def _changed_buffers(model: torch.nn.Module, before: dict[str, torch.Tensor]) ->
 
 
 def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
-    """`function(*args)`; an exception it raises becomes a TaskError naming the contract's function and the
-    line of the project's code it came from (`--check_task` prints the whole traceback too)."""
+    """`function(*args)`; an exception becomes a TaskError naming the contract's function and the line."""
     try:
         return function(*args)
     except ConfigError:  # the task's own one-line errors (a missing data file) are already worded
@@ -280,10 +276,12 @@ def _describe(value: Any) -> str:
 
 
 @contextlib.contextmanager
-def _kept_random_state() -> Iterator[None]:
-    python_state, numpy_state = random.getstate(), numpy.random.get_state()  # numpy: Accelerate's
+def kept_random_state(devices: list[Any]) -> Iterator[None]:
+    """Python's, NumPy's and torch's generators (on `devices`) left as they were by what runs inside."""
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state()
     try:
-        with torch.random.fork_rng(devices=[]):  # CPU only: the check builds its model there
+        with torch.random.fork_rng(devices=devices):
             yield
     finally:
         random.setstate(python_state)
@@ -291,8 +289,7 @@ def _kept_random_state() -> Iterator[None]:
 
 
 def command(read_config: Callable[[list[str] | None], tuple[TrainConfig, Any, list[str]]]) -> int | str:
-    """`python train.py --check_task [--config FILE] [--field value ...]`: check task.py, predict included;
-    write nothing."""
+    """`python train.py --check_task [--config FILE] [--field value ...]`: check task.py; write nothing."""
     try:
         config = read_config(None)[0]
         train_set, eval_set = build_datasets(config)

@@ -1,5 +1,4 @@
-"""Where metrics go: always `<output_dir>/metrics.jsonl`, plus the config's experiment trackers, one or
-several, each continuing its own run across sessions with each step once (docs/trackers.md)."""
+"""Where metrics go: output_dir/metrics.jsonl and the config's trackers, each step once (docs/trackers.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ from .durable import fsync_path, write_atomically
 from .remote import load_secret
 from .run_dir import RunError, write_error
 
-# Where each tracker writes in output_dir (MLflow: unless MLFLOW_TRACKING_URI names another store), and
-# what it imports: the project's extra of the tracker's name installs them.
+# Where each tracker writes in output_dir, and what it imports (the project's extra of its name installs it).
 TRACKER_FILES = {"tensorboard": "logs", "wandb": "wandb", "mlflow": "mlflow.db"}
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow sqlalchemy alembic"}
 # Read from the platform's secrets when not in the environment; set MLFLOW_TRACKING_URI to log to a server.
@@ -275,7 +273,8 @@ class NamesAFullDisk(GeneralTracker):
     requires_logging_directory = False
 
     def __init__(self, inner: GeneralTracker, where: Path, held: dict[str, int], held_by_all: int) -> None:
-        self.inner, self.where = inner, where
+        self.inner = inner
+        self.where = where
         self.held = held
         self.held_by_all = held_by_all
         super().__init__()

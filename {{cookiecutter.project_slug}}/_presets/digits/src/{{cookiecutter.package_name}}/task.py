@@ -1,6 +1,5 @@
 """The task: all that train.py and predict.py know about the data, the model and the metrics. Digits:
-classify 8x8 handwritten digits (data/digits.csv) with a small MLP. Your own task: docs/own-task.md.
-"""
+classify 8x8 handwritten digits (data/digits.csv) with a small MLP. Your own task: docs/own-task.md."""
 
 from __future__ import annotations
 

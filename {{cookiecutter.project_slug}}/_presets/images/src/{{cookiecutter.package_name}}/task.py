@@ -1,13 +1,6 @@
-"""The task: all that train.py and predict.py know about the data, the model and the metrics.
-
-Images: classify images stored one folder per class (data/train/<class>/*.png, data/val/<class>/*.png)
-with a small CNN. To train your own task, change this file and the data/ and models/ modules it calls;
-train.py and predict.py stay as they are, and so do exact resume, the same optimization on any number of
-processes and exact distributed evaluation.
-
-The contract, function by function: docs/own-task.md. Every run checks it on two samples before it
-starts, and `python train.py --check_task` checks it alone.
-"""
+"""The task: all that train.py and predict.py know about the data, the model and the metrics. Images:
+classify images stored one folder per class (data/train/<class>/*.png, data/val/<class>/*.png) with a
+small CNN. Your own task: docs/own-task.md."""
 
 from __future__ import annotations
 
@@ -188,12 +181,9 @@ def metrics(values: dict[str, torch.Tensor], config: Config) -> dict[str, float]
 
 
 def predict_inputs(config: Config, path: Path | None) -> list[tuple]:
-    """(image, path) items of `path`: one PNG or JPEG file, or a folder of them (at any depth, sorted by
-    path); or, when `path` is None, (image, label, path) items of the eval split.
-
-    Every image is read here, before any prediction, so that a bad file stops all processes alike; a
-    ConfigError names it.
-    """
+    """(image, path) items of `path`: one PNG or JPEG file, or a folder of them (at any depth, sorted); or,
+    when `path` is None, (image, label, path) items of the eval split. Every image is read here, before any
+    prediction, so that a bad file stops all processes alike; a ConfigError names it."""
     from .data.image_folder import image_files, load_image, to_tensor
 
     if path is None:

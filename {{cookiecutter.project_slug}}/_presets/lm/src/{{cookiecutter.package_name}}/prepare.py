@@ -1,11 +1,8 @@
-"""Tokenize text, jsonl or parquet files into uint16 token shards for `data_file` (train.py reads them
-through np.memmap, so a corpus of any size trains in little memory):
+"""Tokenize text, jsonl or parquet files into uint16 token shards for `data_file`, read through np.memmap, in
+two streaming passes (the tokenizer, then the ids; docs/task.md, "A corpus larger than memory"):
 
     python -m {{ cookiecutter.package_name }}.prepare --input "corpus/*.txt" more.jsonl --output data/tokens
     python train.py --data_file data/tokens
-
-Two streaming passes over the input, a few MB at a time: the first builds the tokenizer, the second writes
-the ids. What it reads and writes: docs/task.md, "A corpus larger than memory".
 """
 
 from __future__ import annotations
@@ -156,7 +153,8 @@ def plain_text(path: Path, _: str, advance: Callable[[int], None]) -> Iterator[t
             offset += len(raw)
             advance(len(raw))
             cut = text.rfind("\n") + 1 or len(text)  # a whole line, unless a line is longer than a chunk
-            text, carried = text[:cut], text[cut:]
+            carried = text[cut:]
+            text = text[:cut]
             if text:
                 yield text, new_document
                 new_document = False

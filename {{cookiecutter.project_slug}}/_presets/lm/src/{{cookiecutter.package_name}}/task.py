@@ -1,7 +1,6 @@
 """The task: all that train.py and predict.py know about the data, the model and the metrics. lm: a small
 GPT that predicts the next character of a text (Shakespeare's plays by default), and writes text from
-prompts. Your own task: docs/own-task.md.
-"""
+prompts. Your own task: docs/own-task.md."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class Config(TrainConfig):
     sample_chars: int = session(200, "predict.py: characters written after each prompt")
     temperature: float = session(0.8, "predict.py: sampling temperature; below 1, safer text")
     top_k: int = session(0, "predict.py: draw from the k most likely characters only")
-    # TrainConfig's defaults that this task sets otherwise. One epoch is one pass over the training text
-    # in windows of block_size + 1 characters: 15,684 windows, 245 optimizer steps of 64 windows.
+    # TrainConfig's defaults that this task sets otherwise (an epoch: 15,684 windows, 245 steps of 64).
     num_epochs: int = 2
     eval_every: int = 100
 
@@ -146,9 +144,8 @@ def build_model(config: Config) -> torch.nn.Module:
 
 
 def keep_vocabulary(model: torch.nn.Module, digest: str, source: str) -> None:
-    """Save the vocabulary's SHA-256 with the weights (a buffer, in checkpoints and exports alike), and
-    refuse weights saved with another one: the same number of ids would otherwise load without a word
-    and read every id as the wrong character."""
+    """Save the vocabulary's SHA-256 with the weights (a buffer), and refuse weights saved with another one:
+    the same number of ids would load without a word and read every id as the wrong character."""
     import torch
 
     model.register_buffer("vocabulary_sha256", torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8))
@@ -180,7 +177,8 @@ def eval_step(model: torch.nn.Module, batch: torch.Tensor) -> dict[str, torch.Te
     exact however the windows were split between processes."""
     import torch.nn.functional as F
 
-    inputs, targets = batch[:, :-1], batch[:, 1:]
+    inputs = batch[:, :-1]
+    targets = batch[:, 1:]  # each position's next token
     logits = model(inputs).float()
     token_losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [batch, length]
     tokens = targets.new_full((len(targets),), targets.shape[1])
@@ -212,7 +210,8 @@ def predict_inputs(config: Config, path: Path | None) -> list[dict[str, Any]]:
         breaks = (ids[start : start + length] == newline).nonzero()
         if len(breaks) and start + int(breaks[0]) + 1 <= room:
             start += int(breaks[0]) + 1  # begin at the start of a line, as a reader would
-        prompt, continuation = ids[start : start + length], ids[start + length : start + length + follow]
+        prompt = ids[start : start + length]
+        continuation = ids[start + length : start + length + follow]
         items.append({"index": index, "prompt": prompt, "continuation": continuation})
     return items
 

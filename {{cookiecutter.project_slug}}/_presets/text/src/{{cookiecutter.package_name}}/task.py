@@ -1,15 +1,8 @@
-"""The task: all that train.py and predict.py know about the data, the model and the metrics.
-
-Text: who says it? Classify passages of Shakespeare by speaker (the 4 with the most speeches) with a tiny
-BERT from Hugging Face transformers, built with random weights and a word-level tokenizer trained on the
-shipped texts, so that it all runs offline; `pretrained_model` switches to a hub checkpoint. To train your
-own task, change this file and the data/ and models/ modules it calls; train.py and predict.py stay as they
-are, and so do exact resume, the same optimization on any number of processes and exact distributed
-evaluation.
-
-The contract, function by function: docs/own-task.md. Every run checks it on two samples before it
-starts, and `python train.py --check_task` checks it alone.
-"""
+"""The task: all that train.py and predict.py know about the data, the model and the metrics. Text: who
+says it? Classify passages of Shakespeare by speaker (the 4 with the most speeches) with a tiny BERT from
+Hugging Face transformers, built with random weights and a word-level tokenizer trained on the shipped
+texts, so that it all runs offline; `pretrained_model` switches to a hub checkpoint. Your own task:
+docs/own-task.md."""
 
 from __future__ import annotations
 
@@ -141,8 +134,8 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     collate.use(tokenizer)
 
     def tokenized(part: list[tuple[str, str]]) -> TokenizedTexts:
-        texts, ids = [text for text, _ in part], [labels.index(label) for _, label in part]
-        return TokenizedTexts(texts, tokenizer, config.max_length, ids)
+        texts = [text for text, _ in part]
+        return TokenizedTexts(texts, tokenizer, config.max_length, [labels.index(label) for _, label in part])
 
     if config.data_files:
         from .data.text_files import encoder, resolve, train_stream
@@ -156,11 +149,8 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
 
 
 class PadCollate:
-    """`collate`: pads a list of tokenized texts to the longest one, with the tokenizer's pad token.
-
-    The tokenizer depends on the config, which collate is not given: build_datasets and predict_inputs,
-    which build the tokenizer, hand it over here first (DataLoader workers get a pickled copy).
-    """
+    """`collate`: pads tokenized texts to the longest one. The tokenizer depends on the config, which collate
+    is not given: build_datasets and predict_inputs hand it over here first (workers get a pickled copy)."""
 
     def __init__(self) -> None:
         self.collator = None
@@ -226,12 +216,9 @@ def load_export(folder: Path, config: Config) -> torch.nn.Module:
 
 
 def without_padding_columns(batch: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-    """The batch without the token columns that are padding in every row.
-
-    A micro-batch cut from a longer padded batch keeps that batch's padding: cut back, it has the shape
-    it would have had if collated alone, as in 2 processes, so 1 and 2 processes compute exactly the same
-    numbers (and no time goes into padding). It costs one host-device sync per micro-batch.
-    """
+    """The batch without the token columns that are padding in every row: a micro-batch cut from a longer
+    batch then has the shape it would have had if collated alone, as in 2 processes, so 1 and 2 processes
+    compute exactly the same numbers. It costs one host-device sync per micro-batch."""
     mask = batch["attention_mask"]
     keep = mask.bool().any(dim=0)
     if keep.all():
@@ -271,9 +258,11 @@ def predict_inputs(config: Config, path: Path | None) -> Dataset:
 
     if path is None:
         _, eval_, labels = summary(config)  # data_file's eval split, or data_files' held-out texts
-        texts, ids = [text for text, _ in eval_], [labels.index(label) for _, label in eval_]
+        texts = [text for text, _ in eval_]
+        ids = [labels.index(label) for _, label in eval_]
     else:
-        texts, ids = read_texts(path), None
+        texts = read_texts(path)
+        ids = None
     tokenizer = build_tokenizer(config)
     collate.use(tokenizer)
     return TokenizedTexts(texts, tokenizer, config.max_length, labels=ids, with_text=True)

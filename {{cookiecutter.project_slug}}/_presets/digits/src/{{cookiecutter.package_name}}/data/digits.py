@@ -1,6 +1,5 @@
 """Handwritten digits (1,797 8x8 images) of data/digits.csv (data/README.md says where they come from).
-Replace this module with your own data; task.py is the only caller.
-"""
+Replace this module with your own data; task.py is the only caller."""
 
 from __future__ import annotations
 
@@ -31,11 +30,8 @@ class DigitBatch(NamedTuple):
 
 class NoisyDigits(Dataset):
     """Training images with Gaussian pixel noise, a function of (seed, epoch, index) only (docs/resume.md).
-
-    One generator seeded with (seed, epoch) draws the whole epoch's noise at once, and `__getitems__` hands
-    over a batch already stacked: a generator per image cost about 50 us each, and slicing a batch into
-    images for collate to stack again another 40 us per batch, enough to keep a GPU waiting.
-    """
+    One generator seeded with (seed, epoch) draws the epoch's noise at once, and `__getitems__` hands over
+    a stacked batch: a generator per image, or a batch cut into images to stack again, kept a GPU waiting."""
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor, noise: float, seed: int) -> None:
         self.features = features
@@ -81,10 +77,9 @@ def digit_splits(seed: int, eval_fraction: float, noise: float) -> tuple[NoisyDi
             "with pip install -e . (not pip install .) keeps in reach"
         )
     table = np.loadtxt(DATA_FILE, delimiter=",", dtype=np.int64)
-    images, labels = table[:, :NUM_FEATURES], table[:, NUM_FEATURES]
-    features = torch.tensor(images / MAX_PIXEL, dtype=torch.float32)
-    targets = torch.tensor(labels, dtype=torch.long)
-    eval_idx, train_idx = map(torch.from_numpy, split_rows(len(labels), seed, eval_fraction))
+    features = torch.tensor(table[:, :NUM_FEATURES] / MAX_PIXEL, dtype=torch.float32)
+    targets = torch.tensor(table[:, NUM_FEATURES], dtype=torch.long)
+    eval_idx, train_idx = map(torch.from_numpy, split_rows(len(targets), seed, eval_fraction))
     train_set = NoisyDigits(features[train_idx], targets[train_idx], noise, seed)
     return train_set, TensorDataset(features[eval_idx], targets[eval_idx])
 

@@ -5,9 +5,7 @@
 
 Class k is the k-th class folder in sorted order. Images are read with Pillow as RGB, brought to
 image_size x image_size (scaled and centre-cropped, only if they are not that size already) and scaled to
-[-1, 1] (or normalized as a pretrained model's image processor does). Replace this module to read other
-data; task.py is the only caller.
-"""
+[-1, 1] (or normalized as a pretrained model's image processor does)."""
 
 from __future__ import annotations
 
@@ -112,8 +110,7 @@ def augment(image: np.ndarray, padding: int, flip: bool) -> np.ndarray:
 class ImageFolder(Dataset):
     """(image, label) pairs of a list of samples, each read when asked for: nothing is held in memory.
 
-    Training images are augmented (`augment`) with `padding` > 0 or `flip`.
-    """
+    Training images are augmented (`augment`) with `padding` > 0 or `flip`."""
 
     def __init__(
         self,

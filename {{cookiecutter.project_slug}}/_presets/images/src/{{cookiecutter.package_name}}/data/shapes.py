@@ -4,10 +4,8 @@
 
 Each image is one shape (circle, ring, square, ...) of random size, position and colour on a plain
 background of another random colour. Every class looks the same mirrored left to right, so the
-horizontal flip of the augmentation keeps its label. The same seed writes the same bytes on
-every machine (see `png_bytes`): tests/task/test_task.py checks that this reproduces the shipped files.
-Change the counts or the shapes here and rerun it to train on another set; nothing else reads this module.
-"""
+horizontal flip of the augmentation keeps its label. The same seed writes the same bytes on every machine
+(`png_bytes`): tests/task/test_task.py checks that this reproduces the shipped files."""
 
 from __future__ import annotations
 
@@ -59,12 +57,9 @@ def draw(shape: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 
 
 def png_bytes(mask: np.ndarray, palette: np.ndarray) -> bytes:
-    """A 1-bit palette PNG (pixels where `mask` is True have colour 1) whose pixel data is stored, not
-    compressed.
-
-    zlib builds (zlib, zlib-ng, ...) compress the same data to different bytes; stored data is the same
-    everywhere, so a regenerated file is byte for byte the shipped one. 246 bytes for 32x32.
-    """
+    """A 1-bit palette PNG (pixels where `mask` is True have colour 1) with its pixel data stored, not
+    compressed: zlib builds (zlib, zlib-ng, ...) compress alike data to different bytes; stored data is the
+    same everywhere, so a regenerated file is byte for byte the shipped one. 246 bytes for 32x32."""
     height, width = mask.shape
     rows = np.packbits(mask, axis=1)  # 8 pixels a byte, leftmost first, as PNG stores them
     raw = b"".join(b"\x00" + row.tobytes() for row in rows)  # each row starts with filter type 0

@@ -1,7 +1,6 @@
 """A plain text file as a character-level corpus: its vocabulary (its sorted characters, rebuilt from the
 file by every process; the model keeps only its SHA-256), the train/eval split and the windows, which read
-token shards (data/shards.py) alike. docs/task.md, "Your own text".
-"""
+token shards (data/shards.py) alike. docs/task.md, "Your own text"."""
 
 from __future__ import annotations
 
@@ -50,9 +49,8 @@ def load_corpus(path: Path) -> Corpus:
 
 
 def split_ids(ids: Any, eval_fraction: float) -> tuple[Any, Any]:
-    """The first (1 - eval_fraction) of the text for training, the rest for evaluation, as nanoGPT does:
-    a held-out stretch of the text, not scattered lines that share scenes with the training text.
-    `ids`: a tensor, or token shards (then two views of them, read lazily)."""
+    """The first (1 - eval_fraction) of `ids` (a tensor, or token shards) for training, the rest to evaluate:
+    a held-out stretch, not scattered lines that share scenes with the training text (as nanoGPT does)."""
     cut = int(len(ids) * (1 - eval_fraction))
     if isinstance(ids, torch.Tensor):
         return ids[:cut], ids[cut:]
@@ -104,12 +102,10 @@ class EvalWindows(Dataset):
 
 
 class WindowOrder(Sampler[int]):
-    """The windows of an epoch in a random order drawn from (seed, epoch), in memory that does not grow
-    with the corpus: index i of the epoch is a keyed permutation of i (a 4-round Feistel network on the
-    smallest even number of bits that holds `size`, applied again while the result is out of range), so
-    nothing is stored per window. Accelerate's sampler holds torch.randperm(size).tolist(), 40 bytes per
-    window for the whole epoch (4 GB at 100 million windows); torch and Accelerate have no permutation that
-    is computed on demand. Indices are made CHUNK at a time with numpy."""
+    """The windows of an epoch in a random order drawn from (seed, epoch), in memory that does not grow with
+    the corpus: index i is a keyed permutation of i (a 4-round Feistel network on the smallest even number
+    of bits that holds `size`, again while out of range). Accelerate's sampler holds
+    torch.randperm(size).tolist(), 4 GB at 100 million windows. Indices are made CHUNK at a time."""
 
     CHUNK = 4096
 

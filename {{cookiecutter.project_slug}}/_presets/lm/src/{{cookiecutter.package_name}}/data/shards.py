@@ -1,6 +1,5 @@
 """A folder of token shards, as prepare.py writes it (docs/task.md), read through np.memmap: a window reads
-its few tokens from the page cache, so memory stays small whatever the size of the corpus.
-"""
+its few tokens from the page cache, so memory stays small whatever the size of the corpus."""
 
 from __future__ import annotations
 
@@ -18,10 +17,9 @@ import torch
 from .chars import Chars
 from .token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, file_sha256
 
-# The pages a memory map has read count as the process's resident memory until it is closed (page cache
-# that the kernel may drop, but counted), and a read fault maps far more than a window's 130 bytes (up to
-# a large folio, measured here as ~1.5 MB): 300 steps of random windows had mapped 980 MB of a 1 GB corpus.
-# Maps reopened every REOPEN_AFTER reads keep that near 100 MB (docs/benchmarks.md of the template).
+# A memory map's read pages count as the process's resident memory until it is closed, and a read fault
+# maps up to ~1.5 MB for a window's 130 bytes: maps reopened every REOPEN_AFTER reads keep that near 100 MB
+# (980 MB of a 1 GB corpus after 300 steps otherwise; the template's docs/benchmarks.md).
 REOPEN_AFTER = 64
 PREPARE = f"python -m {__package__.rsplit('.', 1)[0]}.prepare"  # the command that makes a folder
 
@@ -53,10 +51,8 @@ class Shard:
 
 
 class TokenShards:
-    """The tokens of all shards as one sequence (or the part [start, stop) of it): len() and slices.
-
-    A slice returns an int64 tensor and may span shards. The memory maps are opened on first use in each
-    process and never pickled, so DataLoader workers open their own."""
+    """The tokens of all shards as one sequence (or its part [start, stop)): slices are int64 tensors. The
+    memory maps are opened on first use in each process and never pickled (workers open their own)."""
 
     def __init__(
         self, shards: list[Shard], start: int = 0, stop: int | None = None, vocabulary: str = ""
@@ -76,9 +72,7 @@ class TokenShards:
         return TokenShards(self.shards, self.start + start, self.start + stop, self.vocabulary)
 
     def fingerprint(self) -> dict[str, str]:
-        """What a run's data fingerprint (utils/fingerprint.py) records of these tokens: the vocabulary's and
-        each shard's SHA-256 from meta.json, which open_shards verified (reading them again would cost as
-        much), and the part of them read."""
+        """The vocabulary's and each shard's SHA-256 (as open_shards verified them), and the part read."""
         entries = {"vocabulary": f"sha256 {self.vocabulary}"}
         entries |= {shard.path.name: f"{shard.tokens} tokens, sha256 {shard.sha256}" for shard in self.shards}
         return entries | {"tokens read": f"{self.start} to {self.stop}"}
@@ -89,14 +83,16 @@ class TokenShards:
         if self._reads > REOPEN_AFTER:
             self._maps.clear()  # closes them: the ids handed out are copies
             self._reads = 1
-        first, last = self.start + first, self.start + max(first, last)
+        last = self.start + max(first, last)
+        first = self.start + first
         pieces = []
         index = bisect.bisect_right(self.ends, first)
         while first < last:
             begin = self.ends[index] - self.shards[index].tokens
             end = min(last, self.ends[index])
             pieces.append(self._map(index)[first - begin : end - begin])
-            first, index = end, index + 1
+            first = end
+            index += 1
         ids = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
         return torch.from_numpy(ids.astype(np.int64))
 

@@ -5,11 +5,8 @@ One pass at start (`scan`) counts the training texts' words and finds the labels
 training stream (`train_stream`) then reads the files again each epoch. The eval split is the texts whose
 hash falls under `eval_fraction`: fixed by the texts alone, the same in every process and every pass.
 Order: `datasets` interleaves the files row by row, in an order drawn from `seed` and the epoch; rows keep
-their order inside a file (with `num_workers`, each worker reads its share of whole files so: streams.py).
-The loader then shuffles the rows in windows of `shuffle_window`, in an order it draws again on resume
-(utils/streams.py). A `datasets` shuffle buffer cannot be resumed exactly (datasets drops its contents
-from a saved state; utils/streams.py refuses one): for a wider mix, write each file's rows in random order.
-"""
+their order inside a file. The loader then shuffles the rows in windows of `shuffle_window` (utils/streams.py,
+which refuses a `datasets` shuffle buffer): for a wider mix, write each file's rows in random order."""
 
 from __future__ import annotations
 
@@ -106,7 +103,8 @@ def scan(
 
     def train_texts() -> Any:
         for row in stream:
-            text, label = row[text_column], row[label_column]
+            text = row[text_column]
+            label = row[label_column]
             if not isinstance(text, str) or not text.strip() or label is None:
                 raise ValueError("a row without text or label")
             labels.add(str(label))

@@ -1,7 +1,6 @@
 """Labeled texts from a tab-separated file, their split, and a word-level tokenizer built from them offline.
 
-Replace this module with your own data; task.py is the only caller.
-"""
+Replace this module with your own data; task.py is the only caller."""
 
 from __future__ import annotations
 
@@ -75,13 +74,9 @@ def word_counts(texts: Iterable[str]) -> Counter[str]:
 
 
 def build_word_tokenizer(counts: Counter[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerBase:
-    """A word-level tokenizer whose vocabulary is the special tokens, then the words of `counts` (of the
-    training texts) seen at least MIN_COUNT times, most frequent first (ties alphabetical), at most
-    `vocab_size` in all.
-
-    A pure function of its arguments: train.py's processes and predict.py each build the same one, so
-    nothing is cached in a file and nothing is downloaded.
-    """
+    """A word-level tokenizer: the special tokens, then the training texts' words seen at least MIN_COUNT
+    times, most frequent first (ties alphabetical), `vocab_size` in all. A pure function of its arguments:
+    every process and predict.py build the same one, with nothing cached or downloaded."""
     frequent = sorted((w for w, count in counts.items() if count >= MIN_COUNT), key=lambda w: (-counts[w], w))
     tokens = SPECIAL_TOKENS + frequent[: vocab_size - len(SPECIAL_TOKENS)]
     tokenizer = tokenizers.Tokenizer(
@@ -89,9 +84,8 @@ def build_word_tokenizer(counts: Counter[str], vocab_size: int, max_length: int)
     )
     tokenizer.normalizer = normalizer
     tokenizer.pre_tokenizer = pre_tokenizer
-    cls_id, sep_id = tokens.index("[CLS]"), tokens.index("[SEP]")
     tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]", special_tokens=[(name, tokens.index(name)) for name in ("[CLS]", "[SEP]")]
     )
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -105,11 +99,8 @@ def build_word_tokenizer(counts: Counter[str], vocab_size: int, max_length: int)
 
 
 class TokenizedTexts(Dataset):
-    """Texts tokenized once, up front (truncated to `max_length` tokens), with their label ids if known,
-    and with the text itself if `with_text` (predictions show it).
-
-    Items are unpadded: the collator pads each batch to its longest text.
-    """
+    """Texts tokenized once, up front (truncated to `max_length` tokens), unpadded, with their label ids if
+    known, and with the text itself if `with_text` (predictions show it)."""
 
     def __init__(
         self,
