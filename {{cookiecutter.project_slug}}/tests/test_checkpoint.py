@@ -81,7 +81,7 @@ def test_rotation_keeps_everything_when_the_latest_is_unsound(tmp_path: Path) ->
     older = [fake_checkpoint(tmp_path, step, valid=True) for step in (1, 2)]
     latest = fake_checkpoint(tmp_path, 3, valid=True)
     (latest / "loop_state.json").write_text("{")  # damaged after its save
-    _rotate(tmp_path, keep=1, protect=None, latest=latest)
+    _rotate(TrainConfig(output_dir=str(tmp_path), keep_checkpoints=1), protect=None, latest=latest)
     assert list_checkpoints(tmp_path) == [*older, latest]
 
 
