@@ -1,5 +1,5 @@
 """Put on PYTHONPATH by test_rollback.py: training image $POISON_INDEX is all NaN in the epochs listed in
-$POISON_EPOCHS ("all": every epoch), so that the step that trains on it diverges."""
+$POISON_EPOCHS (e.g. "1,2"), so that the step that trains on it diverges."""
 
 import os
 
@@ -10,8 +10,7 @@ _set_epoch = digits.NoisyDigits.set_epoch
 
 def set_epoch(self, epoch: int) -> None:
     _set_epoch(self, epoch)
-    epochs = os.environ["POISON_EPOCHS"]
-    if epochs == "all" or str(epoch) in epochs.split(","):
+    if str(epoch) in os.environ["POISON_EPOCHS"].split(","):
         self.images = self.images.clone()
         self.images[int(os.environ["POISON_INDEX"])] = float("nan")
 
