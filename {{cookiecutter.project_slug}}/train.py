@@ -122,8 +122,7 @@ def train(
     saver: Persister,
     began: list[Bookkeeping],
 ) -> bool:
-    """Train until done (True), or until a stop or the time budget was agreed on and checkpointed (False).
-    `lock` is taken once the config and data have passed their checks; `began` gets the bookkeeping."""
+    """Train until done (True), or until a stop or the time budget was agreed on and checkpointed (False)."""
     clock = SessionClock(config, accelerator.is_main_process, saver, mirror)  # time_budget counts from here
     seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
 

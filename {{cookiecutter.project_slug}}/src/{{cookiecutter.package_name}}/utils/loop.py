@@ -113,8 +113,7 @@ class Bookkeeping:
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """At every eval_every steps (else at each epoch's end): metrics, best_model/, early stopping.
-        `forward` computes the metrics; `model` is what best_model/ exports (the same weights)."""
+        """At every eval_every steps (else each epoch's end): metrics (`forward`), best_model/, early stopping."""
         state, config = self.state, self.config
         due = state.step % config.eval_every == 0 if config.eval_every else self.end_of_epoch
         if self.end.diverged or not due:
@@ -140,8 +139,7 @@ class Bookkeeping:
                 self.checkpoint(model, gradients=None)  # a stream's next batch is not probed
 
     def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any] | None) -> None:
-        """Save when due (max_time_lost, checkpoint_every, the last step) or before stopping. A session that
-        ends here with steps left first computes the next step without taking it (`probe`)."""
+        """Save when due or before stopping; a session that ends with steps left first probes the next one."""
         state, config, accelerator = self.state, self.config, self.accelerator
         self.persister.announce()  # the background save before, once published
         due = self.clock.due(state.step) or state.step == self.total_steps or state.stopped_early
