@@ -371,9 +371,10 @@ def _rotate(config: TrainConfig, protect: Path | None, latest: Path) -> None:
     older = [p for p in list_checkpoints(config.output_dir) if checkpoint_step(p) < checkpoint_step(latest)]
     readable = [path for path in older if checkpoint_problem(path, contents=False) is None]
     kept = set(readable[len(readable) - (keep - 1) :]) if keep > 1 else set()
-    if config.max_rollbacks:  # a later step's loss may go back a log interval (loop.py: roll_back)
+    if config.max_rollbacks:  # a later step's loss goes back a log interval or more (loop.py: roll_back)
         reach = checkpoint_step(latest) + 1 - config.log_every
         kept |= set([path for path in readable if checkpoint_step(path) <= reach][-1:])
+        kept |= {path for path in readable if checkpoint_step(path) > reach}
     for path in readable:
         if path not in kept and path != protect:
             remove_folder(path)

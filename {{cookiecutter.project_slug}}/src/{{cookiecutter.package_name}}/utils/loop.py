@@ -113,7 +113,7 @@ class Bookkeeping:
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """At every eval_every steps (else each epoch's end): metrics (`forward`), best_model/, early stopping."""
+        """Every eval_every steps (else at epoch ends): metrics (`forward`), best_model/, early stopping."""
         state, config = self.state, self.config
         due = state.step % config.eval_every == 0 if config.eval_every else self.end_of_epoch
         if self.end.diverged or not due:
@@ -307,9 +307,10 @@ def roll_back(book: Bookkeeping) -> None:
         loaded.rollbacks = [*state.rollbacks, record]
     vars(state).update(vars(loaded))  # in place: the loop's parts hold it
     record = state.rollbacks[-1]
+    first, last = record["batches"]
     accelerator.print(
         f"rollback {len(state.rollbacks)} of {config.max_rollbacks} at step {bad_step}: {record['cause']}; "
-        f"back to step {state.step}, skipping data batches {record['batches'][0]} to {record['batches'][1] - 1}"
+        f"back to step {state.step}, skipping data batches {first} to {last - 1}"
     )
     if accelerator.is_main_process:  # the rows of the abandoned steps go; the rollback's is sealed in
         truncate_metrics(config.output_dir, state.metrics_bytes, state.step)

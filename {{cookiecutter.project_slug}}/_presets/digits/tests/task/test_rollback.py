@@ -98,8 +98,8 @@ def test_stop_or_kill_after_the_rollback_resumes_exactly(
 def test_nan_in_every_epoch_stops_after_max_rollbacks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every epoch from the second diverges: two rollbacks, then the third divergence stops the run as one does without
-    rollbacks, in one line; no checkpoint holds a non-finite weight, nothing is exported."""
+    """Every epoch from the second diverges: two rollbacks, then the third divergence stops the run as one
+    does without rollbacks, in one line; no checkpoint holds a non-finite weight, nothing is exported."""
     poison(monkeypatch, "1,2,3,4,5,6,7")  # not epoch 0, which has no checkpoint before image 0
     output_dir = tmp_path / "run"
     result = run_training(output_dir, *ARGS, "--num_epochs", "8", "--max_rollbacks", "2", check=False)
