@@ -215,7 +215,7 @@ def report(
         target = 0.90 if size == "tiny" else 0.98
         label = f"{size} model (hidden {SIZES[size]}, {plain_ms(result):.1f} ms/step)"
         rows.append(loop_row(label, result, target))
-    label = "tiny model, rollback and spike checks on (default) against off (second column)"
+    label = "rollback and spike checks on (default) against off (second column), tiny model"
     rows += [loop_row(label, loops["tiny"]["rollback"], None), *data_wait_rows(data_wait, "")]
     rows += exact_rows(loops["realistic"])
     save, torch_save = statistics.median(checkpoint["save"]), statistics.median(checkpoint["torch_save"])
