@@ -65,6 +65,7 @@ GPU_TARGETS = {"medium": 0.98, "large": 0.98}
 # fp16 (T4s, compute 7.5, have no bf16): both loops with a GradScaler, at this size.
 FP16_SIZE = "medium"
 DATA_WORKERS = (0, 2)  # the digits configs' num_workers, and 2 (the images preset's colab/kaggle.yaml)
+ROLLBACK_OFF = ["--max_rollbacks", "0", "--loss_spike_factor", "0"]  # the loop without rollback's checks
 SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
 
 
@@ -114,6 +115,9 @@ def main() -> None:
         checkpoint = worker(project, "checkpoint", "realistic", Setup(0, 3 if args.quick else 7))
         syncs = worker(project, "syncs", "tiny", Setup(6 * LOG_EVERY + 5, 1, SIZES["tiny"]))
         loops["realistic"]["exact"] = worker(project, "exact", "cpu", Setup(0, reps))
+        loops["tiny"]["rollback"] = worker(
+            project, "rollback", "tiny", Setup(steps["tiny"], reps, SIZES["tiny"])
+        )
         gpu = gpu_mode(project, 75 if args.quick else 1000, reps, wait) if cuda_available() else None
     print(report(loops, data_wait, checkpoint, syncs, first_step, gpu, reps, steps, args.quick))
 
@@ -211,7 +215,8 @@ def report(
         target = 0.90 if size == "tiny" else 0.98
         label = f"{size} model (hidden {SIZES[size]}, {plain_ms(result):.1f} ms/step)"
         rows.append(loop_row(label, result, target))
-    rows += data_wait_rows(data_wait, "")
+    label = "rollback and spike checks on (default) against off (second column), tiny model"
+    rows += [loop_row(label, loops["tiny"]["rollback"], None), *data_wait_rows(data_wait, "")]
     rows += exact_rows(loops["realistic"])
     save, torch_save = statistics.median(checkpoint["save"]), statistics.median(checkpoint["torch_save"])
     save_fsync = statistics.median(checkpoint["torch_save_fsync"])
@@ -376,8 +381,8 @@ def device_name() -> str:
 def worker_main(mode: str, project: Path, setup: Setup, result: Path) -> None:
     sys.path.insert(0, str(project))  # the generated train.py
     package = next(path.name for path in (project / "src").iterdir() if (path / "__init__.py").exists())
-    if mode == "loops":
-        output = bench_loops(project, package, setup)
+    if mode in ("loops", "rollback"):  # against the plain loop, or against the template without rollbacks
+        output = bench_loops(project, package, setup, ROLLBACK_OFF if mode == "rollback" else None)
     elif mode == "data_wait":
         output = bench_data_wait(project, package, setup)
     elif mode == "checkpoint":
@@ -453,8 +458,9 @@ def run_template(argv: list[str]) -> None:
     assert status == 0, f"train.main exited {status}"
 
 
-def bench_loops(project: Path, package: str, setup: Setup) -> dict:
-    """Steps per second of both loops, alternating in this one process, the first pair thrown away.
+def bench_loops(project: Path, package: str, setup: Setup, off: list[str] | None = None) -> dict:
+    """Steps per second of both loops (with `off`: the generated one given those flags instead of the plain
+    one), alternating in this one process, the first pair thrown away.
 
     Alternating inside one process keeps what differs between processes (memory placement, a
     slow moment of this shared machine) from landing on one loop only; the first pair pays for
@@ -465,9 +471,10 @@ def bench_loops(project: Path, package: str, setup: Setup) -> dict:
     for rep in range(setup.reps + 1):
         for kind in ("template", "plain") if rep % 2 == 0 else ("plain", "template"):
             stamps, handle = step_times(setup.steps, setup.gpu)
-            if kind == "template":
+            if kind == "template" or off is not None:
                 with tempfile.TemporaryDirectory() as scratch:
-                    run_template(template_argv(project, Path(scratch) / "run", setup))
+                    flags = off if kind == "plain" else []
+                    run_template([*template_argv(project, Path(scratch) / "run", setup), *(flags or [])])
             else:
                 plain_loop(package, setup)
             handle.remove()

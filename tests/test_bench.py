@@ -18,6 +18,7 @@ from .conftest import TEMPLATE, explain, run, tool
 ROWS = {
     "steps/s, tiny model": "loop",
     "steps/s, realistic model": "loop",
+    "steps/s, rollback and spike checks on": "loop",
     "checkpoint save, ms (": "pair",
     "checkpoint save, ms, against torch.save + fsync": "pair",
     "resume, ms": "pair",

@@ -51,7 +51,7 @@ from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest, follow_the_sample, running_stats, seed_run
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
-from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, warmup_cosine
+from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, roll_back, warmup_cosine
 from {{ cookiecutter.package_name }}.utils.lr_find import find_lr
 from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
@@ -123,8 +123,7 @@ def train(
     saver: Persister,
     began: list[Bookkeeping],
 ) -> bool:
-    """Train until done (True), or until a stop or the time budget was agreed on and checkpointed (False).
-    `lock` is taken once the config and data have passed their checks; `began` gets the bookkeeping."""
+    """Train until done (True), or until a stop or the time budget was agreed on and checkpointed (False)."""
     clock = SessionClock(config, accelerator.is_main_process, saver, mirror)  # time_budget counts from here
     seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
 
@@ -171,6 +170,7 @@ def train(
             book.checkpoint(model, gradients)  # when due, for time, or before a stop; never of broken weights
             if book.end.now():  # done, stopping, or diverged
                 break
+        roll_back(book)  # diverged: back to a checkpoint from before it, past its data, if one may
         book.after_epoch(model, forward, eval_loader)  # a stream's epoch ends where it ran out: evaluated
     # --- final evaluation and export (or, after a stop, what a session that ends now should leave)
     return finish(book, model, forward, eval_loader, scheduler)

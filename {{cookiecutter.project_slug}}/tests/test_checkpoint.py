@@ -52,8 +52,22 @@ def test_rotation_removes_only_readable_checkpoints_older_than_the_latest(tmp_pa
     fake_checkpoint(tmp_path, 2, valid=True)
     unreadable = fake_checkpoint(tmp_path, 3, valid=False)  # killed before its loop state was written
     latest = fake_checkpoint(tmp_path, 4, valid=True)
-    _rotate(tmp_path, keep=1, protect=resumed_from, latest=latest)
+    config = TrainConfig(output_dir=str(tmp_path), keep_checkpoints=1, max_rollbacks=0)
+    _rotate(config, protect=resumed_from, latest=latest)
     assert list_checkpoints(tmp_path) == [resumed_from, unreadable, latest]
+
+
+def test_rotation_keeps_the_checkpoint_a_rollback_may_need(tmp_path: Path) -> None:
+    """A loss logged after step 10 (log_every 5) rolls back to step 6, 8 or 10: keep=1 keeps those too, and
+    lets each go once a newer one serves."""
+    older = [fake_checkpoint(tmp_path, step, valid=True) for step in (2, 4, 6, 8)]
+    latest = fake_checkpoint(tmp_path, 10, valid=True)
+    config = TrainConfig(output_dir=str(tmp_path), keep_checkpoints=1, log_every=5)
+    _rotate(config, protect=None, latest=latest)
+    assert list_checkpoints(tmp_path) == [older[2], older[3], latest]
+    newest = fake_checkpoint(tmp_path, 12, valid=True)
+    _rotate(config, protect=None, latest=newest)
+    assert list_checkpoints(tmp_path) == [older[3], latest, newest]
 
 
 def test_a_loop_state_key_of_an_earlier_version_is_skipped(tmp_path: Path) -> None:
@@ -81,7 +95,7 @@ def test_rotation_keeps_everything_when_the_latest_is_unsound(tmp_path: Path) ->
     older = [fake_checkpoint(tmp_path, step, valid=True) for step in (1, 2)]
     latest = fake_checkpoint(tmp_path, 3, valid=True)
     (latest / "loop_state.json").write_text("{")  # damaged after its save
-    _rotate(tmp_path, keep=1, protect=None, latest=latest)
+    _rotate(TrainConfig(output_dir=str(tmp_path), keep_checkpoints=1), protect=None, latest=latest)
     assert list_checkpoints(tmp_path) == [*older, latest]
 
 

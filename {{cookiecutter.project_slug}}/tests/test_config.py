@@ -177,6 +177,8 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path) -> None:
         ("seed: -5\n", r"config\.yaml: seed=-5 is invalid: it must be between 0 and 2\*\*32 - 1"),
         ("seed: 4294967296\n", r"seed=4294967296 is invalid"),
         ("fp16_skip_patience: 0\n", r"fp16_skip_patience=0 is invalid: it must be > 0"),
+        ("loss_spike_factor: 0.5\n", r"loss_spike_factor=0.5 is invalid: it must be 0 \(off\) or > 1"),
+        ("max_rollbacks: -1\n", r"max_rollbacks=-1 is invalid: it must be >= 0"),
         ("checkpoint_every: -1\n", r"checkpoint_every=-1 is invalid: it must be >= 0"),
         ("max_time_lost: 1min\n", r"max_time_lost='1min' is invalid: it must be a duration such as 11h40m"),
         (

@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import TrainConfig, save_config
-from .durable import TEMPORARY_PREFIX
+from .durable import TEMPORARY_PREFIX, write_atomically
 from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
 from .fingerprint import file_xxh3
@@ -77,6 +77,8 @@ class LoopState:
     frozen_from: str = ""
     # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash).
     data_fingerprint: dict[str, str] = field(default_factory=dict)
+    recent_losses: list[float] = field(default_factory=list)  # the last logged train losses: for spikes
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # each: its step, cause, skipped window
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:
@@ -227,7 +229,7 @@ def save_checkpoint(
             _publish(config, state, staging, final, files or {})
         except OSError as error:
             raise write_error(staging, error) from error
-        _rotate(config.output_dir, keep=config.keep_checkpoints, protect=protect, latest=final)
+        _rotate(config, protect=protect, latest=final)
     accelerator.wait_for_everyone()
     return final
 
@@ -359,20 +361,33 @@ def check_weight_names(model: torch.nn.Module, file: Path) -> None:
         raise RuntimeError(f"{file} lacks trained weights of the model: {', '.join(missing[:5])}")
 
 
-def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Path) -> None:
-    """Keep the newest `keep` checkpoints up to `latest`, and `protect`; remove older readable ones and stale
-    staging folders (unreadable checkpoints are left for a person to see)."""
-    root = checkpoint_root(output_dir)
+def _rotate(config: TrainConfig, protect: Path | None, latest: Path) -> None:
+    """Keep the newest `keep_checkpoints` up to `latest`, `protect`, and the one a rollback after `latest`
+    may need; remove older readable ones and stale staging folders (unreadable ones are left for a person)."""
+    root = checkpoint_root(config.output_dir)
+    keep = config.keep_checkpoints
     if checkpoint_problem(latest, contents=False) is not None:
         return  # the new checkpoint is not sound: nothing older may go
-    older = [path for path in list_checkpoints(output_dir) if checkpoint_step(path) < checkpoint_step(latest)]
+    older = [p for p in list_checkpoints(config.output_dir) if checkpoint_step(p) < checkpoint_step(latest)]
     readable = [path for path in older if checkpoint_problem(path, contents=False) is None]
     kept = set(readable[len(readable) - (keep - 1) :]) if keep > 1 else set()
+    if config.max_rollbacks:  # a later step's loss goes back a log interval or more (loop.py: roll_back)
+        reach = checkpoint_step(latest) + 1 - config.log_every
+        kept |= set([path for path in readable if checkpoint_step(path) <= reach][-1:])
+        kept |= {path for path in readable if checkpoint_step(path) > reach}
     for path in readable:
         if path not in kept and path != protect:
             remove_folder(path)
     for staging in root.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(staging)
+
+
+def reseal(path: Path, state: LoopState) -> None:
+    """Replace the loop state of checkpoint `path` with `state` (a rollback's), sealed anew, atomically."""
+    record = json.loads((path / LOOP_STATE_FILE).read_text())
+    record["loop_state"] = dataclasses.asdict(state)
+    record["seal"] = seal(record)
+    write_atomically(path / LOOP_STATE_FILE, json.dumps(record, indent=2))
 
 
 def remove_folder(path: Path) -> None:

@@ -100,9 +100,15 @@ class OptimizationConfig:
     compile: bool = session(False, "torch.compile the model (slow start, faster steps)")
     find_lr: bool = session(False, "instead of training: a learning-rate range test, lr_find.png")
     deterministic: bool = session(True, "deterministic kernels: bitwise-equal reruns and resumes on a GPU")
-    # A non-finite loss or weight stops the run at once; a few skipped steps at the start are normal.
+    # A few steps skipped at the start are normal.
     fp16_skip_patience: int = session(
         25, "stop as diverged after this many optimizer steps in a row skipped by fp16's loss scaler"
+    )
+    # A non-finite loss or weight, or a loss spike: back to a checkpoint, past the data (docs/resume.md).
+    max_rollbacks: int = session(3, "rollbacks per run; one more divergence stops it (0: stop at the first)")
+    rollback_margin: int = session(10, "optimizer steps of data a rollback skips beyond the bad step")
+    loss_spike_factor: float = session(
+        3.0, "a logged train loss above this times the median of the last 5 logged is a spike (0: off)"
     )
 
 
@@ -153,6 +159,9 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("time_budget", lambda v: parse_duration(v) is not None, f"{DURATION_FORMS}, or empty for no limit"),
         ("keep_checkpoints", lambda v: v > 0, "> 0"),
         ("fp16_skip_patience", lambda v: v > 0, "> 0"),
+        ("max_rollbacks", lambda v: v >= 0, ">= 0"),
+        ("rollback_margin", lambda v: v >= 0, ">= 0"),
+        ("loss_spike_factor", lambda v: v == 0 or v > 1, "0 (off) or > 1"),
         ("tracker", lambda v: set(v.split(",")) <= set(TRACKERS), "one or several of " + ", ".join(TRACKERS)),
     ]
 

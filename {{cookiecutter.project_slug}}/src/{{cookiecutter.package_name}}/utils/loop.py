@@ -21,7 +21,16 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .. import task
 from ..launch import report_outcome
-from .checkpoint import LoopState, export_model
+from .checkpoint import (
+    LoopState,
+    checkpoint_problem,
+    checkpoint_step,
+    export_model,
+    list_checkpoints,
+    load_checkpoint,
+    remove_folder,
+    reseal,
+)
 from .compile_cache import cache_files
 from .config import TrainConfig
 from .exact import ResumeCheck
@@ -32,7 +41,9 @@ from .run_dir import RunError
 from .signals import StopRequest
 from .task_check import TaskModel
 from .timing import SessionClock
-from .tracking import metrics_size
+from .tracking import metrics_size, truncate_metrics
+
+SPIKE_LOGS = 5  # a logged train loss is a spike against the median of this many logged before it
 
 
 class Bookkeeping:
@@ -56,13 +67,15 @@ class Bookkeeping:
         self.clock, self.persister, self.history = clock, persister, history
         self.progress = Progress(total_steps, state.step, accelerator.is_main_process, clock.at_risk)
         clock.begin(state.step)  # what a kill loses is counted from here
-        self.loss = TrainLoss(accelerator, state, self.progress)
+        self.loss = TrainLoss(accelerator, state, self.progress, config)
         self.end = Ending(stop, state, total_steps, steps_per_epoch * config.num_epochs, config.max_steps)
         self.end_of_epoch = self.streamed = False
         self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
         self.metrics: dict[str, float] | None = None
         resumed_at = state.step if resumed_from is not None else None
         self.check = ResumeCheck(accelerator, history, config.output_dir, self.progress.write, resumed_at)
+        if state.rollbacks and state.rollbacks[-1]["back_to"] == state.step:  # its next step is another
+            self.check.verify_at = -1
         self.loader = self.train_set = None
 
     def epoch_batches(self, train_loader: Any, train_set: Any) -> Iterator:
@@ -100,8 +113,7 @@ class Bookkeeping:
         self.progress.update()  # after the log: a progress line shows the loss just computed
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
-        """At every eval_every steps (else at each epoch's end): metrics, best_model/, early stopping.
-        `forward` computes the metrics; `model` is what best_model/ exports (the same weights)."""
+        """Every eval_every steps (else at epoch ends): metrics (`forward`), best_model/, early stopping."""
         state, config = self.state, self.config
         due = state.step % config.eval_every == 0 if config.eval_every else self.end_of_epoch
         if self.end.diverged or not due:
@@ -127,8 +139,7 @@ class Bookkeeping:
                 self.checkpoint(model, gradients=None)  # a stream's next batch is not probed
 
     def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any] | None) -> None:
-        """Save when due (max_time_lost, checkpoint_every, the last step) or before stopping. A session that
-        ends here with steps left first computes the next step without taking it (`probe`)."""
+        """Save when due or before stopping; a session that ends with steps left first probes the next one."""
         state, config, accelerator = self.state, self.config, self.accelerator
         self.persister.announce()  # the background save before, once published
         due = self.clock.due(state.step) or state.step == self.total_steps or state.stopped_early
@@ -138,6 +149,7 @@ class Bookkeeping:
         # Never a checkpoint of broken weights: it would rotate the last good one out.
         if not weights_finite(accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
+            self.end.good_until = state.step - 1
             return
         more = state.step < self.steps_per_epoch * config.num_epochs and not state.stopped_early
         if more and self.end.now() and not self.streamed:  # a stream's next batch is not read ahead
@@ -166,6 +178,7 @@ class Ending:
     schedule_steps: int  # steps_per_epoch x num_epochs; 0 for a stream, whose length is max_steps
     max_steps: int
     diverged: str = ""  # why training cannot go on: a non-finite loss, metric or weight
+    good_until: int = -1  # a rollback goes back to a checkpoint of this step or before (-1: none may)
     stopping: bool = False  # a stop signal (or the clock, too late for more): checkpoint and exit
     out_of_time: bool = False  # the time budget: checkpoint, export and exit
 
@@ -196,8 +209,8 @@ class TrainLoss:
     per step), with the votes that ride along. A checkpoint saves the window (the sum
     over processes, the micro-batch count): a resumed run logs the interval it stopped inside whole."""
 
-    def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress) -> None:
-        self.accelerator, self.state, self.progress = accelerator, state, progress
+    def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress, config: Any) -> None:
+        self.accelerator, self.state, self.progress, self.config = accelerator, state, progress, config
         # The main process holds the window (earlier versions saved a sum and a count per process).
         own_sum = sum(state.loss_sums) if accelerator.is_main_process else 0.0
         self.batches = state.loss_batches * len(state.loss_sums)  # micro-batches, over all processes
@@ -227,10 +240,20 @@ class TrainLoss:
         end.stopping, end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
         if not logging:
             return
-        if not math.isfinite(loss_total):  # the same sum on every process: all stop here
+        # The same sum on every process: all decide alike. A spike: against the median of the last logs.
+        mean = loss_total / max(self.batches, 1)
+        recent = sorted(self.state.recent_losses)
+        median = recent[SPIKE_LOGS // 2] if len(recent) == SPIKE_LOGS else math.inf
+        factor = self.config.loss_spike_factor
+        if not math.isfinite(loss_total):
             end.diverged = f"the train loss of steps up to {self.state.step} is {loss_total}"
+        elif factor and mean > factor * median:
+            end.diverged = f"the train loss of steps up to {self.state.step} is {mean:.4g}, over "
+            end.diverged += f"{factor:g} x {median:.4g}, the median of the last {SPIKE_LOGS} logged"
         else:
             self.log(loss_total, scheduler)
+            return
+        end.good_until = self.state.step - self.config.log_every  # before the logging interval
 
     def log(self, total: float, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Log the window's mean per micro-batch (`total`: its sum over processes), then start a new one."""
@@ -238,6 +261,7 @@ class TrainLoss:
             mean_loss = total / self.batches
             self.progress.loss = mean_loss
             state = self.state
+            state.recent_losses = [*state.recent_losses, mean_loss][-SPIKE_LOGS:]
             self.accelerator.log(
                 {
                     "train/loss": mean_loss,
@@ -254,6 +278,64 @@ class TrainLoss:
         """Into the loop state, which the checkpoint saves: the sum over processes, and the count."""
         self.state.loss_sums = [self.total()[0]]
         self.state.loss_batches = self.batches
+
+
+def roll_back(book: Bookkeeping) -> None:
+    """After a divergence that a checkpoint from before it may undo (`good_until`), every process goes back to
+    it, past the data from its position through the bad step and `rollback_margin` steps more. The window is
+    in the loop state, sealed into that checkpoint at once: a kill from here on resumes as the run goes on."""
+    end, state, config, accelerator = book.end, book.state, book.config, book.accelerator
+    if end.good_until < 0 or not config.max_rollbacks:
+        return
+    book.persister.wait()  # every checkpoint saved is published
+    accelerator.wait_for_everyone()
+    checkpoints = list_checkpoints(config.output_dir)
+    before = [p for p in checkpoints if checkpoint_step(p) <= end.good_until and not checkpoint_problem(p)]
+    done = len(state.rollbacks)
+    if book.streamed or not before or done >= config.max_rollbacks:
+        why = "not for a stream" if book.streamed else "all spent" if before else "no checkpoint before it"
+        end.diverged += f"; rollback {done + 1} of max_rollbacks {config.max_rollbacks}: {why}"
+        return
+    bad_step = state.step
+    spe = book.steps_per_epoch  # positions in the data: batches from the run's start, over epochs
+    last = state.epoch * spe + state.epoch_samples // config.global_batch_size + config.rollback_margin
+    loaded = load_checkpoint(accelerator, before[-1])
+    if len(loaded.rollbacks) <= done:  # else resealed with this rollback already (killed right after)
+        first = loaded.epoch * spe + loaded.epoch_samples // config.global_batch_size
+        loaded.epoch = last // spe
+        loaded.epoch_samples = last % spe * config.global_batch_size
+        record = {"step": bad_step, "cause": end.diverged, "back_to": loaded.step, "batches": [first, last]}
+        loaded.rollbacks = [*state.rollbacks, record]
+    vars(state).update(vars(loaded))  # in place: the loop's parts hold it
+    record = state.rollbacks[-1]
+    first, last = record["batches"]
+    accelerator.print(
+        f"rollback {len(state.rollbacks)} of {config.max_rollbacks} at step {bad_step}: {record['cause']}; "
+        f"back to step {state.step}, skipping data batches {first} to {last - 1}"
+    )
+    if accelerator.is_main_process:  # the rows of the abandoned steps go; the rollback's is sealed in
+        truncate_metrics(config.output_dir, state.metrics_bytes, state.step)
+    accelerator.log({"train/rollback": len(state.rollbacks), "train/rollback_of": bad_step}, step=state.step)
+    state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
+    for session in [*book.history.sessions, book.history.current]:  # later steps are recorded anew
+        digests = session.get("after_checkpoint", {})
+        session["after_checkpoint"] = {key: value for key, value in digests.items() if int(key) < state.step}
+    book.history.current.setdefault("rollbacks", []).append(record)
+    if accelerator.is_main_process:
+        reseal(before[-1], state)
+        for path in checkpoints:  # of the abandoned steps: a resume must not pick them
+            if checkpoint_step(path) > state.step:
+                remove_folder(path)
+    accelerator.wait_for_everyone()
+    book.loss = TrainLoss(accelerator, state, book.progress, config)
+    end.diverged = ""
+    end.good_until = -1
+    book.last_saved = before[-1]
+    book.metrics = None
+    book.check.record_at = state.step  # its next step is recorded anew
+    book.check.verify_at = -1
+    book.clock.begin(state.step)
+    book.progress.step = state.step
 
 
 def finish(

@@ -118,7 +118,7 @@ class Persister:
             for entry in staged:
                 _write_file(staging, *entry)
             _publish(self.config, state, staging, final, files)
-            _rotate(self.config.output_dir, keep=self.config.keep_checkpoints, protect=protect, latest=final)
+            _rotate(self.config, protect=protect, latest=final)
         except WRITE_ERRORS as error:  # raised in the loop at the next wait, as a synchronous save would
             raise write_error(staging, error) from None
         self._done(started, state.step)

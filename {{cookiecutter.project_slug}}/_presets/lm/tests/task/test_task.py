@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ..conftest import (
     assert_quoted,
     assert_same_run,
     last_eval,
+    read_metrics,
     run_predict,
     run_training,
 )
@@ -269,3 +271,26 @@ def test_tied_embeddings_resume_and_export_exactly(tmp_path: Path) -> None:
     for name, output in zip(("reference", "run"), outputs, strict=True):
         run_predict("--model_dir", str(tmp_path / name / "model"), "--output", str(output))
     assert outputs[0].read_bytes() == outputs[1].read_bytes()
+
+
+# A sitecustomize that makes a few optimizer steps take a learning rate far too high.
+SPIKE_HOOK = Path(__file__).parent / "spike_hook"
+
+
+@pytest.mark.slow
+def test_a_loss_spike_from_a_learning_rate_too_high_is_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optimizer steps 21 and 22 of the process take 300 times the learning rate: the loss logged at step 22
+    is over loss_spike_factor (3) times the median of the 5 logged before, the run goes back to its checkpoint
+    of step 20, skips that data and trains on to a loss below the one before the spike."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SPIKE_HOOK), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("SPIKE_CALLS", "21-22")
+    monkeypatch.setenv("SPIKE_LR_FACTOR", "300")
+    args = ["--max_steps", "40", "--log_every", "2", "--checkpoint_every", "4", "--max_time_lost", ""]
+    result = run_training(tmp_path / "run", *args, *MODEL)
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("rollback ")]
+    assert line.startswith("rollback 1 of 3 at step 22: the train loss of steps up to 22 is "), line
+    assert "over 3 x " in line and "back to step 20, skipping data batches 20 to 31" in line, line
+    losses = {row["step"]: row["train/loss"] for row in read_metrics(tmp_path / "run") if "train/loss" in row}
+    assert max(losses.values()) == losses[2] and losses[40] < losses[20], losses
