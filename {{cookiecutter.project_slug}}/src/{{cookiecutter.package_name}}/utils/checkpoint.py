@@ -77,6 +77,9 @@ class LoopState:
     frozen_from: str = ""
     # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash).
     data_fingerprint: dict[str, str] = field(default_factory=dict)
+    schedule_steps: int = 0  # the steps the learning-rate schedule is planned for (0: not recorded)
+    decay_start: int = -1  # lr_schedule wsd: the step its decay begins, whose checkpoint is kept
+    branch: dict[str, Any] = field(default_factory=dict)  # the last --resume_from: id, from_step, set_aside
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:
@@ -368,8 +371,9 @@ def _rotate(output_dir: str | Path, keep: int, protect: Path | None, latest: Pat
     older = [path for path in list_checkpoints(output_dir) if checkpoint_step(path) < checkpoint_step(latest)]
     readable = [path for path in older if checkpoint_problem(path, contents=False) is None]
     kept = set(readable[len(readable) - (keep - 1) :]) if keep > 1 else set()
+    kept |= {protect, root / f"step_{read_loop_state(latest).decay_start:08d}"}  # resumed from; wsd's decay
     for path in readable:
-        if path not in kept and path != protect:
+        if path not in kept:
             remove_folder(path)
     for staging in root.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(staging)

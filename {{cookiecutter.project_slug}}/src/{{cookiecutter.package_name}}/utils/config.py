@@ -55,6 +55,9 @@ class RunConfig:
     """The run: its folder, where it continues from, how long it may train, what it reports."""
 
     # A relative output_dir is taken from the project folder (utils/cli.py).
+    resume_from: str = session(
+        "", "continue from this checkpoint (a step, or a checkpoint folder or URL), set the later ones aside"
+    )
     output_dir: str = session(
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
@@ -89,9 +92,13 @@ class OptimizationConfig:
     max_steps: int = session(0, "stop after this many optimizer steps")
     per_device_batch_size: int = session(32, "samples per process per forward pass: fit it to the device")
     global_batch_size: int = setting(64, "samples per optimizer step, over all processes and accumulation")
-    learning_rate: float = setting(3e-3, "AdamW's peak learning rate, after warmup, then cosine decay to 0")
+    learning_rate: float = setting(3e-3, "AdamW's peak learning rate, after warmup, then lr_schedule's decay")
     weight_decay: float = setting(0.01, "AdamW's weight decay")
     warmup_steps: int = setting(20, "optimizer steps of linear learning-rate warmup")
+    lr_schedule: Literal["cosine", "wsd"] = setting(
+        "cosine", "after warmup, cosine: decay to 0; wsd: the peak, then linear decay (docs/resume.md)"
+    )
+    decay_fraction: float = setting(0.2, "wsd: the share of the planned steps over which the rate decays")
     max_grad_norm: float = setting(1.0, "gradients are clipped to this norm")
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(
         "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
@@ -143,6 +150,7 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("learning_rate", lambda v: v > 0, "> 0"),
         ("weight_decay", lambda v: v >= 0, ">= 0"),
         ("warmup_steps", lambda v: v >= 0, ">= 0"),
+        ("decay_fraction", lambda v: 0 < v <= 1, "> 0 and <= 1"),
         ("max_grad_norm", lambda v: v > 0, "> 0"),
         ("log_every", lambda v: v > 0, "> 0"),
         ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),

@@ -131,7 +131,8 @@ class Bookkeeping:
         ends here with steps left first computes the next step without taking it (`probe`)."""
         state, config, accelerator = self.state, self.config, self.accelerator
         self.persister.announce()  # the background save before, once published
-        due = self.clock.due(state.step) or state.step == self.total_steps or state.stopped_early
+        due = self.clock.due(state.step) or state.step in (self.total_steps, state.decay_start)
+        due = due or state.stopped_early
         if self.end.diverged or not (due or self.end.stopping):
             return
         saving = time.monotonic()  # the loop's stop, which max_time_lost's checkpoints keep under 2%
@@ -441,6 +442,25 @@ def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     return factor
+
+
+def warmup_stable_decay(warmup_steps: int, total_steps: int, decay_start: int) -> Callable[[int], float]:
+    """Linear warmup, the peak until `decay_start`, then linear decay to zero at `total_steps`: the steps
+    before the decay do not depend on `total_steps`, so a longer plan continues from there exactly."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
+
+    return factor
+
+
+def decay_start(config: TrainConfig, planned_steps: int) -> int:
+    """The step where a wsd schedule of `planned_steps` begins its decay (-1: not wsd)."""
+    if config.lr_schedule != "wsd":
+        return -1
+    return max(config.warmup_steps, planned_steps - round(config.decay_fraction * planned_steps))
 
 
 def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:

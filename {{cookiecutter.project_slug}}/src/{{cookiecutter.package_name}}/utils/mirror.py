@@ -59,13 +59,14 @@ class Mirror:
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
         self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
 
-    def start(self, run_id: str, start_over: bool) -> None:
-        """Take the mirror's lock, check that it holds no other run (on the main process), start copying."""
-        on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over))
+    def start(self, run_id: str, start_over: bool, step: int = 0) -> None:
+        """Take the mirror's lock, check that it holds no other run (on the main process), set aside its
+        checkpoints after `step` (the session's start: they are of a branch left), start copying."""
+        on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over, step))
         if self.store is not None:
             self._worker.start()
 
-    def _claim(self, store: Store, run_id: str, start_over: bool) -> None:
+    def _claim(self, store: Store, run_id: str, start_over: bool, step: int) -> None:
         try:
             for note in store.lock.acquire():
                 _say(note)
@@ -88,6 +89,10 @@ class Mirror:
                 )
             _say(f"start_over: moved the mirror's earlier run to {store.set_aside_earlier()}")
         self.newest_step = held[0] if held is not None and held[1] == run_id else -1
+        if self.newest_step > step:  # a branch left (--resume_from): not to be brought back at a next start
+            later = [f"checkpoints/{Path(p).name}" for p in store._whole() if checkpoint_step(Path(p)) > step]
+            _say(f"set aside the mirror's checkpoints after step {step} to {store._set_aside(later)}")
+            self.newest_step = step
 
     def request(self) -> None:
         """Copy what changed, soon; returns at once."""
