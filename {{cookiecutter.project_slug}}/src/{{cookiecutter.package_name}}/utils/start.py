@@ -201,7 +201,9 @@ def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[s
         notes.append(f"note: {bad}this branch was made already: continuing it from its newest checkpoint")
         return None
     if changed := changed_settings(path, config):
-        raise ConfigError(f"{bad}checkpoint {path.name} has other settings ({changed}): rerun with its settings")
+        raise ConfigError(
+            f"{bad}checkpoint {path.name} has other settings ({changed}): rerun with its settings"
+        )
     if refusal := other_data(path, read_loop_state(path).data_fingerprint, data):
         raise refusal
     return path
@@ -237,9 +239,9 @@ def grown_plan(config: TrainConfig, path: Path, planned: int, notes: list[str]) 
         return None
     if config.lr_schedule != "wsd":
         raise ConfigError(
-            f"{config.output_dir} holds a run whose schedule was planned for {saved.schedule_steps} steps, now "
-            f"{planned}: a cosine schedule cannot change its length; keep num_epochs and max_steps, or train "
-            "a new run with lr_schedule: wsd, which can grow"
+            f"{config.output_dir} holds a run whose schedule was planned for {saved.schedule_steps} steps, "
+            f"now {planned}: a cosine schedule cannot change its length; keep num_epochs and max_steps, or "
+            "train a new run with lr_schedule: wsd, which can grow"
         )
     until = min(saved.decay_start, decay_start(config, planned))
     if checkpoint_step(path) <= until:
@@ -247,11 +249,13 @@ def grown_plan(config: TrainConfig, path: Path, planned: int, notes: list[str]) 
     earlier = [p for p in list_checkpoints(config.output_dir) if checkpoint_step(p) <= until]
     if not earlier or checkpoint_problem(earlier[-1]):
         raise RunError(
-            f"the plan changed from {saved.schedule_steps} to {planned} steps, but no readable checkpoint from "
-            f"before step {until}, where the decay began, is left: keep the earlier max_steps and num_epochs"
+            f"the plan changed from {saved.schedule_steps} to {planned} steps, but no readable checkpoint "
+            f"from before step {until}, where the decay began, is left: keep max_steps and num_epochs"
         )
-    notes.append(f"lr_schedule wsd: planned {saved.schedule_steps} -> {planned} steps: continuing from step "
-                 f"{checkpoint_step(earlier[-1])}, before the decay")
+    notes.append(
+        f"lr_schedule wsd: planned {saved.schedule_steps} -> {planned} steps: continuing from step "
+        f"{checkpoint_step(earlier[-1])}, before the decay"
+    )
     return earlier[-1]
 
 
@@ -267,7 +271,8 @@ def branch_off(config: TrainConfig, path: Path, notes: list[str]) -> dict[str, A
     branch = {"id": uuid.uuid4().hex[:12], "from_step": step, "set_aside": [p.name for p in later]}
     if later:
         branch["folder"] = str(set_aside(later, output_dir))
-        notes.append(f"branching from step {step}: set aside {', '.join(branch['set_aside'])} to {branch['folder']}")
+        names = ", ".join(branch["set_aside"])
+        notes.append(f"branching from step {step}: set aside {names} to {branch['folder']}")
     return branch
 
 
