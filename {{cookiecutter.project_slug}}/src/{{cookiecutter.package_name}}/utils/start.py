@@ -133,8 +133,10 @@ def decide_start(
     if path is None:
         path, found = newest_start(config, data)
         notes += found
-        if path is None or (path := grown_plan(config, path, planned, notes)) is None:
+        grown = grown_plan(config, path, planned, notes) if path else None
+        if grown is None:
             return path, notes, {}
+        path = grown
     return path, notes, branch_off(config, path, notes)
 
 
