@@ -51,7 +51,7 @@ from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest, follow_the_sample, running_stats, seed_run
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
-from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, decay_start, finish, warmup_cosine, warmup_stable_decay
+from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, planned_steps, schedule_factor
 from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
 from {{ cookiecutter.package_name }}.utils.persist import Persister
@@ -129,9 +129,7 @@ def train(
 
     # --- data (build_loaders, below)
     train_set, train_loader, eval_set, steps_per_epoch, data = build_loaders(accelerator, config)
-    schedule_steps = config.max_steps if not steps_per_epoch else steps_per_epoch * config.num_epochs
-    if config.lr_schedule == "wsd" and config.max_steps:  # planned to end at max_steps: it can grow later
-        schedule_steps = min(schedule_steps, config.max_steps)
+    schedule_steps = planned_steps(config, steps_per_epoch)  # the learning-rate schedule's length
 
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
@@ -350,10 +348,7 @@ def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: i
     save_trained_weights_only(accelerator)
     accelerator.print(model_line(model))  # parameters, trained ones, a checkpoint's size
     optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
-    factor = warmup_cosine(config.warmup_steps, schedule_steps)
-    if config.lr_schedule == "wsd":
-        factor = warmup_stable_decay(config.warmup_steps, schedule_steps, decay_start(config, schedule_steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(config, schedule_steps))
     return model, trained, frozen, optimizer, scheduler
 
 

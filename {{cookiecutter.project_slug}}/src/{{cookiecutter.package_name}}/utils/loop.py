@@ -456,6 +456,19 @@ def warmup_stable_decay(warmup_steps: int, total_steps: int, decay_start: int) -
     return factor
 
 
+def schedule_factor(config: TrainConfig, planned: int) -> Callable[[int], float]:
+    """The lr_schedule's LambdaLR factor, for a plan of `planned` optimizer steps."""
+    if config.lr_schedule == "wsd":
+        return warmup_stable_decay(config.warmup_steps, planned, decay_start(config, planned))
+    return warmup_cosine(config.warmup_steps, planned)
+
+
+def planned_steps(config: TrainConfig, steps_per_epoch: int) -> int:
+    """The steps the schedule is planned for: the epochs' (max_steps for a stream, and for wsd if sooner)."""
+    planned = steps_per_epoch * config.num_epochs if steps_per_epoch else config.max_steps
+    return min(planned, config.max_steps) if config.lr_schedule == "wsd" and config.max_steps else planned
+
+
 def decay_start(config: TrainConfig, planned_steps: int) -> int:
     """The step where a wsd schedule of `planned_steps` begins its decay (-1: not wsd)."""
     if config.lr_schedule != "wsd":
