@@ -1,4 +1,4 @@
-"""Going back in a run, with real runs on the CPU (docs/resume.md, "Go back to a checkpoint"):
+"""Going back in a run, with real runs on the CPU (docs/resume.md, "Go back, or train longer"):
 
 - `--resume_from STEP` continues from that checkpoint exactly as any resume does; the checkpoints and
   exports after it are set aside, not deleted; history.json records the branch; the same command run again
