@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,11 +39,13 @@ def tree(folder: Path) -> dict[str, int]:
 @pytest.mark.slow
 def test_resume_from_a_step_branches_exactly(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    length = ["--max_steps", str(LONG // 2)]
-    run_training(run, *ARGS, *length)
+    mirror = ["--mirror_dir", str(tmp_path / "mirror")]
+    run_training(run, *ARGS, *mirror, "--max_steps", str(LONG // 2))
+    shutil.copytree(run, tmp_path / "copy")  # the run before the branch, as an import_from would hold it
     first = steps(run)
     back = first[0]
-    resumed = run_training(run, *ARGS, *length, "--resume_from", str(back)).stdout
+    length = ["--max_steps", str(first[1])]  # the branch ends before the run it left did
+    resumed = run_training(run, *ARGS, *mirror, *length, "--resume_from", str(back)).stdout
     assert f"resuming from {run / 'checkpoints' / f'step_{back:08d}'} (step {back}," in resumed, resumed
     # Set aside, not deleted: every later checkpoint and the exports of the later step, as they were.
     aside = next((run / "set_aside").iterdir())
@@ -51,10 +54,16 @@ def test_resume_from_a_step_branches_exactly(tmp_path: Path) -> None:
     branch = sessions_of(run)[-1]["branch"]
     assert branch["from_step"] == back and branch["folder"] == str(aside), branch
     assert branch["set_aside"][: len(first) - 1] == [f"step_{step:08d}" for step in first[1:]]
+    # The mirror holds the branch, its earlier checkpoints set aside there too.
+    assert steps(tmp_path / "mirror") == steps(run) == first[:2]
+    assert (tmp_path / "mirror" / "set_aside").is_dir()
     # Bitwise as the run that never went back: the same checkpoint, resumed as any other.
     reference = tmp_path / "reference"
     run_training(reference, *ARGS, *length)
     assert_same_run(run, reference)
+    # A newer copy of the branch left behind is not brought back.
+    again = run_training(run, *ARGS, *length, "--import_from", str(tmp_path / "copy")).stdout
+    assert f"a branch set aside at step {back}" in again and steps(run) == first[:2], again
     # The same command again (a notebook cell rerun) continues the branch: nothing more is set aside.
     again = run_training(run, *ARGS, *length, "--resume_from", str(back)).stdout
     assert "this branch was made already" in again and "branching" not in again, again
