@@ -55,9 +55,6 @@ class RunConfig:
     """The run: its folder, where it continues from, how long it may train, what it reports."""
 
     # A relative output_dir is taken from the project folder (utils/cli.py).
-    resume_from: str = session(
-        "", "continue from this checkpoint (a step, or a checkpoint folder or URL), set the later ones aside"
-    )
     output_dir: str = session(
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
@@ -69,6 +66,7 @@ class RunConfig:
     start_over: bool = session(
         False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
     )
+    resume_from: str = session("", "go back to this checkpoint: a step, a folder or a URL (docs/resume.md)")
     time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
     log_every: int = session(10, "log the train loss every this many optimizer steps")
     tracker: str = session("{{ cookiecutter.tracker }}", "experiment trackers (a,b or a YAML list); metrics.jsonl too")
@@ -95,9 +93,7 @@ class OptimizationConfig:
     learning_rate: float = setting(3e-3, "AdamW's peak learning rate, after warmup, then lr_schedule's decay")
     weight_decay: float = setting(0.01, "AdamW's weight decay")
     warmup_steps: int = setting(20, "optimizer steps of linear learning-rate warmup")
-    lr_schedule: Literal["cosine", "wsd"] = setting(
-        "cosine", "after warmup, cosine: decay to 0; wsd: the peak, then linear decay (docs/resume.md)"
-    )
+    lr_schedule: Literal["cosine", "wsd"] = setting("cosine", "after warmup: cosine, or wsd (docs/resume.md)")
     decay_fraction: float = setting(0.2, "wsd: the share of the planned steps over which the rate decays")
     max_grad_norm: float = setting(1.0, "gradients are clipped to this norm")
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(

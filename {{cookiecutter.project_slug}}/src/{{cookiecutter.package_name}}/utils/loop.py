@@ -447,13 +447,8 @@ def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]
 def warmup_stable_decay(warmup_steps: int, total_steps: int, decay_start: int) -> Callable[[int], float]:
     """Linear warmup, the peak until `decay_start`, then linear decay to zero at `total_steps`: the steps
     before the decay do not depend on `total_steps`, so a longer plan continues from there exactly."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        return min(1.0, (total_steps - step) / max(1, total_steps - decay_start))
-
-    return factor
+    decay = max(1, total_steps - decay_start)
+    return lambda step: min(1.0, (step + 1) / max(1, warmup_steps), (total_steps - step) / decay)
 
 
 def schedule_factor(config: TrainConfig, planned: int) -> Callable[[int], float]:

@@ -60,8 +60,7 @@ class Mirror:
         self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
 
     def start(self, run_id: str, start_over: bool, step: int = 0) -> None:
-        """Take the mirror's lock, check that it holds no other run (on the main process), set aside its
-        checkpoints after `step` (the session's start: they are of a branch left), start copying."""
+        """Take the mirror's lock, check that it holds no other run (on the main process), start copying."""
         on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over, step))
         if self.store is not None:
             self._worker.start()

@@ -178,8 +178,7 @@ def newest_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
 
 
 def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[str]) -> Path | None:
-    """--resume_from's checkpoint, brought into output_dir if it is elsewhere, or None where this branch was
-    made already and went on (a cell or command run again continues it); a bad value is one ConfigError."""
+    """--resume_from's checkpoint (brought into output_dir), or None where this branch went on already."""
     output_dir = Path(config.output_dir)
     where = config.resume_from.rstrip("/")
     local = {checkpoint_step(path): path for path in list_checkpoints(output_dir)}
@@ -189,8 +188,7 @@ def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[s
     if where.isdigit():
         path = local.get(int(where))
     elif not is_url(where) and Path(where).absolute().parent == checkpoint_root(output_dir).absolute():
-        path = Path(where) if Path(where).name[5:].isdigit() else None
-        path = local.get(checkpoint_step(path)) if path else None
+        path = next((known for known in local.values() if known.name == Path(where).name), None)
     else:
         path = _fetch_checkpoint(config, where, data, notes, bad + "{}: " + fix)
     if path is None:
@@ -203,9 +201,7 @@ def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[s
         notes.append(f"note: {bad}this branch was made already: continuing it from its newest checkpoint")
         return None
     if changed := changed_settings(path, config):
-        raise ConfigError(
-            f"{bad}checkpoint {path.name} has other settings ({changed}): rerun with its settings"
-        )
+        raise ConfigError(f"{bad}checkpoint {path.name} has other settings ({changed}): give its settings")
     if refusal := other_data(path, read_loop_state(path).data_fingerprint, data):
         raise refusal
     return path
@@ -234,8 +230,7 @@ def _fetch_checkpoint(
 
 
 def grown_plan(config: TrainConfig, path: Path, planned: int, notes: list[str]) -> Path | None:
-    """Where a run whose schedule is now planned for another length continues: None where nothing changes;
-    for wsd, the newest checkpoint from before both plans' decay; for cosine, a one-line refusal."""
+    """For a schedule planned anew: wsd's newest checkpoint before both plans' decay (None: `path`)."""
     saved = read_loop_state(path)
     if not saved.schedule_steps or saved.schedule_steps == planned:
         return None
@@ -254,10 +249,8 @@ def grown_plan(config: TrainConfig, path: Path, planned: int, notes: list[str]) 
             f"the plan changed from {saved.schedule_steps} to {planned} steps, but no readable checkpoint "
             f"from before step {until}, where the decay began, is left: keep max_steps and num_epochs"
         )
-    notes.append(
-        f"lr_schedule wsd: planned {saved.schedule_steps} -> {planned} steps: continuing from step "
-        f"{checkpoint_step(earlier[-1])}, before the decay"
-    )
+    step = checkpoint_step(earlier[-1])
+    notes.append(f"wsd, now {planned} steps planned: continuing from step {step}, before the decay")
     return earlier[-1]
 
 
