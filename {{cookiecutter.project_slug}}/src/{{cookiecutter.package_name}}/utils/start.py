@@ -231,15 +231,10 @@ def _fetch_checkpoint(
 
 def grown_plan(config: TrainConfig, path: Path, planned: int, notes: list[str]) -> Path | None:
     """For a schedule planned anew: wsd's newest checkpoint before both plans' decay (None: `path`)."""
-    saved = read_loop_state(path)
-    if not saved.schedule_steps or saved.schedule_steps == planned:
+    saved = read_loop_state(path)  # cosine: num_epochs is refused as a setting
+    stream = (path / "custom_checkpoint_0.pkl").exists()  # its registered state refuses another max_steps
+    if config.lr_schedule != "wsd" or saved.schedule_steps in (0, planned) or stream:
         return None
-    if config.lr_schedule != "wsd":
-        raise ConfigError(
-            f"{config.output_dir} holds a run whose schedule was planned for {saved.schedule_steps} steps, "
-            f"now {planned}: a cosine schedule cannot change its length; keep num_epochs and max_steps, or "
-            "train a new run with lr_schedule: wsd, which can grow"
-        )
     until = min(saved.decay_start, decay_start(config, planned))
     if checkpoint_step(path) <= until:
         return None  # the rate so far is the same in both plans
