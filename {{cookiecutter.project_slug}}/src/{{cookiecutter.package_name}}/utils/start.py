@@ -207,9 +207,7 @@ def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[s
     return path
 
 
-def _fetch_checkpoint(
-    config: TrainConfig, where: str, data: dict[str, str] | None, notes: list[str], bad: str
-) -> Path:
+def _fetch_checkpoint(config: TrainConfig, where: str, data: dict | None, notes: list[str], bad: str) -> Path:
     """Bring checkpoint folder `where` (a path or URL in another copy of this run) into output_dir."""
     run, _, name = where.rpartition("/checkpoints/")
     if not name[5:].isdigit() or not name.startswith("step_"):
