@@ -59,7 +59,7 @@ class Mirror:
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
         self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
 
-    def start(self, run_id: str, start_over: bool, step: int = 0) -> None:
+    def start(self, run_id: str, start_over: bool, step: int = -1) -> None:
         """Take the mirror's lock, check that it holds no other run (on the main process), start copying."""
         on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over, step))
         if self.store is not None:
@@ -88,7 +88,7 @@ class Mirror:
                 )
             _say(f"start_over: moved the mirror's earlier run to {store.set_aside_earlier()}")
         self.newest_step = held[0] if held is not None and held[1] == run_id else -1
-        if self.newest_step > step:  # a branch left (--resume_from): not to be brought back at a next start
+        if 0 <= step < self.newest_step:  # a branch left (--resume_from): never to be brought back
             later = [f"checkpoints/{Path(p).name}" for p in store._whole() if checkpoint_step(Path(p)) > step]
             _say(f"set aside the mirror's checkpoints after step {step} to {store._set_aside(later)}")
             self.newest_step = step
