@@ -527,7 +527,7 @@ def plain_loop(package: str, setup: Setup) -> None:
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
     total = len(train_set) // setup.batch * config.num_epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.warmup_cosine(config.warmup_steps, total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.schedule_factor(config, total))
     model.train()
     step, epoch = 0, 0
     while step < setup.steps:
@@ -678,7 +678,7 @@ def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
     accelerator = Accelerator(cpu=True)
     model = task.build_model(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.warmup_cosine(20, 1000))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train.schedule_factor(config, 1000))
     train_set, _ = task.build_datasets(config)
     loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, drop_last=True, collate_fn=task.collate)
     model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)

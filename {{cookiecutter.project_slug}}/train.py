@@ -51,7 +51,7 @@ from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
 from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest, follow_the_sample, running_stats, seed_run
 from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.history import begin_history
-from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, roll_back, warmup_cosine
+from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, planned_steps, roll_back, schedule_factor
 from {{ cookiecutter.package_name }}.utils.lr_find import find_lr
 from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
 from {{ cookiecutter.package_name }}.utils.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
@@ -129,7 +129,7 @@ def train(
 
     # --- data (build_loaders, below)
     train_set, train_loader, eval_set, steps_per_epoch, data = build_loaders(accelerator, config)
-    schedule_steps = config.max_steps if not steps_per_epoch else steps_per_epoch * config.num_epochs
+    schedule_steps = planned_steps(config, steps_per_epoch)  # the learning-rate schedule's length
     # --- the output folder: this run's alone from here on; nothing was written to it before the checks above
     check_stores(accelerator, config)  # a URL's credentials work, or one line says what to set
     for note in on_main(accelerator, lock.acquire):
@@ -144,7 +144,7 @@ def train(
         return find_lr(accelerator, config, optimizer, train_loader, step_gradients, model, forward)
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
-    state, resumed_from = resume(accelerator, config, frozen, data)
+    state, resumed_from = resume(accelerator, config, frozen, data, schedule_steps)
     fit_batch_size(accelerator, config, model, train_set, resumed_from)  # auto_batch_size (utils/memory.py)
     book = resume_session(
         accelerator, config, state, resumed_from, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
@@ -258,7 +258,7 @@ def resume_session(
 ) -> Bookkeeping:
     """The session's start from `state` (utils/start.py): the mirror, the config, metrics.jsonl cut back, the
     history, the trackers; and its bookkeeping, for the schedule's steps, or max_steps if sooner."""
-    mirror.start(state.run_id, config.start_over)
+    mirror.start(state.run_id, config.start_over, state.step)
     if accelerator.is_main_process:
         save_config(config, Path(config.output_dir) / "config.yaml")  # what this run is, once it may run
         # Drop what was logged after the checkpoint (or repair a log cut shorter than it: one warning).
@@ -339,8 +339,8 @@ def eval_batches(accelerator: Accelerator, config: TrainConfig, eval_set: Datase
 
 
 def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: int) -> tuple:
-    """The task's model, its trained parameters, the frozen ones' hash, AdamW and the warmup-cosine schedule
-    (sized in optimizer steps, so independent of the world size)."""
+    """The task's model, its trained parameters, the frozen ones' hash, AdamW and the lr_schedule (sized in
+    optimizer steps, so independent of the world size)."""
     model = task.build_model(config)
     # Frozen parameters (a pretrained base under LoRA) stay out of the optimizer and of the checkpoints,
     # which record their hash instead: a resume must find the same ones in the model it builds.
@@ -349,9 +349,7 @@ def build_model(accelerator: Accelerator, config: TrainConfig, schedule_steps: i
     save_trained_weights_only(accelerator)
     accelerator.print(model_line(model))  # parameters, trained ones, a checkpoint's size
     optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(config.warmup_steps, schedule_steps)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(config, schedule_steps))
     return model, trained, frozen, optimizer, scheduler
 
 

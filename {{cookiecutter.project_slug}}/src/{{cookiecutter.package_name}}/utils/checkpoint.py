@@ -79,6 +79,9 @@ class LoopState:
     data_fingerprint: dict[str, str] = field(default_factory=dict)
     recent_losses: list[float] = field(default_factory=list)  # the last logged train losses: for spikes
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # each: its step, cause, skipped window
+    schedule_steps: int = 0  # the steps the learning-rate schedule is planned for (0: not recorded)
+    decay_start: int = -1  # lr_schedule wsd: the step its decay begins, whose checkpoint is kept
+    branch: dict[str, Any] = field(default_factory=dict)  # the last --resume_from: id, from_step, set_aside
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:
@@ -371,12 +374,13 @@ def _rotate(config: TrainConfig, protect: Path | None, latest: Path) -> None:
     older = [p for p in list_checkpoints(config.output_dir) if checkpoint_step(p) < checkpoint_step(latest)]
     readable = [path for path in older if checkpoint_problem(path, contents=False) is None]
     kept = set(readable[len(readable) - (keep - 1) :]) if keep > 1 else set()
+    kept |= {protect, root / f"step_{read_loop_state(latest).decay_start:08d}"}  # resumed from; wsd's decay
     if config.max_rollbacks:  # a later step's loss goes back a log interval or more (loop.py: roll_back)
         reach = checkpoint_step(latest) + 1 - config.log_every
         kept |= set([path for path in readable if checkpoint_step(path) <= reach][-1:])
         kept |= {path for path in readable if checkpoint_step(path) > reach}
     for path in readable:
-        if path not in kept and path != protect:
+        if path not in kept:
             remove_folder(path)
     for staging in root.glob(f"{STAGING_PREFIX}*"):
         shutil.rmtree(staging)

@@ -66,6 +66,7 @@ class RunConfig:
     start_over: bool = session(
         False, "where output_dir holds a run this one cannot continue, move it to set_aside/ (false: refuse)"
     )
+    resume_from: str = session("", "go back to this checkpoint: a step, a folder or a URL (docs/resume.md)")
     time_budget: str = session("", "how long this session may train, e.g. 11h40m, 90m, 45s ('': no limit)")
     log_every: int = session(10, "log the train loss every this many optimizer steps")
     tracker: str = session("{{ cookiecutter.tracker }}", "experiment trackers (a,b or a YAML list); metrics.jsonl too")
@@ -89,9 +90,11 @@ class OptimizationConfig:
     max_steps: int = session(0, "stop after this many optimizer steps")
     per_device_batch_size: int = session(32, "samples per process per forward pass: fit it to the device")
     global_batch_size: int = setting(64, "samples per optimizer step, over all processes and accumulation")
-    learning_rate: float = setting(3e-3, "AdamW's peak learning rate, after warmup, then cosine decay to 0")
+    learning_rate: float = setting(3e-3, "AdamW's peak learning rate, after warmup, then lr_schedule's decay")
     weight_decay: float = setting(0.01, "AdamW's weight decay")
     warmup_steps: int = setting(20, "optimizer steps of linear learning-rate warmup")
+    lr_schedule: Literal["cosine", "wsd"] = setting("cosine", "after warmup: cosine, or wsd (docs/resume.md)")
+    decay_fraction: float = setting(0.2, "wsd: the share of the planned steps over which the rate decays")
     max_grad_norm: float = setting(1.0, "gradients are clipped to this norm")
     mixed_precision: Literal["auto", "no", "fp16", "bf16"] = session(
         "auto", "auto: bf16 on GPUs of compute capability 8.0+, fp16 on older ones, no on the CPU"
@@ -150,6 +153,7 @@ class TrainConfig(CheckpointConfig, OptimizationConfig, DataConfig, RunConfig):
         ("learning_rate", lambda v: v > 0, "> 0"),
         ("weight_decay", lambda v: v >= 0, ">= 0"),
         ("warmup_steps", lambda v: v >= 0, ">= 0"),
+        ("decay_fraction", lambda v: 0 < v <= 1, "> 0 and <= 1"),
         ("max_grad_norm", lambda v: v > 0, "> 0"),
         ("log_every", lambda v: v > 0, "> 0"),
         ("eval_every", lambda v: v >= 0, ">= 0 (0 means every epoch)"),

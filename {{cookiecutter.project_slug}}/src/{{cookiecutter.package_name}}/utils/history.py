@@ -91,6 +91,8 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
         folder = Path(config.output_dir) / HISTORY_FILE
         sessions = merge(sessions, read_sessions(folder, state.run_id, current, problems, set_aside=True))
     current["session"] = len(sessions) + 1
+    if state.branch and all(record.get("branch") != state.branch for record in sessions):
+        current["branch"] = state.branch  # made by this session: --resume_from, or a wsd plan grown
     history = History(state.run_id, sessions, current, enabled)
     if problems:  # said, and kept in this session's record
         history.note("unreadable", f"{'; '.join(problems)}: this history lacks the sessions only it held")

@@ -57,13 +57,13 @@ class Mirror:
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
         self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
 
-    def start(self, run_id: str, start_over: bool) -> None:
+    def start(self, run_id: str, start_over: bool, step: int = -1) -> None:
         """Take the mirror's lock, check that it holds no other run (on the main process), start copying."""
-        on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over))
+        on_main(PartialState(), lambda: self.store and self._claim(self.store, run_id, start_over, step))
         if self.store is not None:
             self._worker.start()
 
-    def _claim(self, store: Store, run_id: str, start_over: bool) -> None:
+    def _claim(self, store: Store, run_id: str, start_over: bool, step: int) -> None:
         try:
             for note in store.lock.acquire():
                 _say(note)
@@ -86,6 +86,10 @@ class Mirror:
                 )
             _say(f"start_over: moved the mirror's earlier run to {store.set_aside_earlier()}")
         self.newest_step = held[0] if held is not None and held[1] == run_id else -1
+        if 0 <= step < self.newest_step:  # a branch left (--resume_from): never to be brought back
+            later = [f"checkpoints/{Path(p).name}" for p in store._whole() if checkpoint_step(Path(p)) > step]
+            _say(f"set aside the mirror's checkpoints after step {step} to {store._set_aside(later)}")
+            self.newest_step = step
 
     def request(self) -> None:
         """Copy what changed, soon; returns at once."""

@@ -35,6 +35,8 @@ from .checkpoint import (
 )
 from .config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
 from .fingerprint import first_difference
+from .history import HISTORY_FILE
+from .loop import decay_start
 from .remote import is_url, open_store
 from .run_dir import SET_ASIDE, RunError, earlier_outputs, on_main, set_aside
 
@@ -46,11 +48,13 @@ def resume(
     config: TrainConfig,
     frozen: tuple[str, str] = ("", ""),
     data: dict[str, str] | None = None,
+    planned: int = 0,
 ) -> tuple[LoopState, Path | None]:
     """Load the checkpoint to continue (the main process decides), if any; return the loop state and where
-    it came from. `frozen`: the built model's `frozen_weights`; `data`: its fingerprint (main process)."""
-    decided = on_main(accelerator, lambda: (*decide_start(config, data), uuid.uuid4().hex[:12]))
-    path, notes, new_run_id = decided
+    it came from. `frozen`: the built model's `frozen_weights`; `data`: its fingerprint (main process);
+    `planned`: the steps the schedule is planned for."""
+    decided = on_main(accelerator, lambda: (*decide_start(config, data, planned), uuid.uuid4().hex[:12]))
+    path, notes, branch, new_run_id = decided
     for note in notes:
         accelerator.print(note)
     if path is None:
@@ -60,6 +64,9 @@ def resume(
         state = load_everywhere(accelerator, path, frozen)
     if data is not None:  # the checkpoint's (other_data checked it), or the first one recorded
         state.data_fingerprint = dict(data)
+    state.schedule_steps = planned
+    state.decay_start = decay_start(config, planned)
+    state.branch = branch or state.branch
     return state, path
 
 
@@ -116,9 +123,26 @@ def describe_frozen(sha256: str, source: str) -> str:
     return f"{source} (sha256 {sha256[:12]})" if sha256 else "none (every weight trained)"
 
 
-def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
-    """The checkpoint to continue (None: start fresh) and the notes to print; raise if neither is safe.
-    Unreadable checkpoints newer than the one continued are set aside."""
+def decide_start(
+    config: TrainConfig, data: dict[str, str] | None = None, planned: int = 0
+) -> tuple[Path | None, list[str], dict[str, Any]]:
+    """The checkpoint to continue (None: start fresh), the notes to print and the branch made (--resume_from,
+    or a wsd schedule grown: the checkpoints after the one continued set aside); raise if none is safe."""
+    notes: list[str] = []
+    path = resume_point(config, data, notes) if config.resume_from else None
+    if path is None:
+        path, found = newest_start(config, data)
+        notes += found
+        grown = grown_plan(config, path, planned, notes) if path else None
+        if grown is None:
+            return path, notes, {}
+        path = grown
+    return path, notes, branch_off(config, path, notes)
+
+
+def newest_start(config: TrainConfig, data: dict[str, str] | None = None) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint to continue (None: start fresh) and the notes to print; raise if neither is
+    safe. Unreadable checkpoints newer than the one continued are set aside."""
     output_dir = Path(config.output_dir)
     notes = bring_in_newest_copy(config, data)
     checkpoints = list_checkpoints(output_dir)
@@ -151,6 +175,101 @@ def decide_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
             "was changed: repair or move them, or pass --start_over true to set them aside and start over"
         )
     return None, notes + _clear_for_fresh_start(config, "no readable checkpoint")
+
+
+def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[str]) -> Path | None:
+    """--resume_from's checkpoint (brought into output_dir), or None where this branch went on already."""
+    output_dir = Path(config.output_dir)
+    where = config.resume_from.rstrip("/")
+    local = {checkpoint_step(path): path for path in list_checkpoints(output_dir)}
+    steps = ", ".join(map(str, local)) or "none"
+    bad = f"resume_from {where}: "
+    fix = f"give one of output_dir's checkpoint steps ({steps}), or a checkpoint folder of this run"
+    if where.isdigit():
+        path = local.get(int(where))
+    elif not is_url(where) and Path(where).absolute().parent == checkpoint_root(output_dir).absolute():
+        path = next((known for known in local.values() if known.name == Path(where).name), None)
+    else:
+        path = _fetch_checkpoint(config, where, data, notes, bad + "{}: " + fix)
+    if path is None:
+        raise ConfigError(f"{bad}no such checkpoint: {fix}")
+    if problem := checkpoint_problem(path):
+        raise ConfigError(f"{bad}checkpoint {path.name} cannot be read ({problem}): {fix}")
+    made = _branch_in_folder(output_dir)
+    newest = read_loop_state(list_checkpoints(output_dir)[-1]).branch
+    if made.get("from_step") == checkpoint_step(path) and newest.get("id") == made["id"]:
+        notes.append(f"note: {bad}this branch was made already: continuing it from its newest checkpoint")
+        return None
+    if changed := changed_settings(path, config):
+        raise ConfigError(f"{bad}checkpoint {path.name} has other settings ({changed}): give its settings")
+    if refusal := other_data(path, read_loop_state(path).data_fingerprint, data):
+        raise refusal
+    return path
+
+
+def _fetch_checkpoint(config: TrainConfig, where: str, data: dict | None, notes: list[str], bad: str) -> Path:
+    """Bring checkpoint folder `where` (a path or URL in another copy of this run) into output_dir."""
+    run, _, name = where.rpartition("/checkpoints/")
+    if not name[5:].isdigit() or not name.startswith("step_"):
+        raise ConfigError(bad.format("not a step number nor a checkpoint folder (.../checkpoints/step_<N>)"))
+    copies = [copy for copy in find_copies(run, set(), notes) if copy.checkpoint.endswith(name)]
+    if not copies or copies[0].problem:
+        raise ConfigError(bad.format(copies[0].problem if copies else "no readable checkpoint there"))
+    newest = newest_readable(Path(config.output_dir))
+    if newest is not None and copies[0].run_id != newest[1]:
+        raise ConfigError(bad.format(f"it is of another run ({copies[0].run_id}; output_dir's: {newest[1]})"))
+    if changed := changed_settings(copies[0].config_yaml, config):
+        raise ConfigError(bad.format(f"it has other settings ({changed})"))
+    if error := other_data(copies[0], copies[0].data_fingerprint, data):
+        raise error
+    if problem := import_copy(copies[0], Path(config.output_dir), notes):
+        raise ConfigError(bad.format(problem))
+    return checkpoint_root(config.output_dir) / name
+
+
+def grown_plan(config: TrainConfig, path: Path, planned: int, notes: list[str]) -> Path | None:
+    """For a schedule planned anew: wsd's newest checkpoint before both plans' decay (None: `path`)."""
+    saved = read_loop_state(path)  # cosine: num_epochs is refused as a setting
+    stream = (path / "custom_checkpoint_0.pkl").exists()  # its registered state refuses another max_steps
+    if config.lr_schedule != "wsd" or saved.schedule_steps in (0, planned) or stream:
+        return None
+    until = min(saved.decay_start, decay_start(config, planned))
+    if checkpoint_step(path) <= until:
+        return None  # the rate so far is the same in both plans
+    earlier = [p for p in list_checkpoints(config.output_dir) if checkpoint_step(p) <= until]
+    if not earlier or checkpoint_problem(earlier[-1]):
+        raise RunError(
+            f"the plan changed from {saved.schedule_steps} to {planned} steps, but no readable checkpoint "
+            f"from before step {until}, where the decay began, is left: keep max_steps and num_epochs"
+        )
+    step = checkpoint_step(earlier[-1])
+    notes.append(f"wsd, now {planned} steps planned: continuing from step {step}, before the decay")
+    return earlier[-1]
+
+
+def branch_off(config: TrainConfig, path: Path, notes: list[str]) -> dict[str, Any]:
+    """Set aside the checkpoints after `path`, and the exports of later steps; return the branch's record."""
+    output_dir = Path(config.output_dir)
+    step = checkpoint_step(path)
+    later = [other for other in list_checkpoints(output_dir) if checkpoint_step(other) > step]
+    for name in EXPORTS:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if json.loads((output_dir / name / "export.json").read_text())["step"] > step:
+                later.append(output_dir / name)
+    branch = {"id": uuid.uuid4().hex[:12], "from_step": step, "set_aside": [p.name for p in later]}
+    if later:
+        branch["folder"] = str(set_aside(later, output_dir))
+        names = ", ".join(branch["set_aside"])
+        notes.append(f"branching from step {step}: set aside {names} to {branch['folder']}")
+    return branch
+
+
+def _branch_in_folder(output_dir: Path) -> dict[str, Any]:
+    """The last branch that output_dir's history.json records, or {}."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        sessions = json.loads((output_dir / HISTORY_FILE).read_text())["sessions"]
+        return next((record["branch"] for record in reversed(sessions) if "branch" in record), {})
+    return {}
 
 
 def _clear_for_fresh_start(config: TrainConfig, why: str) -> list[str]:
@@ -189,6 +308,7 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
     newest = newest_readable(output_dir)
     notes: list[str] = []
     candidates: list[Copy] = []
+    branch = _branch_in_folder(output_dir)
     # Copies are named as the config names their places (absolute, links kept), output_dir both ways.
     seen = {str(output_dir.resolve()), str(output_dir.absolute())}
     for place in places:
@@ -203,6 +323,8 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
                 notes.append(f"not continuing {copy}: other settings ({changed})")
             elif newest is not None and copy.run_id != newest[1]:
                 notes.append(f"not continuing {copy}: another run; output_dir holds run {newest[1] or '?'}")
+            elif branch and copy.step > branch["from_step"] and copy.branch != branch["id"]:
+                notes.append(f"not continuing {copy}: a branch set aside at step {branch['from_step']}")
             elif newest is None or copy.step > newest[0]:
                 candidates.append(copy)
     failed = []
@@ -239,11 +361,14 @@ def changed_settings(saved: Path | str, config: TrainConfig) -> str:
         return f"its config.yaml cannot be read: {why}"
     if not isinstance(values, dict):
         return "its config.yaml is not a mapping"
+    grows = config.lr_schedule == values.get("lr_schedule") == "wsd"  # a longer plan continues
     changes = [
         f"{name} {values.get(name)!r} -> {getattr(config, name)!r}"
         for name in run_defining_fields(config)
-        if values.get(name) != getattr(config, name)
+        if values.get(name) != getattr(config, name) and not (grows and name == "num_epochs")
     ]
+    if any(change.startswith("num_epochs") for change in changes):
+        changes.append("a cosine schedule cannot grow: train with lr_schedule: wsd for that")
     return ", ".join(changes)
 
 
@@ -259,6 +384,7 @@ class Copy:
     path: str  # the run folder's path in it
     problem: str = ""  # why its loop state or config cannot be read ("" if they can)
     data_fingerprint: dict[str, str] = field(default_factory=dict)  # its loop state's, checked before import
+    branch: str = ""  # its loop state's branch id
 
     @property
     def checkpoint(self) -> str:
@@ -324,6 +450,7 @@ def _read_copy(store: Any, run: str, source: Path | str, step: int) -> Copy:
     state = record.get("loop_state", {}) if isinstance(record, dict) else {}
     fingerprint = state.get("data_fingerprint", {})
     copy.run_id = state.get("run_id", "")
+    copy.branch = (state.get("branch") or {}).get("id", "")
     copy.data_fingerprint = fingerprint if isinstance(fingerprint, dict) else {}
     return copy
 
