@@ -16,12 +16,12 @@ What is measured, all on one CPU process:
 3. the time from `cookiecutter` to the first optimizer step of the new project (no installs).
 4. host-device synchronisations: every Tensor.item/tolist/numpy/cpu/__bool__/__float__/__int__ called
    from outside torch during training, grouped by the optimizer step it follows (between logging steps,
-   per second: the loop's votes, utils/timing.py); and, in the same run,
+   per second: the loop's votes, utils/training/timing.py); and, in the same run,
    Python function calls per step of both loops (a count that the machine's speed cannot blur).
 5. data wait: the share of the generated train.py's step time spent inside next() on the batches its
    loop iterates (its train set's set_epoch included), in the default example (augmentation on, default
    model), with num_workers 0 (what its configs set) and, for comparison, 2.
-6. the cost of exactness (utils/exact.py): reseeding torch's generators before each micro-batch, against
+6. the cost of exactness (training/seeding.py): reseeding torch's generators before each micro-batch, against
    the realistic step; and the digest of the first step after a checkpoint (each sample's hash, the loss,
    one gather), against the steps between two checkpoints of configs/local.yaml.
 
@@ -301,7 +301,7 @@ def exact_rows(realistic: dict) -> list[str]:
     exact = realistic["exact"]
     reseed, digest, (interval, text) = exact["reseed"], exact["digest"], exact["max_time_lost"]
     return [
-        f"| reseeding per micro-batch, us (utils/exact.py) | {reseed * 1e6:.1f} | | "
+        f"| reseeding per micro-batch, us (utils/training/seeding.py) | {reseed * 1e6:.1f} | | "
         f"{reseed / step:.2%} of a realistic step | <= 1% |",
         f"| digest of the step after a checkpoint, ms (batch {BATCH}) | {digest * 1000:.2f} | | "
         f"{digest / interval:.5%} of a checkpoint interval of {text} (max_time_lost) | <= 1% |",
@@ -357,7 +357,7 @@ def data_wait_note(result: dict) -> str:
     return (
         "Data wait: the generated train.py as is (augment_noise and hidden_size at their defaults, "
         f"configs/local.yaml, batch {BATCH}, log_every {LOG_EVERY}, evaluation and checkpoint after the "
-        "window); every next() on the batches its loop iterates timed (utils/loop.py's epoch_batches "
+        "window); every next() on the batches its loop iterates timed (training/loop.py's epoch_batches "
         "wrapped: the train set's set_epoch (its new noise), the fetch from the DataLoader, the start and "
         "stop of its workers, the move to the device), "
         f"summed over the steps after the first {WARMUP_STEPS}, against the wall time of those steps; "
@@ -564,7 +564,7 @@ def bench_exact(project: Path, package: str, reps: int) -> dict:
     import yaml
     from accelerate import Accelerator
 
-    exact = importlib.import_module(f"{package}.utils.exact")
+    exact = importlib.import_module(f"{package}.utils.training.seeding")
     parse_duration = importlib.import_module(f"{package}.utils.config").parse_duration
     accelerator = Accelerator(cpu=True)
     batch = (torch.randn(BATCH, 64), torch.randint(0, 10, (BATCH,)))
@@ -633,13 +633,13 @@ def timed_fetches(fetches: list[tuple[float, float]], package: str):
     """Record (start, end) of every next() on the batches the generated loop iterates; train.py stays
     as it is.
 
-    They come from `Bookkeeping.epoch_batches` (utils/loop.py): at an epoch's first fetch it calls the
+    They come from `Bookkeeping.epoch_batches` (training/loop.py): at an epoch's first fetch it calls the
     loader's and the train set's set_epoch (new noise), then each fetch takes a batch from Accelerate's
     DataLoaderShard (which fetches from the torch DataLoader, whose workers start at an epoch's first
     fetch and stop after its last) and puts it on the device (on a GPU: queues the next one's copy).
     All of that is time the loop waits for.
     """
-    bookkeeping = importlib.import_module(f"{package}.utils.loop").Bookkeeping
+    bookkeeping = importlib.import_module(f"{package}.utils.training.loop").Bookkeeping
     original = bookkeeping.epoch_batches
 
     def timed(self, *args):
@@ -669,8 +669,8 @@ def bench_checkpoint(project: Path, package: str, reps: int) -> dict:
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
-    checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
-    starting = importlib.import_module(f"{package}.utils.start")  # where a run starts: resume
+    checkpoint = importlib.import_module(f"{package}.utils.checkpoints.checkpoint")
+    starting = importlib.import_module(f"{package}.utils.run.start")  # where a run starts: resume
     task = importlib.import_module(f"{package}.task")
     scratch = project.parent.parent / "checkpoint-bench"  # inside the parent's temporary folder
     scratch.mkdir(exist_ok=True)
@@ -803,7 +803,7 @@ def count_syncs(project: Path, package: str, steps: int) -> dict:
     def tally() -> dict:
         # Step k = from the end of optimizer step k to the end of step k+1. The steps after the last
         # complete one (checkpoint, evaluation, export) and before the first (setup) are left out, and so
-        # is the session's first, a vote that plans the first checkpoint (max_time_lost, utils/timing.py).
+        # is the session's first, a vote that plans the first checkpoint (max_time_lost, training/timing.py).
         # Between logging steps the loop votes about twice a second (a stop, the checkpoint plan): one sync.
         window = range(2, steps - 1)
         logging = [k for k in window if k % LOG_EVERY == 0]

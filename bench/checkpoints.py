@@ -204,8 +204,8 @@ def worker_main(
     from accelerate import Accelerator
 
     package = next(path.name for path in (project / "src").iterdir() if (path / "__init__.py").exists())
-    checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
-    starting = importlib.import_module(f"{package}.utils.start")  # where a run starts: resume
+    checkpoint = importlib.import_module(f"{package}.utils.checkpoints.checkpoint")
+    starting = importlib.import_module(f"{package}.utils.run.start")  # where a run starts: resume
     task = importlib.import_module(f"{package}.task")
     scratch = result.parent / f"checkpoints-{variant}"
     scratch.mkdir()
@@ -316,8 +316,8 @@ def background_figures(
 
     import torch
 
-    persist = importlib.import_module(f"{package}.utils.persist")
-    checkpoint = importlib.import_module(f"{package}.utils.checkpoint")
+    persist = importlib.import_module(f"{package}.utils.checkpoints.persist")
+    checkpoint = importlib.import_module(f"{package}.utils.checkpoints.checkpoint")
     # "fresh" is background with new staging buffers at every checkpoint, as before they were kept.
     savers = {}
     for mode in MODES:

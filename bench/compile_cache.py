@@ -4,7 +4,7 @@
     python bench/compile_cache.py --quick    # one of each
 
 A compiled run of the lm preset (`--compile true`, its default model) trains 10 steps, evaluates and
-checkpoints (utils/compile_cache.py puts Inductor's cache artifacts into the checkpoint), in an Inductor
+checkpoints (machine/compile_cache.py puts Inductor's cache artifacts into the checkpoint), in an Inductor
 cache folder of its own. Then copies of that run folder are resumed for 4 more steps, in turns:
 - with the cache: an empty Inductor cache folder (a new machine, a new Colab session), the checkpoint's
   artifacts loaded;

@@ -35,9 +35,9 @@ def median_ms(function: Callable[[], object], reps: int) -> float:
 def measure(folder: Path, export_mib: int) -> None:
     import yaml
     from digits_classifier import task
-    from digits_classifier.utils.checkpoint import export_problem, write_manifest
+    from digits_classifier.utils.checkpoints.checkpoint import export_problem, write_manifest
+    from digits_classifier.utils.checkpoints.durable import fsync_path
     from digits_classifier.utils.config import UniqueKeyLoader, load_config, save_config
-    from digits_classifier.utils.durable import fsync_path
 
     config, _ = load_config([], Path("configs/local.yaml"), task.Config)
     text = Path("configs/local.yaml").read_text()

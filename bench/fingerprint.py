@@ -1,4 +1,4 @@
-"""What the data fingerprint (utils/fingerprint.py) costs at start-up, per GB of data, and print a table.
+"""What the data fingerprint (utils/run/fingerprint.py) costs at start-up, per GB of data, and print a table.
 
     python bench/fingerprint.py           # 2 GB of files, 256 MB of in-memory samples, every preset
     python bench/fingerprint.py --quick   # 64 MB and 16 MB (CI-sized: checks, no figures)
@@ -42,7 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fingerprint-") as scratch:
         root = Path(scratch)
         projects = {task: render(root, task) for task in PRESETS}
-        fingerprint = load(projects["digits"], "utils.fingerprint")
+        fingerprint = load(projects["digits"], "utils.run.fingerprint")
         rows = [("measurement", "value", "target")]
         warm, cold = files_seconds(fingerprint, root / "files", file_bytes, reps)
         rows.append((f"files, warm ({file_bytes / GB:.2f} GB in 8 files)", f"{warm:.2f} s per GB", "<= 1"))
@@ -127,7 +127,7 @@ def preset_seconds(project: Path) -> tuple[float, int]:
     code = (
         "import sys, time; sys.path.insert(0, 'src')\n"
         f"from {package_of(project)} import task\n"
-        f"from {package_of(project)}.utils.fingerprint import data_fingerprint\n"
+        f"from {package_of(project)}.utils.run.fingerprint import data_fingerprint\n"
         "train, evaluation = task.build_datasets(task.Config())\n"
         "started = time.perf_counter(); found = data_fingerprint(train, evaluation)\n"
         "print(time.perf_counter() - started, len(found))\n"

@@ -39,7 +39,8 @@ RUNNER = """
 import os, runpy, sys
 from pathlib import Path
 sys.path.insert(0, "src")
-from {package}.utils import loop, persist
+from {package}.utils.checkpoints import persist
+from {package}.utils.training import loop
 marks = Path(os.environ["GRACE_MARKS"])
 def marking(name, function):
     def wrapper(*args, **kwargs):

@@ -1,4 +1,4 @@
-"""What seeding the global generators per train item (utils/exact.py, SeededItems) costs a step of the
+"""What seeding the global generators per train item (training/seeding.py, SeededItems) costs a step of the
 images preset, whose augmentation (random crops, mirroring) draws from numpy's global generator.
 
     python bench/item_seeds.py            # 30 steps, median of 5 rounds
@@ -35,7 +35,7 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-item-seeds-") as scratch:
         project = render(Path(scratch), "images")
-        task, exact = load(project, "task"), load(project, "utils.exact")
+        task, exact = load(project, "task"), load(project, "utils.training.seeding")
         config = task.Config()
         train_set = task.build_datasets(config)[0]
         model = task.build_model(config)

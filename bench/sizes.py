@@ -30,47 +30,16 @@ ROOMS = {
     "loop": [
         "train.py",
         "predict.py",
-        *(
-            f"{PACKAGE}utils/{name}.py"
-            for name in (
-                "__init__",
-                "cli",
-                "config",
-                "loop",
-                "memory",
-                "lr_find",
-                "accelerate_fixes",
-                "progress",
-                "tracking",
-                "task_check",
-                "streams",
-            )
-        ),
         f"{PACKAGE}__init__.py",
+        f"{PACKAGE}utils/__init__.py",
+        f"{PACKAGE}utils/config.py",
+        f"{PACKAGE}utils/training/*.py",
     ],
-    "run lifecycle": [
-        f"{PACKAGE}utils/{name}.py"
-        for name in (
-            "checkpoint",
-            "start",
-            "fingerprint",
-            "history",
-            "exact",
-            "durable",
-            "run_dir",
-            "persist",
-            "compile_cache",
-            "mirror",
-            "remote",
-            "signals",
-            "timing",
-        )
-    ],
+    "run lifecycle": [f"{PACKAGE}utils/run/*.py", f"{PACKAGE}utils/checkpoints/*.py"],
     "platform and launch": [
         f"{PACKAGE}launch.py",
         f"{PACKAGE}notebook.py",
-        f"{PACKAGE}utils/hardware.py",
-        f"{PACKAGE}utils/packages.py",
+        f"{PACKAGE}utils/machine/*.py",
         "scripts/*",
         "configs/*.yaml",
         "configs/accelerate/*.yaml",

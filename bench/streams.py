@@ -1,4 +1,4 @@
-"""What the text preset's streamed train set (data_files, utils/streams.py) delivers, and print a table.
+"""What the text preset's streamed train set (data_files, training/streams.py) delivers, and print a table.
 
     python bench/streams.py           # 4 jsonl files of 5,000 passages each, 3 runs per figure
     python bench/streams.py --quick   # 4 files of 500, 1 run (CI-sized: checks, no figures)
@@ -38,7 +38,7 @@ from types import SimpleNamespace
 sys.path.insert(0, "src")
 from {package} import task
 from {package}.utils.config import load_config
-from {package}.utils.streams import StreamLoader
+from {package}.utils.training.streams import StreamLoader
 config, _ = load_config(["--data_files", sys.argv[1], "--max_steps", "1000", "--num_workers", sys.argv[2]],
                         task.PROJECT_DIR / "configs" / "local.yaml", task.Config)
 train, _ = task.build_datasets(config)
@@ -57,7 +57,7 @@ from types import SimpleNamespace
 sys.path.insert(0, "src")
 from {package} import task
 from {package}.utils.config import load_config
-from {package}.utils.streams import StreamLoader
+from {package}.utils.training.streams import StreamLoader
 config, _ = load_config(["--data_files", sys.argv[1], "--max_steps", "1000", "--num_workers", "0"],
                         task.PROJECT_DIR / "configs" / "local.yaml", task.Config)
 one = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
@@ -83,7 +83,7 @@ print(json.dumps([seconds_to_resume(int(batches)) for batches in sys.argv[2:]]))
 WAIT = """
 import json, runpy, sys, time
 sys.path.insert(0, "src")
-from {package}.utils import streams
+from {package}.utils.training import streams
 fetches = []
 original = streams.StreamLoader.__iter__
 def timed(self):

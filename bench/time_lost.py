@@ -19,7 +19,7 @@ sets, since runs on a CPU are short):
   verified").
 The training lost by a kill is the time from the kill back to when the killed session reached the step
 the rerun resumed from. Every step's time comes from the run itself: the bench's runner wraps the
-Progress of utils/progress.py, which train.py's loop updates once per optimizer step, so that each update
+Progress of training/progress.py, which train.py's loop updates once per optimizer step, so that each update
 appends the step and the wall time to a file (a SIGKILL keeps what was written), and SessionClock.saved,
 so that each checkpoint's loop stop is appended too.
 """
@@ -41,7 +41,7 @@ TEMPLATE = Path(__file__).resolve().parent.parent
 RUNNER = """
 import os, runpy, sys, time
 sys.path.insert(0, "src")
-from {package}.utils import progress, timing
+from {package}.utils.training import progress, timing
 marks = open(os.environ["TIME_LOST_MARKS"], "a", buffering=1)
 begin, update, saved = progress.Progress.__init__, progress.Progress.update, timing.SessionClock.saved
 def started(self, total, initial, *args, **kwargs):
@@ -230,7 +230,7 @@ def has_reached(output_dir: Path, step: int | None) -> bool:
 
 
 def resume_verdict(output: str) -> str:
-    """What a rerun said of its first step against the killed run's record of it (utils/exact.py)."""
+    """What a rerun said of its first step against the killed run's record of it (training/seeding.py)."""
     for line in output.splitlines():
         if line.startswith("resume verified"):
             return "verified"

@@ -65,7 +65,7 @@ def test_quick_benchmark_prints_every_row() -> None:
             assert 0 < number(cells[0]) < 100, f"data wait {cells[0]}"
         else:
             # Between logging steps the generated loop reads back from the device only to vote, about
-            # twice a second (utils/timing.py: VOTE_S); the plain loop never.
+            # twice a second (utils/training/timing.py: VOTE_S); the plain loop never.
             assert 0 <= number(cells[0]) <= 4, f"syncs at ordinary steps, per second: {cells[0]}"
             assert cells[1].startswith("0.0 / "), f"the plain loop has syncs: {cells[1]}"
     assert "Sync call sites at logging steps: loop.py:" in result.stdout  # Bookkeeping.log's one reduce

@@ -170,7 +170,7 @@ def test_tracker_is_the_default_of_every_config(render: Callable[..., Render], t
 
 
 def test_every_render_can_log_to_every_tracker(render: Callable[..., Render]) -> None:
-    """The answer is the default and the dependency only: utils/tracking.py is the same file in every render
+    """The answer is the default and the dependency only: run/tracking.py is the same file in every render
     (each tracker's code runs when the config names it), and pyproject.toml has an extra per tracker, the
     one that the error of a tracker not installed names."""
     projects = [render(tracker=tracker) for tracker in CHOICES["tracker"]]

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.cli import check_contract
+from {{ cookiecutter.package_name }}.utils.checkpoints.durable import write_atomically
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.durable import write_atomically
-from {{ cookiecutter.package_name }}.utils.hardware import (
+from {{ cookiecutter.package_name }}.utils.machine.hardware import (
     choose_cpu_threads,
     cpu_forced,
     detect_platform,
@@ -26,7 +25,8 @@ from {{ cookiecutter.package_name }}.utils.hardware import (
     launch_problem,
     main_process_of_launch,
 )
-from {{ cookiecutter.package_name }}.utils.signals import exit_process
+from {{ cookiecutter.package_name }}.utils.run.cli import check_contract
+from {{ cookiecutter.package_name }}.utils.training.signals import exit_process
 
 # torch, Accelerate and safetensors are imported in main() and load_model(), after the checks: --help and a
 # mistake in the command answer before they load (seconds).
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     hide_gpus_from_cpu_run()  # ACCELERATE_USE_CPU=1 on a GPU machine: before anything touches CUDA
     from accelerate import PartialState
 
-    from {{ cookiecutter.package_name }}.utils.task_check import check_rows
+    from {{ cookiecutter.package_name }}.utils.run.task_check import check_rows
 
     # The process group when started by `accelerate launch`; nothing more. PartialState, unlike the
     # Accelerator, ignores ACCELERATE_USE_CPU: without it, CPU processes would not form a group.

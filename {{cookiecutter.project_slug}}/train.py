@@ -21,18 +21,17 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-# First only what reading the config needs (no torch): see utils/cli.py.
+# First only what reading the config needs (no torch): see utils/run/cli.py.
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.cli import check_first, read_config
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, TrainConfig, gradient_accumulation_steps, save_config
-from {{ cookiecutter.package_name }}.utils.hardware import (
+from {{ cookiecutter.package_name }}.utils.machine.hardware import (
     choose_cpu_threads,
     hide_gpus_from_cpu_run,
     launch_problem,
-    model_line,
     resolve_mixed_precision,
-    start_line,
 )
+from {{ cookiecutter.package_name }}.utils.run.cli import check_first, read_config
+from {{ cookiecutter.package_name }}.utils.run.start_line import model_line, start_line
 
 PROJECT = Path(__file__).resolve().parent
 
@@ -45,24 +44,36 @@ from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration
 from accelerate.utils.operations import slice_tensors
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from {{ cookiecutter.package_name }}.utils.accelerate_fixes import speed_up_accelerate
-from {{ cookiecutter.package_name }}.utils.checkpoint import LoopState, frozen_weights, save_trained_weights_only
-from {{ cookiecutter.package_name }}.utils.compile_cache import load_cache
-from {{ cookiecutter.package_name }}.utils.exact import SeededItems, StepDigest, follow_the_sample, running_stats, seed_run
-from {{ cookiecutter.package_name }}.utils.fingerprint import data_fingerprint
-from {{ cookiecutter.package_name }}.utils.history import begin_history
-from {{ cookiecutter.package_name }}.utils.loop import Bookkeeping, finish, planned_steps, roll_back, schedule_factor
-from {{ cookiecutter.package_name }}.utils.lr_find import find_lr
-from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
-from {{ cookiecutter.package_name }}.utils.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
-from {{ cookiecutter.package_name }}.utils.persist import Persister
-from {{ cookiecutter.package_name }}.utils.run_dir import OutputLock, RunError, on_main, write_error
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED, StopRequest, exit_process, ignore_stop_signals
-from {{ cookiecutter.package_name }}.utils.start import resume
-from {{ cookiecutter.package_name }}.utils.streams import StreamLoader, loader_workers
-from {{ cookiecutter.package_name }}.utils.task_check import TaskModel, build_datasets, check_task
-from {{ cookiecutter.package_name }}.utils.timing import SessionClock
-from {{ cookiecutter.package_name }}.utils.tracking import save_curves, start_trackers, trackers, truncate_metrics
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import (
+    LoopState,
+    frozen_weights,
+    save_trained_weights_only,
+)
+from {{ cookiecutter.package_name }}.utils.checkpoints.mirror import FINISH_TIMEOUT_S, STOP_WAIT_S, Mirror, check_stores
+from {{ cookiecutter.package_name }}.utils.checkpoints.persist import Persister
+from {{ cookiecutter.package_name }}.utils.machine.accelerate_fixes import speed_up_accelerate
+from {{ cookiecutter.package_name }}.utils.machine.compile_cache import load_cache
+from {{ cookiecutter.package_name }}.utils.machine.memory import fit_batch_size
+from {{ cookiecutter.package_name }}.utils.run.curves import save_curves
+from {{ cookiecutter.package_name }}.utils.run.fingerprint import data_fingerprint
+from {{ cookiecutter.package_name }}.utils.run.history import begin_history
+from {{ cookiecutter.package_name }}.utils.run.run_dir import OutputLock, RunError, on_main, write_error
+from {{ cookiecutter.package_name }}.utils.run.start import resume
+from {{ cookiecutter.package_name }}.utils.run.task_check import TaskModel, build_datasets, check_task
+from {{ cookiecutter.package_name }}.utils.run.tracking import start_trackers, trackers, truncate_metrics
+from {{ cookiecutter.package_name }}.utils.training.loop import Bookkeeping, finish, roll_back
+from {{ cookiecutter.package_name }}.utils.training.lr_find import find_lr
+from {{ cookiecutter.package_name }}.utils.training.resume_check import StepDigest
+from {{ cookiecutter.package_name }}.utils.training.schedule import planned_steps, schedule_factor
+from {{ cookiecutter.package_name }}.utils.training.seeding import SeededItems, follow_the_sample, running_stats, seed_run
+from {{ cookiecutter.package_name }}.utils.training.signals import (
+    EXIT_STOPPED,
+    StopRequest,
+    exit_process,
+    ignore_stop_signals,
+)
+from {{ cookiecutter.package_name }}.utils.training.streams import StreamLoader, loader_workers
+from {{ cookiecutter.package_name }}.utils.training.timing import SessionClock
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     mirror = Mirror(
         config.output_dir, config.mirror_dir, config.keep_checkpoints, enabled=accelerator.is_main_process
     )
-    # Checkpoints: staged by the loop, written by a thread, then handed to the mirror (utils/persist.py).
+    # Checkpoints: staged by the loop, written by a thread, handed to the mirror (checkpoints/persist.py).
     saver = Persister(accelerator, config, published=mirror.request)
     began: list[Bookkeeping] = []  # the session's bookkeeping, once it trains: its curves are drawn last
     try:
@@ -125,7 +136,7 @@ def train(
 ) -> bool:
     """Train until done (True), or until a stop or the time budget was agreed on and checkpointed (False)."""
     clock = SessionClock(config, accelerator.is_main_process, saver, mirror)  # time_budget counts from here
-    seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (utils/exact.py)
+    seed_run(config)  # --- seeding: the same seed everywhere, deterministic kernels (training/seeding.py)
 
     # --- data (build_loaders, below)
     train_set, train_loader, eval_set, steps_per_epoch, data = build_loaders(accelerator, config)
@@ -140,19 +151,19 @@ def train(
     model, optimizer, scheduler, train_loader = accelerator.prepare(model, optimizer, scheduler, train_loader)
     # --- speed, opt-in: torch.compile, sharing the prepared model's weights (checkpoints, exports: `model`)
     forward = torch.compile(model) if config.compile else model
-    if config.find_lr:  # a learning-rate range test instead of training: lr_find.png only (utils/lr_find.py)
+    if config.find_lr:  # a learning-rate range test, not training: lr_find.png only (training/lr_find.py)
         return find_lr(accelerator, config, optimizer, train_loader, step_gradients, model, forward)
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     state, resumed_from = resume(accelerator, config, frozen, data, schedule_steps)
-    fit_batch_size(accelerator, config, model, train_set, resumed_from)  # auto_batch_size (utils/memory.py)
+    fit_batch_size(accelerator, config, model, train_set, resumed_from)  # auto_batch_size (machine/memory.py)
     book = resume_session(
         accelerator, config, state, resumed_from, mirror, steps_per_epoch, schedule_steps, stop, clock, saver
     )
     eval_loader = accelerator.prepare(eval_batches(accelerator, config, eval_set))  # the per-device size now
     began.append(book)
 
-    # --- the loop: one optimizer step per batch, then one call per decision (utils/loop.py)
+    # --- the loop: one optimizer step per batch, then one call per decision (utils/training/loop.py)
     gradients = step_gradients(accelerator, config, model, forward, trained, book)
     while not book.end.now():
         model.train()
@@ -196,8 +207,8 @@ def step_gradients(
     task_model = TaskModel(forward, accelerator.unwrap_model(model), training=True)
 
     def gradients(batch: object, digest: StepDigest | None = None, tracking: bool = True) -> torch.Tensor:
-        # Each micro-batch draws its samples' random numbers (dropout...): utils/exact.py. What is recorded
-        # of the step: the first after a checkpoint only.
+        # Each micro-batch draws its samples' random numbers (dropout...): training/seeding.py. The step is
+        # recorded only when it is the first after a checkpoint.
         digest = digest or book.check.step_digest(book.state.step)
         step_loss = None
         for micro in range(accumulation):
@@ -214,7 +225,7 @@ def step_gradients(
                 loss = task.loss(task_model, micro_batch)
                 digest.add(micro_batch, loss)  # on the first step after a checkpoint only
                 accelerator.backward(loss)  # divides by the accumulation steps
-            exact = loss.detach().to(book.loss.sum.dtype)  # added up exactly (utils/loop.py: TrainLoss)
+            exact = loss.detach().to(book.loss.sum.dtype)  # added up exactly (training/loop.py: TrainLoss)
             step_loss = exact if step_loss is None else step_loss + exact
         digest.norm = accelerator.clip_grad_norm_(trained, config.max_grad_norm)
         return step_loss
@@ -256,7 +267,7 @@ def resume_session(
     clock: SessionClock,
     saver: Persister,
 ) -> Bookkeeping:
-    """The session's start from `state` (utils/start.py): the mirror, the config, metrics.jsonl cut back, the
+    """The session's start from `state` (run/start.py): the mirror, the config, metrics.jsonl cut back, the
     history, the trackers; and its bookkeeping, for the schedule's steps, or max_steps if sooner."""
     mirror.start(state.run_id, config.start_over, state.step)
     if accelerator.is_main_process:
@@ -265,7 +276,7 @@ def resume_session(
         if warning := truncate_metrics(config.output_dir, state.metrics_bytes, state.step):
             print(warning)
     history = begin_history(accelerator, config, state, resumed_from)  # prints what changed since last time
-    # What the last session compiled, before the first compiled call (every process): utils/compile_cache.py
+    # What the last session compiled, before the first compiled call (every process): machine/compile_cache.py
     history.note("compile_cache", load_cache(config, accelerator.device, resumed_from))
     total_steps = min(schedule_steps, config.max_steps) if config.max_steps else schedule_steps
     start_trackers(accelerator, config, state, finished=state.stopped_early or state.step >= total_steps)
@@ -285,9 +296,9 @@ def build_loaders(
     global_batch_size samples and an epoch has len(train_set) // global_batch_size steps on any
     number of processes, which is what lets a checkpoint move between world sizes.
     """
-    train_set, eval_set = build_datasets(config)  # two sets, neither empty, or one line (utils/task_check.py)
+    train_set, eval_set = build_datasets(config)  # two sets, neither empty, or one line (run/task_check.py)
     pin_memory = accelerator.device.type == "cuda"  # page-locked batches: faster, asynchronous copies
-    stream = isinstance(train_set, IterableDataset)  # no length: max_steps instead (utils/streams.py)
+    stream = isinstance(train_set, IterableDataset)  # no length: max_steps instead (training/streams.py)
     if stream:  # its own state, saved with each checkpoint (registered), is where a resume continues
         train_loader = StreamLoader(train_set, config, accelerator, task.collate, pin_memory)
         accelerator.register_for_checkpointing(train_loader)
@@ -317,7 +328,7 @@ def build_loaders(
         )
     for warning in check_task(config, train_set, eval_set):  # task.py's contract, on two samples
         accelerator.print(f"WARNING: {warning}")
-    # What it trains and evaluates on, which a resume must find unchanged (utils/fingerprint.py)
+    # What it trains and evaluates on, which a resume must find unchanged (utils/run/fingerprint.py)
     data = data_fingerprint(train_set, eval_set) if accelerator.is_main_process else None
     return train_set, train_loader, eval_set, steps_per_epoch, data
 

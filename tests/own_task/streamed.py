@@ -47,7 +47,7 @@ def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     import torch
     from torch.utils.data import IterableDataset, TensorDataset
 
-    from .utils.streams import check_stream_settings
+    from .utils.training.streams import check_stream_settings
 
     check_stream_settings(config)
     inputs, targets = table(config)

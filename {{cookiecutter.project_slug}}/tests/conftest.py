@@ -16,8 +16,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_step, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.run.history import HISTORY_FILE
 
 from . import task_settings
 from .forked_runs import ForkedRun, ForkServer, free_port

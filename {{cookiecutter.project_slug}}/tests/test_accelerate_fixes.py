@@ -11,8 +11,8 @@ from accelerate import Accelerator
 from accelerate.state import GradientState
 from accelerate.utils import GradientAccumulationPlugin
 
-from {{ cookiecutter.package_name }}.utils import accelerate_fixes
-from {{ cookiecutter.package_name }}.utils.accelerate_fixes import cache_lomo_check, speed_up_accelerate
+from {{ cookiecutter.package_name }}.utils.machine import accelerate_fixes
+from {{ cookiecutter.package_name }}.utils.machine.accelerate_fixes import cache_lomo_check, speed_up_accelerate
 
 
 def test_the_optimizer_asks_for_lomo_once_per_run(monkeypatch: pytest.MonkeyPatch) -> None:

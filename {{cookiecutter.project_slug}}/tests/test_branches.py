@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_step, list_checkpoints
 
 from .conftest import SIGNAL_RUN, assert_same_run, run_training, sessions_of
 

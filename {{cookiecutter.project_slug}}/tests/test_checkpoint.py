@@ -16,7 +16,7 @@ from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import (
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import (
     RETIRED_KEYS,
     LoopState,
     _rotate,
@@ -29,9 +29,9 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     save_trained_weights_only,
     seal,
 )
+from {{ cookiecutter.package_name }}.utils.checkpoints.durable import write_atomically
+from {{ cookiecutter.package_name }}.utils.checkpoints.persist import Persister
 from {{ cookiecutter.package_name }}.utils.config import TrainConfig, save_config
-from {{ cookiecutter.package_name }}.utils.durable import write_atomically
-from {{ cookiecutter.package_name }}.utils.persist import Persister
 
 from .conftest import last_eval, run_training
 

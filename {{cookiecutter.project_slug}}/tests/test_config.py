@@ -15,8 +15,6 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils import hardware
-from {{ cookiecutter.package_name }}.utils.cli import read_config
 from {{ cookiecutter.package_name }}.utils.config import (
     REFUSED_FIELDS,
     REMOVED_FIELDS,
@@ -27,7 +25,9 @@ from {{ cookiecutter.package_name }}.utils.config import (
     load_config,
     run_defining_fields,
 )
-from {{ cookiecutter.package_name }}.utils.start import changed_settings
+from {{ cookiecutter.package_name }}.utils.machine import hardware
+from {{ cookiecutter.package_name }}.utils.run.cli import read_config
+from {{ cookiecutter.package_name }}.utils.run.start import changed_settings
 
 from .conftest import PROJECT, run_training
 from .task_settings import QUICK, SIGNAL_RUN

@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_problem, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import (
     PROJECT,
@@ -189,7 +189,7 @@ def test_cpu_processes_on_a_gpu_machine_leave_the_gpu_alone(tmp_path: Path) -> N
 SYNC_FREE = """
 import atexit, runpy, sys, torch
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils import loop
+from {{ cookiecutter.package_name }}.utils.training import loop
 
 def allowed(function):
     def call(*args, **kwargs):

@@ -27,8 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils import run_dir
-from {{ cookiecutter.package_name }}.utils.checkpoint import (
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import (
     CHECKSUM,
     LOOP_STATE_FILE,
     STAGING_PREFIX,
@@ -38,10 +37,11 @@ from {{ cookiecutter.package_name }}.utils.checkpoint import (
     list_checkpoints,
     seal,
 )
-from {{ cookiecutter.package_name }}.utils.durable import TEMPORARY_PREFIX
-from {{ cookiecutter.package_name }}.utils.persist import PAUSE_ENV
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, set_aside
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.checkpoints.durable import TEMPORARY_PREFIX
+from {{ cookiecutter.package_name }}.utils.checkpoints.persist import PAUSE_ENV
+from {{ cookiecutter.package_name }}.utils.run import run_dir
+from {{ cookiecutter.package_name }}.utils.run.run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, set_aside
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import (
     PROJECT,

@@ -1,4 +1,4 @@
-"""The data fingerprint (utils/fingerprint.py) of map-style datasets, which a resume compares with its
+"""The data fingerprint (utils/run/fingerprint.py) of map-style datasets, which a resume compares with its
 checkpoint's (the refusals themselves: the text preset's test_streams.py and the lm preset's test_shards.py):
 
 - the task's own datasets, built twice, have one fingerprint: a resume on unchanged data is never refused;
@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.fingerprint import (
+from {{ cookiecutter.package_name }}.utils.run.fingerprint import (
     data_fingerprint,
     first_difference,
     plain_state,

@@ -28,9 +28,9 @@ from safetensors.torch import load_file
 from torch.utils.data import IterableDataset
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import (
     FORK_SERVER,

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
-from {{ cookiecutter.package_name }}.utils.exact import sample_hashes
-from {{ cookiecutter.package_name }}.utils.history import HISTORY_FILE, declared_versions
+from {{ cookiecutter.package_name }}.utils.run.history import HISTORY_FILE, declared_versions
+from {{ cookiecutter.package_name }}.utils.training.resume_check import sample_hashes
 
 from .conftest import (
     PROJECT,

@@ -1,4 +1,4 @@
-"""auto_batch_size (utils/memory.py): a try that ran out of memory leaves nothing behind."""
+"""auto_batch_size (utils/machine/memory.py): a try that ran out of memory leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from accelerate.state import AcceleratorState
 from torch import nn
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.memory import fit_batch_size
+from {{ cookiecutter.package_name }}.utils.machine.memory import fit_batch_size
 
 
 @pytest.fixture

@@ -13,16 +13,16 @@ import pytest
 import torch
 from packaging.version import Version
 
-from {{ cookiecutter.package_name }}.utils import hardware
-from {{ cookiecutter.package_name }}.utils.cli import read_config
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
-from {{ cookiecutter.package_name }}.utils.hardware import (
+from {{ cookiecutter.package_name }}.utils.machine import hardware
+from {{ cookiecutter.package_name }}.utils.machine.hardware import (
     Gpu,
     check_output_dir,
     detect_platform,
     precision_for,
     query_gpus,
 )
+from {{ cookiecutter.package_name }}.utils.run.cli import read_config
 
 from .conftest import PROJECT, free_port, run_training, start_line
 

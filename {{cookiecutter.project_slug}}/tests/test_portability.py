@@ -19,16 +19,16 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import (
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import (
     LoopState,
     checkpoint_problem,
     export_model,
     list_checkpoints,
     save_checkpoint,
 )
-from {{ cookiecutter.package_name }}.utils.mirror import Mirror
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, SET_ASIDE
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.checkpoints.mirror import Mirror
+from {{ cookiecutter.package_name }}.utils.run.run_dir import LOCK_FILE, SET_ASIDE
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import PROJECT, SIGNAL_RUN, read_metrics, wait_for_training
 
@@ -70,7 +70,7 @@ def test_publishing_never_renames_onto_an_existing_folder(
     aside first), rotation, an export that replaces the previous one, and the mirror's copies of both,
     a second time over its first: all publish, and every checkpoint reads back whole."""
     output_dir, mirror_dir = tmp_path / "run", tmp_path / "mirror"
-    config = task.Config(output_dir=str(output_dir), keep_checkpoints=2)
+    config = task.Config(output_dir=str(output_dir), keep_checkpoints=2, max_rollbacks=0)  # rotation alone
     model = task.build_model(config)  # the task's own: its export (a Hugging Face folder, say) runs
     model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
     first = save_checkpoint(accelerator, config, LoopState(step=2))

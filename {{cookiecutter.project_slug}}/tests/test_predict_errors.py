@@ -17,7 +17,7 @@ import pytest
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import load_config
-from {{ cookiecutter.package_name }}.utils.hardware import detect_platform
+from {{ cookiecutter.package_name }}.utils.machine.hardware import detect_platform
 
 from .conftest import PROJECT, run_predict
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils import progress as progress_module
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
-from {{ cookiecutter.package_name }}.utils.hardware import model_line
-from {{ cookiecutter.package_name }}.utils.progress import Progress
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
-from {{ cookiecutter.package_name }}.utils.tracking import curves_figure, save_curves
+from {{ cookiecutter.package_name }}.utils.run.curves import curves_figure, save_curves
+from {{ cookiecutter.package_name }}.utils.run.start_line import model_line
+from {{ cookiecutter.package_name }}.utils.training import progress as progress_module
+from {{ cookiecutter.package_name }}.utils.training.progress import Progress
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import SIGNAL_RUN, read_metrics, start_training, wait_for_checkpoint
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_step, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import PROJECT, SIGNAL_RUN, free_port, run_training, sessions_of, training_command
 
@@ -28,7 +28,7 @@ from .conftest import PROJECT, SIGNAL_RUN, free_port, run_training, sessions_of,
 # before anything else; then the process itself gets it. Prints the child's exit code and the request.
 SCRIPT = """
 import os, signal
-from {{ cookiecutter.package_name }}.utils.signals import StopRequest
+from {{ cookiecutter.package_name }}.utils.training.signals import StopRequest
 
 stop = StopRequest()
 child = os.fork()
@@ -56,7 +56,7 @@ def test_one_line_per_signal_from_rank_0_and_none_from_a_forked_worker(rank: str
 # Installs the handler, says so, and waits to be signalled.
 WAITS = """
 import time
-from {{ cookiecutter.package_name }}.utils.signals import StopRequest
+from {{ cookiecutter.package_name }}.utils.training.signals import StopRequest
 
 stop = StopRequest()
 print("ready", flush=True)
@@ -93,7 +93,7 @@ def test_one_stop_button_press_that_reaches_training_twice_is_said_once() -> Non
 # not reentrant, while it sends the text on. The signal lands in the middle of one of its writes.
 CAPTURED_STDERR = """
 import os, signal, sys, threading
-from {{ cookiecutter.package_name }}.utils.signals import StopRequest
+from {{ cookiecutter.package_name }}.utils.training.signals import StopRequest
 
 class CapturedStderr:
     def __init__(self, stream):
@@ -138,7 +138,7 @@ def test_a_signal_during_a_write_to_stderr_does_not_write_into_it() -> None:
 # two-process run's rank 1 showed now and then.
 LEAVER = """
 import atexit, sys, threading, time, torch, torch.distributed as dist
-from {{ cookiecutter.package_name }}.utils.signals import exit_process
+from {{ cookiecutter.package_name }}.utils.training.signals import exit_process
 
 dist.init_process_group("gloo")
 tensor = torch.ones(2)

@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.cli import check_contract
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.task_check import TaskError, build_datasets, check_task
+from {{ cookiecutter.package_name }}.utils.run.cli import check_contract
+from {{ cookiecutter.package_name }}.utils.run.task_check import TaskError, build_datasets, check_task
 
 from .conftest import PROJECT, QUICK, framework_warnings, training_command
 

@@ -1,5 +1,5 @@
-"""Time limits (utils/timing.py): on a clock the test moves by hand, what is decided at each vote; then real
-runs (a slow first step, a load that comes and goes, SIGKILLs, stop signals) against max_time_lost, the
+"""Time limits (training/timing.py): on a clock the test moves by hand, what is decided at each vote; then
+real runs (a slow first step, a load that comes and goes, SIGKILLs, stop signals) against max_time_lost, the
 checkpoints' 2% share of the time, and a stop within a second."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.utils.config import parse_duration
-from {{ cookiecutter.package_name }}.utils.timing import SessionClock, format_duration
+from {{ cookiecutter.package_name }}.utils.training.timing import SessionClock, format_duration
 
 
 @pytest.mark.parametrize(

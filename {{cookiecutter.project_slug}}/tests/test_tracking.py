@@ -16,16 +16,17 @@ import urllib.request
 {% endif %}from pathlib import Path
 
 import pytest
-{% if cookiecutter.tracker == "mlflow" %}
-from {{ cookiecutter.package_name }}.utils import tracking
-{%- endif %}
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints{% if cookiecutter.tracker == "mlflow" %}, seal{% endif %}
+
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints{% if cookiecutter.tracker == "mlflow" %}, seal{% endif %}
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, TrainConfig, load_config
-{%- if cookiecutter.tracker == "wandb" %}
-from {{ cookiecutter.package_name }}.utils.run_dir import RunError
+{%- if cookiecutter.tracker == "mlflow" %}
+from {{ cookiecutter.package_name }}.utils.run import tracking
 {%- endif %}
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
-from {{ cookiecutter.package_name }}.utils.tracking import TRACKER_MODULES, wandb_history{% if cookiecutter.tracker == "wandb" %}, wandb_offline_steps{% endif %}
+{%- if cookiecutter.tracker == "wandb" %}
+from {{ cookiecutter.package_name }}.utils.run.run_dir import RunError
+{%- endif %}
+from {{ cookiecutter.package_name }}.utils.run.tracking import TRACKER_MODULES, wandb_history{% if cookiecutter.tracker == "wandb" %}, wandb_offline_steps{% endif %}
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import (
     PROJECT,

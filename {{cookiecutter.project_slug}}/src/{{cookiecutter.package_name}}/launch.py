@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .utils.durable import write_atomically
-from .utils.hardware import Gpu, precision_for, query_gpus, wrong_platform
-from .utils.packages import declared
-from .utils.signals import EXIT_STOPPED, LAUNCHER_PID
+from .utils.checkpoints.durable import write_atomically
+from .utils.machine.hardware import Gpu, precision_for, query_gpus, wrong_platform
+from .utils.machine.packages import declared
+from .utils.training.signals import EXIT_STOPPED, LAUNCHER_PID
 
 PLATFORMS = ("local", "colab", "kaggle", "slurm")
 # Signals the multi-process launcher forwards to its workers instead of dying (SIGUSR1: SLURM's warning,
@@ -377,7 +377,7 @@ def run_accelerate(args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="launch-") as folder:
         outcome = Path(folder) / "outcome.json"
         os.environ[OUTCOME_FILE] = str(outcome)
-        os.environ[LAUNCHER_PID] = str(os.getpid())  # its workers' parent (utils/signals.py)
+        os.environ[LAUNCHER_PID] = str(os.getpid())  # its workers' parent (utils/training/signals.py)
         try:
             launch_command(launch_command_parser().parse_args(args))
         except (SignalException, ChildFailedError):

@@ -21,7 +21,7 @@ from itertools import islice
 from pathlib import Path
 from subprocess import DEVNULL, PIPE, STDOUT
 
-from .utils.signals import EXIT_STOPPED
+from .utils.training.signals import EXIT_STOPPED
 
 PROJECT = Path(__file__).parents[2]  # src/<package>/notebook.py -> the folder with train.py
 

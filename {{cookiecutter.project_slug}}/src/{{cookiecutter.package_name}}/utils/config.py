@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from .durable import write_atomically
+from .checkpoints.durable import write_atomically
 
 # Hours, minutes, seconds, each optional but in this order: what `time_budget` accepts.
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
@@ -54,7 +54,7 @@ def _declared(config_class: type) -> dict[str, Any]:
 class RunConfig:
     """The run: its folder, where it continues from, how long it may train, what it reports."""
 
-    # A relative output_dir is taken from the project folder (utils/cli.py).
+    # A relative output_dir is taken from the project folder (utils/run/cli.py).
     output_dir: str = session(
         "outputs/run", "where this run writes metrics, checkpoints and the model (one run per folder)"
     )
@@ -123,7 +123,7 @@ class CheckpointConfig:
     eval_every: int = session(0, "evaluate every this many optimizer steps")
     best_metric: str = setting("eval/loss", "the eval metric that picks best_model/ and early stopping")
     early_stopping_patience: int = session(0, "stop after this many evaluations without a better best_metric")
-    # Checkpoints come as often as that takes, as far as their measured cost allows (utils/timing.py).
+    # Checkpoints come as often as that takes, as far as their measured cost allows (training/timing.py).
     max_time_lost: str = session("1m", "the most training a kill may cost, e.g. 1m, 30s ('': no such bound)")
     checkpoint_every: int = session(0, "also save a checkpoint every this many optimizer steps (0: off)")
     keep_checkpoints: int = session(3, "how many of the newest checkpoints to keep")

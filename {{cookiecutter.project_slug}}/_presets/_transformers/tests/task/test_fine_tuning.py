@@ -27,9 +27,9 @@ from safetensors import safe_open
 
 from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.models.pretrained import HEADS
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import load_config
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from ..conftest import (
     assert_same_run,

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import (
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import (
     LOOP_STATE_FILE,
     checkpoint_problem,
     export_problem,
     list_checkpoints,
 )
-from {{ cookiecutter.package_name }}.utils.mirror import Mirror
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
+from {{ cookiecutter.package_name }}.utils.checkpoints.mirror import Mirror
+from {{ cookiecutter.package_name }}.utils.run.run_dir import LOCK_FILE
 
 from ..conftest import assert_same_run, read_metrics, run_training, sessions_of
 from ..task_settings import QUICK

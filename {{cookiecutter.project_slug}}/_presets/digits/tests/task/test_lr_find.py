@@ -1,4 +1,4 @@
-"""`--find_lr true`: a learning-rate range test that leaves its curve and nothing else (utils/lr_find.py)."""
+"""`--find_lr true`: a learning-rate range test that leaves its curve, nothing else (training/lr_find.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE, OutputLock
+from {{ cookiecutter.package_name }}.utils.run.run_dir import LOCK_FILE, OutputLock
 
 from ..conftest import assert_same_run, run_training, sessions_of
 from ..task_settings import QUICK

@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import LOOP_STATE_FILE, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.mirror import STOP_WAIT_S, Mirror
-from {{ cookiecutter.package_name }}.utils.remote import export_secrets, open_store
-from {{ cookiecutter.package_name }}.utils.run_dir import FolderInUse, RemoteLease, RunError
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import LOOP_STATE_FILE, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.mirror import STOP_WAIT_S, Mirror
+from {{ cookiecutter.package_name }}.utils.checkpoints.remote import export_secrets, open_store
+from {{ cookiecutter.package_name }}.utils.run.run_dir import FolderInUse, RemoteLease, RunError
 
 from ..conftest import PROJECT, assert_same_run, free_port, training_command, wait_for_training
 from ..task_settings import QUICK

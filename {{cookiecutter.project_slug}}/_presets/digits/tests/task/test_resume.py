@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, checkpoint_step, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import (
+    checkpoint_problem,
+    checkpoint_step,
+    list_checkpoints,
+)
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from ..conftest import (
     assert_same_run,

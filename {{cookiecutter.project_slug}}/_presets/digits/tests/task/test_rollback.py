@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_problem, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_problem, list_checkpoints
 
 from ..conftest import assert_same_run, read_metrics, run_training, sessions_of, start_training
 

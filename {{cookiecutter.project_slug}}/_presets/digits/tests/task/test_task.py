@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data import digits
 from {{ cookiecutter.package_name }}.data.digits import NoisyDigits
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
-from {{ cookiecutter.package_name }}.utils.task_check import TaskModel
+from {{ cookiecutter.package_name }}.utils.run.task_check import TaskModel
 
 from ..conftest import FIGURE, PROJECT, assert_quoted, last_eval, run_training
 

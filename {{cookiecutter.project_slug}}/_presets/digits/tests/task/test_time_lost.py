@@ -1,6 +1,6 @@
-"""max_time_lost and stop signals in real runs (utils/timing.py): a first step as slow as compiling a model,
-a CPU load that comes and goes, SIGKILLs at random moments, then reruns to a bitwise-identical end; and a
-stop signal acted on within a second, on 1 and 2 processes, whatever log_every is."""
+"""max_time_lost and stop signals in real runs (training/timing.py): a first step as slow as compiling a
+model, a CPU load that comes and goes, SIGKILLs at random moments, then reruns to a bitwise-identical end;
+and a stop signal acted on within a second, on 1 and 2 processes, whatever log_every is."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from {{ cookiecutter.package_name }}.utils.checkpoint import checkpoint_step, list_checkpoints
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
-from {{ cookiecutter.package_name }}.utils.timing import LOOP_SHARE
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_step, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.training.timing import LOOP_SHARE
 
 from ..conftest import PROJECT, assert_same_run, run_training, training_command
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import read_loop_state
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import load_config
 
 from ..conftest import assert_same_run, last_eval, read_metrics, run_training, sessions_of, start_line

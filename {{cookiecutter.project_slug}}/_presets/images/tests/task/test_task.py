@@ -28,7 +28,7 @@ from {{ cookiecutter.package_name }}.data.image_folder import (
     to_tensor,
 )
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.exact import SeededItems
+from {{ cookiecutter.package_name }}.utils.training.seeding import SeededItems
 
 from ..conftest import FIGURE, PROJECT, assert_quoted, last_eval, run_predict, run_training
 
@@ -134,7 +134,7 @@ def test_a_relative_data_dir_is_found_from_the_project_root(
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index() -> None:
-    """As the loader reads the train set: its items' draws seeded (utils/exact.py)."""
+    """As the loader reads the train set: its items' draws seeded (utils/training/seeding.py)."""
     train_set = SeededItems(task.build_datasets(task.Config())[0], seed=0)
     train_set.set_epoch(3)
     first = [train_set[index][0] for index in range(8)]
@@ -315,7 +315,7 @@ def test_missing_pillow_names_the_package_and_the_pip_command(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_an_image_replaced_between_sessions_is_named_and_nothing_is_written(tmp_path: Path) -> None:
-    """The data fingerprint of an image folder (utils/fingerprint.py: the files of its (path, label) list)."""
+    """The data fingerprint of an image folder (run/fingerprint.py: the files of its (path, label) list)."""
     data, output_dir = tmp_path / "data", tmp_path / "run"
     shutil.copytree(PROJECT / "data", data)
     args = ["--data_dir", str(data), "--max_steps", "2", "--checkpoint_every", "2", "--log_every", "1"]

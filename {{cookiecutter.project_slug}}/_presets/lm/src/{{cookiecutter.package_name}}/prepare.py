@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .data.token_format import DTYPE, FORMAT, META_FILE, TOKENIZER_FILE, DataError, char_ids, file_sha256
-from .utils.timing import format_duration
+from .utils.training.timing import format_duration
 
 SEPARATOR = "\n\n"  # between two documents
 CHUNK_BYTES = 4 << 20  # read and tokenized at a time: the memory of a pass, whatever the corpus

@@ -1,6 +1,6 @@
 """torch.compile across a resume: the checkpoint carries Inductor's cache, and the resumed session uses it
 instead of compiling again, on a machine whose own Inductor cache is empty, and its first step is bit for
-bit the one the stopped session computed ahead (utils/compile_cache.py, utils/exact.py)."""
+bit the one the stopped session computed ahead (utils/machine/compile_cache.py, utils/training/seeding.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
-from {{ cookiecutter.package_name }}.utils.compile_cache import ARTIFACTS, CACHE_FILE, load_cache
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.machine.compile_cache import ARTIFACTS, CACHE_FILE, load_cache
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from ..conftest import run_training, sessions_of, start_training, wait_for_training
 

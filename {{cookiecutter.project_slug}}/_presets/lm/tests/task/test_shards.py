@@ -31,10 +31,10 @@ from {{ cookiecutter.package_name }} import task
 from {{ cookiecutter.package_name }}.data.chars import WindowOrder
 from {{ cookiecutter.package_name }}.prepare import SEPARATOR
 from {{ cookiecutter.package_name }}.prepare import main as prepare
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.utils.config import ConfigError
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.run.run_dir import LOCK_FILE
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from ..conftest import (
     PROJECT,

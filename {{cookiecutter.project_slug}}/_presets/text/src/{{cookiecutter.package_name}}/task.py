@@ -37,7 +37,7 @@ class Config(FineTuningConfig):
     # A relative data_file is taken from the project folder (format: data/texts.py).
     data_file: str = setting("data/shakespeare_speakers.txt", "the texts, one label<TAB>text per line")
     # Streamed instead of read into memory (data/text_files.py): train with max_steps; read in num_workers
-    # processes, each whole files (utils/streams.py).
+    # processes, each whole files (utils/training/streams.py).
     data_files: str = setting(
         "", "local parquet, csv or jsonl files to stream instead of data_file: globs, comma-separated"
     )
@@ -125,7 +125,7 @@ def build_tokenizer(config: Config) -> PreTrainedTokenizerBase:
 def build_datasets(config: Config) -> tuple[Dataset, Dataset]:
     """The train set (a stream with data_files) and the eval set, tokenized."""
     from .data.texts import TokenizedTexts
-    from .utils.streams import check_stream_settings
+    from .utils.training.streams import check_stream_settings
 
     if config.data_files:
         check_stream_settings(config)  # before the scan of the files, which may be long

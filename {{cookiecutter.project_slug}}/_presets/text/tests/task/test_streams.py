@@ -1,4 +1,4 @@
-"""Training from streamed files (`data_files`, utils/streams.py), with real runs on files written here:
+"""Training from streamed files (`data_files`, training/streams.py), with real runs on files written here:
 
 - stopped by SIGTERM or killed with SIGKILL inside an epoch, the rerun crosses an epoch boundary after
   the resume and ends bitwise identical to a run never stopped;
@@ -40,11 +40,11 @@ import torch
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }} import task
-from {{ cookiecutter.package_name }}.utils.checkpoint import list_checkpoints, read_loop_state
+from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import list_checkpoints, read_loop_state
 from {{ cookiecutter.package_name }}.utils.config import ConfigError, load_config
-from {{ cookiecutter.package_name }}.utils.run_dir import LOCK_FILE
-from {{ cookiecutter.package_name }}.utils.signals import EXIT_STOPPED
-from {{ cookiecutter.package_name }}.utils.streams import StreamLoader
+from {{ cookiecutter.package_name }}.utils.run.run_dir import LOCK_FILE
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
+from {{ cookiecutter.package_name }}.utils.training.streams import StreamLoader
 
 from ..conftest import (
     MODEL,

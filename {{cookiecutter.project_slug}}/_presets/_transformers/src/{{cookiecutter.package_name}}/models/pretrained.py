@@ -4,7 +4,7 @@ checkpointing, and exports that are Hugging Face folders. Shared by the presets 
 What train.py makes of it, with nothing here to call: parameters that do not require gradients (the base
 model under LoRA) stay out of the optimizer and out of every checkpoint, which holds the adapter, the new
 head and their optimizer state; a checkpoint records a hash of those frozen weights, and a resume against
-other base weights is refused (utils/start.py).
+other base weights is refused (utils/run/start.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 from ..fine_tuning import FineTuningConfig
 from ..utils.config import ConfigError, save_config
-from ..utils.packages import require
+from ..utils.machine.packages import require
 
 transformers = require("transformers", "transformers>=4.46")
 # Its bars for loading and writing weights would draw frames into the run's log, between train.py's lines.

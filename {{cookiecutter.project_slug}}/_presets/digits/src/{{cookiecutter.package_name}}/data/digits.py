@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from ..utils.config import ConfigError
-from ..utils.fingerprint import values_xxh3
+from ..utils.run.fingerprint import values_xxh3
 
 PROJECT_DIR = Path(__file__).resolve().parents[3]  # src/<package>/data/digits.py -> the folder with train.py
 DATA_FILE = PROJECT_DIR / "data" / "digits.csv"  # one image per line: 64 pixel values, then the digit
@@ -57,7 +57,7 @@ class NoisyDigits(Dataset):
         return len(self.labels)
 
     def fingerprint(self) -> dict[str, str]:
-        """What a run's data fingerprint (utils/fingerprint.py) records: the images and labels, not the
+        """What a run's data fingerprint (utils/run/fingerprint.py) records: the images and labels, not the
         epoch's noise, which is drawn (torch's generator may round otherwise on another CPU or version)."""
         return {"samples": f"{len(self)} samples, xxh3 {values_xxh3((self.features, self.labels))}"}
 

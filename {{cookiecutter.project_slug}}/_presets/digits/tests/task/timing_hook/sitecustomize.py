@@ -6,7 +6,7 @@ step's vote, `stop <step> <seconds>` for each checkpoint's stop of the loop."""
 import os
 import time
 
-from {{ cookiecutter.package_name }}.utils import loop, timing
+from {{ cookiecutter.package_name }}.utils.training import loop, timing
 
 _marks = open(os.environ["TIMING_MARKS"], "a", buffering=1)  # noqa: SIM115 (open while the process runs)
 _init, _count, _log, _saved = (

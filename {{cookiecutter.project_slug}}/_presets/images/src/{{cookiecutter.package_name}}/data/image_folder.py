@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..utils.config import ConfigError
-from ..utils.packages import require
+from ..utils.machine.packages import require
 
 # At import, so that a missing package stops train.py and predict.py before they write anything. The
 # package itself first: if it is missing, that is what the message names.
@@ -96,7 +96,7 @@ def to_tensor(image: np.ndarray, normalization: Normalization | None = None) -> 
 def augment(image: np.ndarray, padding: int, flip: bool) -> np.ndarray:
     """A random crop of the image padded by `padding` (edge pixels repeated); with `flip`, mirrored left to
     right with probability 1/2. Drawn from numpy's global generator, which the loader seeds from (seed,
-    epoch, index) for each training image (utils/exact.py): a resumed run sees the crops it would have."""
+    epoch, index) for each training image (training/seeding.py): a resumed run sees the crops it would."""
     top, left = np.random.randint(0, 2 * padding + 1, size=2)
     height, width = image.shape[:2]
     # Indices clipped to the image: the same pixels as a crop of the edge-padded image, without padding it.

@@ -5,8 +5,9 @@ One pass at start (`scan`) counts the training texts' words and finds the labels
 training stream (`train_stream`) then reads the files again each epoch. The eval split is the texts whose
 hash falls under `eval_fraction`: fixed by the texts alone, the same in every process and every pass.
 Order: `datasets` interleaves the files row by row, in an order drawn from `seed` and the epoch; rows keep
-their order inside a file. The loader then shuffles the rows in windows of `shuffle_window` (utils/streams.py,
-which refuses a `datasets` shuffle buffer): for a wider mix, write each file's rows in random order."""
+their order inside a file. The loader then shuffles the rows in windows of `shuffle_window`
+(training/streams.py, which refuses a `datasets` shuffle buffer): for a wider mix, write each file's rows in
+random order."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..utils.config import ConfigError
-from ..utils.packages import require
+from ..utils.machine.packages import require
 from .texts import word_counts
 
 if TYPE_CHECKING:

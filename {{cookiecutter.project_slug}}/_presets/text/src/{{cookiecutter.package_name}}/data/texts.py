@@ -14,7 +14,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from ..utils.config import ConfigError
-from ..utils.packages import require
+from ..utils.machine.packages import require
 
 # At import, so that a missing package stops train.py and predict.py before they write anything.
 transformers = require("transformers", "transformers>=4.46")

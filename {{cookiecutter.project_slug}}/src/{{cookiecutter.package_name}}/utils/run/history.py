@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from .durable import write_atomically
-from .hardware import detect_platform
-from .packages import declared
+from ..checkpoints.durable import write_atomically
+from ..machine.hardware import detect_platform
+from ..machine.packages import declared
 
 HISTORY_FILE = "history.json"
 Record = dict[str, Any]
@@ -69,7 +69,7 @@ class History:
         return ([] if previous["ending"] else [killed]) + differences(previous, self.current)
 
     def record(self, checkpoint_step: int, digest: Record) -> None:
-        """What the step after the checkpoint at `checkpoint_step` was (utils/exact.py), for its resumes."""
+        """What the step after the checkpoint at `checkpoint_step` was (training/seeding.py), for resumes."""
         self.current.setdefault("after_checkpoint", {})[str(checkpoint_step)] = digest
 
     def recorded(self, checkpoint_step: int) -> Record | None:
@@ -145,7 +145,7 @@ def declared_versions() -> dict[str, str]:
     """The installed versions of pyproject.toml's `dependencies`, read beside src/ (the project may run
     uninstalled, with PYTHONPATH=src): the same set in every session, whatever a launch imported."""
     try:
-        requirements = declared(Path(__file__).resolve().parents[3] / "pyproject.toml")
+        requirements = declared(Path(__file__).resolve().parents[4] / "pyproject.toml")
     except (OSError, AttributeError, ValueError):  # installed and run elsewhere: Python and torch only
         return {}
     versions = {}
@@ -157,7 +157,7 @@ def declared_versions() -> dict[str, str]:
 
 def code_hashes() -> tuple[str, str]:
     """SHA-256 of task.py, and of the whole project's code: the package's .py files and the script run."""
-    package = Path(__file__).resolve().parents[1]
+    package = Path(__file__).resolve().parents[2]
     files = sorted(package.rglob("*.py"))
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if main and main.endswith(".py"):

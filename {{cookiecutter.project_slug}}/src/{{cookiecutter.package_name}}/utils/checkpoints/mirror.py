@@ -13,6 +13,17 @@ from typing import Any
 from accelerate import PartialState
 from fsspec.implementations.local import LocalFileSystem
 
+from ..config import TrainConfig
+from ..run.run_dir import (
+    LOCK_FILE,
+    SET_ASIDE,
+    FolderInUse,
+    OutputLock,
+    RemoteLease,
+    RunError,
+    on_main,
+    set_aside,
+)
 from .checkpoint import (
     EXPORTS,
     LOOP_STATE_FILE,
@@ -25,11 +36,9 @@ from .checkpoint import (
     remote_sealed,
     remove_folder,
 )
-from .config import TrainConfig
 from .durable import write_atomically
 from .persist import Worker
 from .remote import _first_line, access_problem, is_url, load_secrets, open_store
-from .run_dir import LOCK_FILE, SET_ASIDE, FolderInUse, OutputLock, RemoteLease, RunError, on_main, set_aside
 
 RETRY_S = 30.0
 FINISH_TIMEOUT_S = 900.0  # the longest the end of a run waits for the last copy (a slow upload)
@@ -55,7 +64,7 @@ class Mirror:
         self._locked = False
         self._failing = ""  # the error reported, until a copy works again
         self.newest_step = -1  # the newest checkpoint the mirror holds, verified
-        self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/timing.py)
+        self.copy_seconds = 0.0  # the last pass that copied a checkpoint (utils/training/timing.py)
 
     def start(self, run_id: str, start_over: bool, step: int = -1) -> None:
         """Take the mirror's lock, check that it holds no other run (on the main process), start copying."""

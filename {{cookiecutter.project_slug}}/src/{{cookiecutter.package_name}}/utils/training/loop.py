@@ -19,9 +19,9 @@ from accelerate.data_loader import DataLoaderShard
 from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, IterableDataset
 
-from .. import task
-from ..launch import report_outcome
-from .checkpoint import (
+from ... import task
+from ...launch import report_outcome
+from ..checkpoints.checkpoint import (
     LoopState,
     checkpoint_problem,
     checkpoint_step,
@@ -31,17 +31,17 @@ from .checkpoint import (
     remove_folder,
     reseal,
 )
-from .compile_cache import cache_files
-from .config import TrainConfig
-from .exact import ResumeCheck
-from .history import HISTORY_FILE, History
-from .persist import Persister
+from ..checkpoints.persist import Persister
+from ..config import TrainConfig
+from ..machine.compile_cache import cache_files
+from ..run.history import HISTORY_FILE, History
+from ..run.run_dir import RunError
+from ..run.task_check import TaskModel
+from ..run.tracking import metrics_size, truncate_metrics
 from .progress import Progress
-from .run_dir import RunError
+from .resume_check import ResumeCheck
 from .signals import StopRequest
-from .task_check import TaskModel
 from .timing import SessionClock
-from .tracking import metrics_size, truncate_metrics
 
 SPIKE_LOGS = 5  # a logged train loss is a spike against the median of this many logged before it
 
@@ -106,7 +106,7 @@ class Bookkeeping:
         self.progress.epoch = state.step / self.steps_per_epoch if self.steps_per_epoch else state.epoch
 
     def log(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """At votes (utils/timing.py), about twice a second: a stop, the checkpoint interval; the loss too."""
+        """At votes (training/timing.py), twice a second: a stop, the checkpoint interval; the loss too."""
         logging = self.state.step % self.config.log_every == 0
         if logging or self.state.step >= self.clock.next_vote:  # the step the last vote planned (all agree)
             self.loss.vote(self.end, self.clock, scheduler, logging)
@@ -162,8 +162,8 @@ class Bookkeeping:
         state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
         step, why = state.step, self.end.why()
         files = {HISTORY_FILE: self.history.text(step, why)}
-        files |= cache_files(accelerator, config)  # what was compiled (utils/compile_cache.py)
-        # Written in the background and mirrored (utils/persist.py); published before finish() names it.
+        files |= cache_files(accelerator, config)  # what was compiled (utils/machine/compile_cache.py)
+        # Written in the background and mirrored (checkpoints/persist.py); published before finish() names it.
         published = functools.partial(self.check.saved, step, why)  # what a kill from then on resumes from
         self.last_saved = self.persister.save(state, self.resumed_from, files, published)
         self.clock.saved(step, saving, self.persister.last_seconds)
@@ -231,7 +231,7 @@ class TrainLoss:
     def vote(self, end: Ending, clock: SessionClock, scheduler: Any, logging: bool) -> None:
         """The one host-device sync of training, at votes: the loss, with the stop vote and the main process's
         clock riding along, so that all processes stop, or checkpoint for time, at the same step, whenever
-        each got its signal (utils/timing.py: why one clock decides). Sets `end`'s reasons, the checkpoint
+        each got its signal (training/timing.py: why one clock decides). Sets `end`'s reasons, the checkpoint
         interval and the next vote; at logging steps, logs the loss (else its window goes on)."""
         vote = 1.0 if end.stop_request else 0.0
         loss_total, votes, interval, late, ahead = self.total(vote, *clock.vote(self.state.step, logging))
@@ -440,12 +440,12 @@ def epoch_batches(
 ) -> Iterator:
     """The train batches of the epoch `state` is in, in its order: after a resume, those not yet seen."""
     train_loader.set_epoch(state.epoch)  # the data order of this epoch (a StreamLoader: its stream's)
-    if isinstance(train_set, IterableDataset):  # a stream resumes from its own state (utils/streams.py)
+    if isinstance(train_set, IterableDataset):  # a stream resumes from its own state (training/streams.py)
         yield from train_loader
         state.epoch += 1  # it ran out: the epoch is over (a map-style one ends on its count of steps)
         state.epoch_samples = 0
         return
-    train_loader.dataset.set_epoch(state.epoch)  # SeededItems (utils/exact.py): Accelerate calls it sometimes
+    train_loader.dataset.set_epoch(state.epoch)  # SeededItems (training/seeding.py); Accelerate's sometimes
     batches = train_loader
     if state.epoch_samples:  # resumed inside this epoch: skip what the checkpoint already saw
         seen = state.epoch_samples // config.global_batch_size
@@ -513,45 +513,6 @@ def track_best(
         export_model(accelerator, model, config, folder, {"step": state.step, **metrics})
     else:
         state.evals_since_best += 1
-
-
-def warmup_cosine(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """Linear warmup, then cosine decay to zero at `total_steps`, as a LambdaLR factor."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
-
-
-def warmup_stable_decay(warmup_steps: int, total_steps: int, decay_start: int) -> Callable[[int], float]:
-    """Linear warmup, the peak until `decay_start`, then linear decay to zero at `total_steps`: the steps
-    before the decay do not depend on `total_steps`, so a longer plan continues from there exactly."""
-    decay = max(1, total_steps - decay_start)
-    return lambda step: min(1.0, (step + 1) / max(1, warmup_steps), (total_steps - step) / decay)
-
-
-def schedule_factor(config: TrainConfig, planned: int) -> Callable[[int], float]:
-    """The lr_schedule's LambdaLR factor, for a plan of `planned` optimizer steps."""
-    if config.lr_schedule == "wsd":
-        return warmup_stable_decay(config.warmup_steps, planned, decay_start(config, planned))
-    return warmup_cosine(config.warmup_steps, planned)
-
-
-def planned_steps(config: TrainConfig, steps_per_epoch: int) -> int:
-    """The steps the schedule is planned for: the epochs' (max_steps for a stream, and for wsd if sooner)."""
-    planned = steps_per_epoch * config.num_epochs if steps_per_epoch else config.max_steps
-    return min(planned, config.max_steps) if config.lr_schedule == "wsd" and config.max_steps else planned
-
-
-def decay_start(config: TrainConfig, planned_steps: int) -> int:
-    """The step where a wsd schedule of `planned_steps` begins its decay (-1: not wsd)."""
-    if config.lr_schedule != "wsd":
-        return -1
-    return max(config.warmup_steps, planned_steps - round(config.decay_fraction * planned_steps))
 
 
 def weights_finite(accelerator: Accelerator, model: torch.nn.Module) -> bool:

@@ -9,10 +9,15 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .. import task
-from .config import ConfigError, TrainConfig, load_config
-from .hardware import check_output_dir, detect_platform, foreign_paths_problem, main_process_of_launch
-from .remote import check_urls, is_url
+from ... import task
+from ..checkpoints.remote import check_urls, is_url
+from ..config import ConfigError, TrainConfig, load_config
+from ..machine.hardware import (
+    check_output_dir,
+    detect_platform,
+    foreign_paths_problem,
+    main_process_of_launch,
+)
 
 
 def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, str, list[str]]:
@@ -28,7 +33,7 @@ def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, str
     # Relative to the project, not to the working directory: the same command finds its run from anywhere.
     # Normalised lexically, not resolved: a path through a symlink (a mounted Drive) keeps its name.
     config.output_dir = os.path.normpath(project / config.output_dir)
-    if config.mirror_dir and not is_url(config.mirror_dir):  # a URL is a remote store (utils/remote.py)
+    if config.mirror_dir and not is_url(config.mirror_dir):  # a URL is a remote store (checkpoints/remote.py)
         config.mirror_dir = os.path.normpath(project / config.mirror_dir)
     check_urls(config, config_path)  # no network: a protocol that cannot work, a key inside a URL
     try:
@@ -64,7 +69,7 @@ FUNCTIONS = {
     "predict_inputs": ("config", "path"),
     "predict": ("model", "batch", "config"),
 }
-# Optional: without them, model.safetensors holds the state dict (utils/checkpoint.py).
+# Optional: without them, model.safetensors holds the state dict (utils/checkpoints/checkpoint.py).
 OPTIONAL = {"export": ("model", "state_dict", "folder", "config"), "load_export": ("folder", "config")}
 
 

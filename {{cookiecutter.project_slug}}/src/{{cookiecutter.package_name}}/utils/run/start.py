@@ -18,7 +18,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 
-from .checkpoint import (
+from ..checkpoints.checkpoint import (
     EXPORTS,
     LOOP_STATE_FILE,
     STAGING_PREFIX,
@@ -33,11 +33,11 @@ from .checkpoint import (
     newest_readable,
     read_loop_state,
 )
-from .config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
+from ..checkpoints.remote import is_url, open_store
+from ..config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
+from ..training.schedule import decay_start
 from .fingerprint import first_difference
 from .history import HISTORY_FILE
-from .loop import decay_start
-from .remote import is_url, open_store
 from .run_dir import SET_ASIDE, RunError, earlier_outputs, on_main, set_aside
 
 SEARCH_DEPTH = 5  # of run folders under import_from: /kaggle/input/<dataset>/outputs/<task> is 3, Drive 3-4
@@ -96,7 +96,7 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
             "versions that wrote it (its history.json), or choose another --output_dir"
         )
     # What else changed since the checkpoint was written (processes, batch split, versions) and what it
-    # does to the numbers is printed by utils/history.py.
+    # does to the numbers is printed by utils/run/history.py.
     accelerator.print(
         f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
         f"run {state.run_id or '(unnamed)'})"

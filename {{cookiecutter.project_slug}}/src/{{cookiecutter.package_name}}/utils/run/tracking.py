@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import importlib.util
-import io
 import json
 import logging
 import os
@@ -18,10 +17,10 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 
-from .checkpoint import LoopState
-from .config import ConfigError, TrainConfig
-from .durable import fsync_path, write_atomically
-from .remote import load_secret
+from ..checkpoints.checkpoint import LoopState
+from ..checkpoints.durable import fsync_path, write_atomically
+from ..checkpoints.remote import load_secret
+from ..config import ConfigError, TrainConfig
 from .run_dir import RunError, write_error
 
 # Where each tracker writes in output_dir, and what it imports (the project's extra of its name installs it).
@@ -95,40 +94,6 @@ def logged_rows(output_dir: str | Path) -> list[tuple[int, dict[str, Any]]]:
     path = metrics_path(output_dir)
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return [(row.pop("step"), row) for row in rows]
-
-
-def save_curves(output_dir: str | Path, best_metric: str, best_step: int | None) -> None:
-    """curves.png in output_dir, from metrics.jsonl, at a session's end; a failure to draw is a warning."""
-    path = Path(output_dir) / "curves.png"
-    try:
-        if figure := curves_figure(logged_rows(output_dir), best_metric, best_step):
-            figure.savefig(png := io.BytesIO(), format="png", dpi=80)
-            write_atomically(path, png.getvalue(), durable=False)  # a kill leaves the last picture whole
-            print(f"curves: {path}", flush=True)
-    except Exception as error:
-        print(f"WARNING: {path} not drawn: {type(error).__name__}: {error}", flush=True)
-
-
-def curves_figure(rows: list[tuple[int, dict[str, Any]]], best_metric: str, best_step: int | None) -> Any:
-    """A panel per metric by step, the best evaluation marked on best_metric's; None if nothing is logged."""
-    series: dict[str, dict[int, float]] = {}
-    for step, values in rows:
-        for name, value in values.items():
-            if name == "train/loss" or not name.startswith("train/"):
-                series.setdefault(name, {})[step] = value
-    if not series:
-        return None
-    from matplotlib.figure import Figure  # here only (a second to import); Agg, without pyplot or a window
-
-    figure = Figure(figsize=(4 * len(series), 3.2))
-    panels = figure.subplots(1, len(series), squeeze=False)[0]
-    for axes, (name, points) in zip(panels, series.items(), strict=True):
-        axes.plot(list(points), list(points.values()), label=name)
-        axes.set(title=name, xlabel="step")
-        if name == best_metric and best_step in points:
-            axes.plot(best_step, points[best_step], "o", label=f"best (step {best_step})")
-            axes.legend()
-    return figure
 
 
 def tracker_names(config: TrainConfig) -> list[str]:

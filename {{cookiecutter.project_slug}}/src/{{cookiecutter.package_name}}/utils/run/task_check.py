@@ -16,9 +16,9 @@ import numpy
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from .. import task
-from .config import ConfigError, TrainConfig
-from .exact import batch_tensors
+from ... import task
+from ..config import ConfigError, TrainConfig
+from ..training.resume_check import batch_tensors
 
 SAMPLES = 2  # a batch of two: enough to tell a per-sample value from a per-batch one
 
@@ -63,7 +63,7 @@ def build_datasets(config: TrainConfig) -> tuple[Dataset, Dataset]:
 def _check_sets(train_set: Dataset, eval_set: Dataset) -> None:
     for name, dataset in (("train", train_set), ("eval", eval_set)):
         if name == "train" and isinstance(dataset, IterableDataset):
-            continue  # a stream (utils/streams.py checks what it needs)
+            continue  # a stream (utils/training/streams.py checks what it needs)
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TaskError(
                 f"build_datasets returned a {type(dataset).__name__} as the {name} set: the contract wants "

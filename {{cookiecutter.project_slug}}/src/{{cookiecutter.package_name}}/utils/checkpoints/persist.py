@@ -24,6 +24,8 @@ from accelerate.utils import DistributedType
 from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors.torch import save_file
 
+from ..config import TrainConfig
+from ..run.run_dir import write_error
 from .checkpoint import (
     WRITE_ERRORS,
     Files,
@@ -34,8 +36,6 @@ from .checkpoint import (
     fresh_staging,
     save_checkpoint,
 )
-from .config import TrainConfig
-from .run_dir import write_error
 
 PAUSE_ENV = "CHECKPOINT_WRITE_PAUSE_S"  # tests: seconds to sleep before each file written (for a kill)
 Staged = list[tuple[str, str, Any]]  # (file name, format, CPU copy) of each file a save writes

@@ -9,7 +9,6 @@ import subprocess
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 QUERY = ["--query-gpu=name,compute_cap", "--format=csv,noheader"]
 
@@ -169,35 +168,6 @@ def usable_cpus() -> int:
     return cpus
 
 
-def start_line(accelerator: Any, config: Any, config_path: str, precision_why: str, threads: str) -> str:
-    """The run's start line: where it runs, on what, in which precision and batches."""
-    processes = accelerator.num_processes
-    deterministic = "on" if config.deterministic else "off"
-    accumulation = accelerator.gradient_accumulation_steps
-    batch = f"{config.per_device_batch_size} x {processes} processes x {accumulation} accumulation"
-    if config.auto_batch_size:
-        batch = f"up to {config.per_device_batch_size} (auto_batch_size, below) x {processes} processes"
-    return (
-        f"platform {detect_platform()} | config {config_path} | world size {processes} | "
-        f"distributed {accelerator.distributed_type.value} | device {accelerator.device} | "
-        f"mixed precision {accelerator.mixed_precision} ({precision_why}) | per-device batch {batch} = "
-        f"global batch {config.global_batch_size} | deterministic kernels {deterministic} | "
-        f"CPU threads {threads} | output {Path(config.output_dir)}"
-    )
-
-
-def model_line(model: Any) -> str:
-    """`model: 1.2M parameters, 12.3K trainable; a checkpoint holds about 150.2KB` (weights, Adam moments)."""
-    params = list(model.parameters())
-    trained = [param for param in params if param.requires_grad]
-    size = 3 * sum(param.nbytes for param in trained)
-    shown = []
-    for value in (sum(param.numel() for param in params), sum(param.numel() for param in trained), size):
-        power = min(4, (len(str(value)) - 1) // 3)
-        shown.append(f"{value / 1000**power:.1f}{' KMGT'[power]}" if power else str(value))
-    return f"model: {shown[0]} parameters, {shown[1]} trainable; a checkpoint holds about {shown[2]}B"
-
-
 def hide_gpus_from_cpu_run() -> None:
     """Make a CPU run blind to the GPUs before CUDA reads CUDA_VISIBLE_DEVICES: Accelerate's barrier would
     allocate on cuda:<local rank>, and each checkpoint would create a CUDA context to record its RNG."""
@@ -225,7 +195,7 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
 
     gpus = query_gpus()[0] if torch.cuda.is_available() and not cpu_forced() else []
     if problem := unsupported_gpu(gpus, torch.cuda.get_arch_list()):
-        from .run_dir import RunError
+        from ..run.run_dir import RunError
 
         raise RunError(problem)
     if choice == "auto":
@@ -244,7 +214,8 @@ def resolve_mixed_precision(choice: str) -> tuple[str, str]:
 def check_output_dir(output_dir: str, where: str, mirror_dir: str = "") -> list[str]:
     """Warnings for an output_dir that platform `where` will not keep; ValueError for one on an unmounted
     Google Drive (it would fill the mount point) or overlapping `mirror_dir`."""
-    from .remote import is_url  # not at import: the launcher imports this module before yaml is installed
+    # Not at import: the launcher imports this module before yaml is installed.
+    from ..checkpoints.remote import is_url
 
     path = Path(output_dir).absolute()
     kept = {"output_dir": path}

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import xxhash
 
-from .exact import SeededItems
+from ..training.seeding import SeededItems
 
 PLAIN = (str, bytes, int, float, bool, Path)
 SAMPLES_AT_ONCE = 1024  # samples asked for at a time, through __getitems__ where the dataset has it

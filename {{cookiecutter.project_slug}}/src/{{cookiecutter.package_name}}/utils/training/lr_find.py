@@ -11,10 +11,10 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 
-from .checkpoint import LoopState
-from .config import TrainConfig
-from .exact import StepDigest
+from ..checkpoints.checkpoint import LoopState
+from ..config import TrainConfig
 from .loop import epoch_batches
+from .resume_check import StepDigest
 from .streams import StreamLoader
 
 LOW, HIGH, STEPS = 1e-7, 10.0, 100  # the sweep: fastai's bounds and length

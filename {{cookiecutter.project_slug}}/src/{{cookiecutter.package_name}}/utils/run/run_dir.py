@@ -22,8 +22,8 @@ import psutil
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
-from .config import ConfigError
-from .durable import TEMPORARY_PREFIX
+from ..checkpoints.durable import TEMPORARY_PREFIX
+from ..config import ConfigError
 
 LOCK_FILE = ".lock"
 SET_ASIDE = "set_aside"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import NoReturn
 
-from .hardware import main_process_of_launch
+from ..machine.hardware import main_process_of_launch
 
 # A run stopped by a signal after its checkpoint exits 75 (EX_TEMPFAIL): rerun the command to continue.
 EXIT_STOPPED = 75
@@ -40,7 +40,7 @@ class StopRequest:
         self._pid = os.getpid()
         # SLURM and the launchers signal every rank: each records it (for the stop vote), rank 0 says so.
         self._announce = main_process_of_launch()
-        self._below = "\n" if sys.stdout.isatty() else ""  # the line of a progress bar (utils/progress.py)
+        self._below = "\n" if sys.stdout.isatty() else ""  # the line of a progress bar (training/progress.py)
         for signum in STOP_SIGNALS:
             if not (signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN):  # nohup's stays
                 signal.signal(signum, self._handle)

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig
 
 SECRETS = {  # what each protocol's package reads from the environment
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"),
@@ -31,7 +31,7 @@ def url_problem(url: str) -> str | None:
     from fsspec.registry import get_filesystem_class
 
     if re.match(r"^[^/]*://[^/@]*:[^/@]*@", url):
-        return "holds a credential: remove it from the URL and set it as a secret (see utils/remote.py)"
+        return "holds a credential: remove it from the URL and set it as a secret (see checkpoints/remote.py)"
     try:
         get_filesystem_class(protocol(url))
     except (ValueError, ImportError) as error:  # a protocol fsspec does not know; its package missing

@@ -20,10 +20,10 @@ from accelerate.data_loader import IterableDatasetShard
 from accelerate.utils import send_to_device
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .config import ConfigError, TrainConfig
-from .fingerprint import stream_chain
-from .packages import require
-from .run_dir import RunError
+from ..config import ConfigError, TrainConfig
+from ..machine.packages import require
+from ..run.fingerprint import stream_chain
+from ..run.run_dir import RunError
 from .signals import ignore_stop_signals
 
 

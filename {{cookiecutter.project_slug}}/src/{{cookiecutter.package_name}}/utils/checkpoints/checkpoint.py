@@ -22,12 +22,12 @@ from accelerate.utils.other import clean_state_dict_for_safetensors
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import TrainConfig, save_config
+from ..config import TrainConfig, save_config
+from ..run.fingerprint import file_xxh3
+from ..run.run_dir import LOCK_FILE, SET_ASIDE, set_aside, write_error
 from .durable import TEMPORARY_PREFIX, write_atomically
 from .durable import fsync_path as _fsync
 from .durable import write_durably as _write_durably
-from .fingerprint import file_xxh3
-from .run_dir import LOCK_FILE, SET_ASIDE, set_aside, write_error
 
 # What a failed write of a checkpoint or an export raises: torch reports a full disk as a RuntimeError,
 # safetensors (the weights of a small model, the first file written) as its own SafetensorError.
@@ -75,7 +75,7 @@ class LoopState:
     # SHA-256 and source of the frozen weights (a base under LoRA) that checkpoints leave out ("" if none).
     frozen_sha256: str = ""
     frozen_from: str = ""
-    # What the run trains and evaluates on (utils/fingerprint.py: file or sample set -> size and hash).
+    # What the run trains and evaluates on (utils/run/fingerprint.py: file or sample set -> size and hash).
     data_fingerprint: dict[str, str] = field(default_factory=dict)
     recent_losses: list[float] = field(default_factory=list)  # the last logged train losses: for spikes
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # each: its step, cause, skipped window
@@ -271,7 +271,7 @@ def export_model(
 ) -> None:
     """Write the model (the task's `export`, or safetensors weights), its config and `info` to `folder`, on
     every process (a sharded model is gathered); staged and renamed, never a mix of two exports."""
-    from .. import task  # the task may write a format of its own (a Hugging Face folder)
+    from ... import task  # the task may write a format of its own (a Hugging Face folder)
 
     staging = fresh_staging(accelerator, folder)
     try:

@@ -12,11 +12,11 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, send_to_device
 from accelerate.utils.memory import clear_device_cache, should_reduce_batch_size
 
-from .. import task
-from .config import ConfigError, TrainConfig, gradient_accumulation_steps
-from .history import HISTORY_FILE, session_record
-from .run_dir import RunError
-from .task_check import TaskModel, kept_random_state
+from ... import task
+from ..config import ConfigError, TrainConfig, gradient_accumulation_steps
+from ..run.history import HISTORY_FILE, session_record
+from ..run.run_dir import RunError
+from ..run.task_check import TaskModel, kept_random_state
 
 
 def fit_batch_size(

@@ -9,7 +9,7 @@ import math
 import time
 from typing import Any
 
-from .config import TrainConfig, parse_duration
+from ..config import TrainConfig, parse_duration
 
 LOOP_SHARE = 0.02  # the most of the wall time that checkpoints may stop the loop for
 VOTE_S = 0.5  # seconds between votes: a signal waits for one at most (a sync each, not one per step)

@@ -1,0 +1,1 @@
+"""Checkpoints and their copies: sealed writes, the background saver, the mirror, stores."""

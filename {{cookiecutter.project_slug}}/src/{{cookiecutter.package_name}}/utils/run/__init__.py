@@ -1,0 +1,1 @@
+"""A run's start, its output folder and its record: history, trackers, curves, the task's checks."""

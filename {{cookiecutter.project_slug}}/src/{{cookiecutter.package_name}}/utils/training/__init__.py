@@ -1,0 +1,1 @@
+"""The loop's parts: bookkeeping, schedule, seeding, resume check, progress, clock, signals."""
