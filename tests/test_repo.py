@@ -126,3 +126,17 @@ def test_benchmarks_page_fits_its_word_budget() -> None:
     """docs/benchmarks.md holds each figure once, with its command, machine and date: a reference page."""
     words = len((TEMPLATE / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
     assert words <= BENCHMARKS_WORDS, f"docs/benchmarks.md has {words} words, at most {BENCHMARKS_WORDS}"
+
+
+def test_utils_is_a_few_named_rooms_each_on_the_map() -> None:
+    """utils/ holds config.py and folders of at most 10 modules; docs/development.md's map names every
+    folder and module, so a newcomer finds a function's room there."""
+    utils = TEMPLATE_DIR / "src" / "{{cookiecutter.package_name}}" / "utils"
+    mapped = (TEMPLATE_DIR / "docs" / "development.md").read_text().split("## Tests")[0]
+    assert sorted(path.name for path in utils.glob("*.py")) == ["__init__.py", "config.py"]
+    for folder in (path for path in utils.iterdir() if path.is_dir() and path.name not in CACHES):
+        modules = sorted(path.name for path in folder.glob("*.py") if path.name != "__init__.py")
+        assert 0 < len(modules) <= 10, f"{folder.name}/ holds {len(modules)} modules"
+        assert f"`utils/{folder.name}/`" in mapped, f"docs/development.md's map lacks utils/{folder.name}/"
+        missing = [name for name in modules if f"`{name}`" not in mapped]
+        assert not missing, f"docs/development.md's map lacks {folder.name}/{', '.join(missing)}"
