@@ -174,7 +174,7 @@ def test_every_render_can_log_to_every_tracker(render: Callable[..., Render]) ->
     (each tracker's code runs when the config names it), and pyproject.toml has an extra per tracker, the
     one that the error of a tracker not installed names."""
     projects = [render(tracker=tracker) for tracker in CHOICES["tracker"]]
-    paths = [project.path / "src" / project.package / "utils" / "tracking.py" for project in projects]
+    paths = [project.path / "src" / project.package / "utils" / "run" / "tracking.py" for project in projects]
     code = {path.read_text(encoding="utf-8") for path in paths}
     assert len(code) == 1, "tracking.py differs between the tracker answers"
     for project in projects:
