@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..checkpoints.durable import write_atomically
+from ..config import BRANCH_SETTINGS
 from ..machine.hardware import detect_platform
 from ..machine.packages import declared
 
@@ -135,6 +136,7 @@ def session_record(accelerator: Any, config: Any, step: int) -> Record:
         "mixed_precision": str(accelerator.mixed_precision),
         "deterministic": config.deterministic,
         "compile": config.compile,
+        **{name: getattr(config, name) for name in BRANCH_SETTINGS},
         "versions": versions,
         "task_sha256": task_file,
         "code_sha256": code_sha256,
@@ -226,6 +228,9 @@ def differences(before: Record, now: Record) -> list[str]:
         if before[key] != now[key]:
             why = DETERMINISM_OFF if key == "deterministic" and not now[key] else why
             lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}")
+    for key in BRANCH_SETTINGS:
+        if before[key] != now[key]:
+            lines.append(f"{key} {before[key]!r} -> {now[key]!r}: set at a branch (--resume_from)")
     # The versions both recorded: those of pyproject.toml's dependencies, Python, torch and CUDA.
     for name in sorted(before["versions"].keys() & now["versions"].keys()):
         old, new = before["versions"][name], now["versions"][name]

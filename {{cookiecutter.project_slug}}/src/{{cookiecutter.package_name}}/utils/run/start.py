@@ -34,7 +34,7 @@ from ..checkpoints.checkpoint import (
     read_loop_state,
 )
 from ..checkpoints.remote import is_url, open_store
-from ..config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
+from ..config import BRANCH_SETTINGS, ConfigError, TrainConfig, run_defining_fields, yaml_problem
 from ..training.schedule import decay_start
 from .fingerprint import first_difference
 from .history import HISTORY_FILE
@@ -68,6 +68,16 @@ def resume(
     state.decay_start = decay_start(config, planned)
     state.branch = branch or state.branch
     return state, path
+
+
+def set_branch_settings(config: TrainConfig, optimizer: Any, scheduler: Any) -> None:
+    """Over what load_state restored: the rate and decay as configured (a branch may change them), the
+    schedule's factor applied to that peak. Without a change, the very numbers restored."""
+    schedule = scheduler.scheduler  # the LambdaLR in accelerate's wrapper
+    schedule.base_lrs = [config.learning_rate for _ in optimizer.param_groups]
+    schedule._last_lr = [config.learning_rate * factor(schedule.last_epoch) for factor in schedule.lr_lambdas]
+    for group, rate in zip(optimizer.param_groups, schedule._last_lr, strict=True):
+        group.update(lr=rate, initial_lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
 def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str]) -> LoopState:
@@ -152,7 +162,8 @@ def newest_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
             unreadable.append(f"{path.name} ({problem})")
             notes.append(f"WARNING: skipping checkpoint {path}: {problem}")
             continue
-        if changed := changed_settings(path, config):
+        branched = _branch_in_folder(output_dir).get("from_step") == checkpoint_step(path)  # and no further
+        if changed := changed_settings(path, config, branch=branched):
             refusal: Exception | None = ConfigError(
                 f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
                 "continue it, choose another --output_dir, or pass --start_over true to set it aside"
@@ -200,7 +211,7 @@ def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[s
     if made.get("from_step") == checkpoint_step(path) and newest.get("id") == made["id"]:
         notes.append(f"note: {bad}this branch was made already: continuing it from its newest checkpoint")
         return None
-    if changed := changed_settings(path, config):
+    if changed := changed_settings(path, config, branch=True):
         raise ConfigError(f"{bad}checkpoint {path.name} has other settings ({changed}): give its settings")
     if refusal := other_data(path, read_loop_state(path).data_fingerprint, data):
         raise refusal
@@ -218,7 +229,7 @@ def _fetch_checkpoint(config: TrainConfig, where: str, data: dict | None, notes:
     newest = newest_readable(Path(config.output_dir))
     if newest is not None and copies[0].run_id != newest[1]:
         raise ConfigError(bad.format(f"it is of another run ({copies[0].run_id}; output_dir's: {newest[1]})"))
-    if changed := changed_settings(copies[0].config_yaml, config):
+    if changed := changed_settings(copies[0].config_yaml, config, branch=True):
         raise ConfigError(bad.format(f"it has other settings ({changed})"))
     if error := other_data(copies[0], copies[0].data_fingerprint, data):
         raise error
@@ -352,8 +363,9 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
     return notes
 
 
-def changed_settings(saved: Path | str, config: TrainConfig) -> str:
-    """The run-defining fields that a saved config.yaml (its text, or its folder) sets otherwise, or ""."""
+def changed_settings(saved: Path | str, config: TrainConfig, branch: bool = False) -> str:
+    """The run-defining fields that a saved config.yaml (its text, or its folder) sets otherwise, or "";
+    `branch`: but BRANCH_SETTINGS, which a branch may change."""
     try:
         values = yaml.safe_load(saved if isinstance(saved, str) else (saved / "config.yaml").read_bytes())
     except (OSError, yaml.YAMLError) as error:
@@ -362,9 +374,11 @@ def changed_settings(saved: Path | str, config: TrainConfig) -> str:
     if not isinstance(values, dict):
         return "its config.yaml is not a mapping"
     grows = config.lr_schedule == values.get("lr_schedule") == "wsd"  # a longer plan continues
+    kept = [name for name in run_defining_fields(config) if not (branch and name in BRANCH_SETTINGS)]
     changes = [
         f"{name} {values.get(name)!r} -> {getattr(config, name)!r}"
-        for name in run_defining_fields(config)
+        + (" (changed only by going back, with --resume_from STEP)" if name in BRANCH_SETTINGS else "")
+        for name in kept
         if values.get(name) != getattr(config, name) and not (grows and name == "num_epochs")
     ]
     if any(change.startswith("num_epochs") for change in changes):
