@@ -58,7 +58,7 @@ from {{ cookiecutter.package_name }}.utils.run.curves import save_curves
 from {{ cookiecutter.package_name }}.utils.run.fingerprint import data_fingerprint
 from {{ cookiecutter.package_name }}.utils.run.history import begin_history
 from {{ cookiecutter.package_name }}.utils.run.run_dir import OutputLock, RunError, on_main, write_error
-from {{ cookiecutter.package_name }}.utils.run.start import resume, set_branch_settings
+from {{ cookiecutter.package_name }}.utils.run.start import resume
 from {{ cookiecutter.package_name }}.utils.run.task_check import TaskModel, build_datasets, check_task
 from {{ cookiecutter.package_name }}.utils.run.tracking import start_trackers, trackers, truncate_metrics
 from {{ cookiecutter.package_name }}.utils.training.loop import Bookkeeping, finish, roll_back
@@ -156,7 +156,6 @@ def train(
 
     # --- resume: weights, optimizer, schedule and RNG from save_state; the rest from the loop state
     state, resumed_from = resume(accelerator, config, frozen, data, schedule_steps)
-    set_branch_settings(config, optimizer, scheduler)  # --resume_from may change the rate
     fit_batch_size(accelerator, config, model, train_set, resumed_from)  # auto_batch_size (machine/memory.py)
     book = resume_session(
         accelerator, config, state, resumed_from, mirror, steps_per_epoch, schedule_steps, stop, clock, saver

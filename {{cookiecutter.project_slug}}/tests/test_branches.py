@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_step, list_checkpoints
-
 from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import (
@@ -133,7 +132,7 @@ def test_a_branch_may_lower_the_learning_rate_exactly(tmp_path: Path) -> None:
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=300)[0]
     assert process.returncode == EXIT_STOPPED, output[-3000:]
-    assert "history: learning_rate 0.003 -> 0.001: set at a branch (--resume_from)" in output, output
+    assert "history: learning rate 0.003 -> 0.001: set at a branch (--resume_from)" in output, output
     run_training(run, *ARGS, *branch)
     assert [session["learning_rate"] for session in sessions_of(run)] == [0.003, 0.001, 0.001]
     # The schedule's factor applies to the new peak from the branch on.

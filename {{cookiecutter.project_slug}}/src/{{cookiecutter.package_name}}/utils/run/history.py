@@ -217,6 +217,7 @@ ROUNDING = {
     "mixed_precision": f"the arithmetic itself changed: {NOT_EXACT}",
     "deterministic": f"on a GPU, other kernels, which may round differently: {MEASURED}",
     "compile": f"compiled kernels fuse operations and may round differently: {MEASURED}",
+    **dict.fromkeys(BRANCH_SETTINGS, f"set at a branch (--resume_from): {NOT_EXACT}"),
 }
 DETERMINISM_OFF = f"on a GPU, some sums are then added in an order that varies: {NOT_EXACT}"
 
@@ -228,9 +229,6 @@ def differences(before: Record, now: Record) -> list[str]:
         if before[key] != now[key]:
             why = DETERMINISM_OFF if key == "deterministic" and not now[key] else why
             lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}")
-    for key in BRANCH_SETTINGS:
-        if before[key] != now[key]:
-            lines.append(f"{key} {before[key]!r} -> {now[key]!r}: set at a branch (--resume_from)")
     # The versions both recorded: those of pyproject.toml's dependencies, Python, torch and CUDA.
     for name in sorted(before["versions"].keys() & now["versions"].keys()):
         old, new = before["versions"][name], now["versions"][name]

@@ -61,7 +61,7 @@ def resume(
         accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
         state = LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1])
     else:
-        state = load_everywhere(accelerator, path, frozen)
+        state = load_everywhere(accelerator, path, frozen, config)
     if data is not None:  # the checkpoint's (other_data checked it), or the first one recorded
         state.data_fingerprint = dict(data)
     state.schedule_steps = planned
@@ -70,17 +70,9 @@ def resume(
     return state, path
 
 
-def set_branch_settings(config: TrainConfig, optimizer: Any, scheduler: Any) -> None:
-    """Over what load_state restored: the rate and decay as configured (a branch may change them), the
-    schedule's factor applied to that peak. Without a change, the very numbers restored."""
-    schedule = scheduler.scheduler  # the LambdaLR in accelerate's wrapper
-    schedule.base_lrs = [config.learning_rate for _ in optimizer.param_groups]
-    schedule._last_lr = [config.learning_rate * factor(schedule.last_epoch) for factor in schedule.lr_lambdas]
-    for group, rate in zip(optimizer.param_groups, schedule._last_lr, strict=True):
-        group.update(lr=rate, initial_lr=config.learning_rate, weight_decay=config.weight_decay)
-
-
-def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str]) -> LoopState:
+def load_everywhere(
+    accelerator: Accelerator, path: Path, frozen: tuple[str, str], config: TrainConfig
+) -> LoopState:
     """Load checkpoint `path` on every process, or stop all of them with the same error."""
     saved = read_loop_state(path)
     if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
@@ -92,7 +84,7 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
         )
     problem: Exception | None = None
     try:
-        state = load_checkpoint(accelerator, path)
+        state = load_checkpoint(accelerator, path, config)
     except Exception as error:  # the checksums matched: a mismatch of code or versions, not of bytes
         problem = error
     # Every process must leave with the same checkpoint loaded.
