@@ -4,7 +4,8 @@
   exports after it are set aside, not deleted; history.json records the branch; the same command run again
   continues the branch instead of throwing it away; a bad value is one line and changes nothing;
 - a branch may change the learning rate (refused without --resume_from): the schedule applies to the new
-  peak, history.json names the change, and the branch stopped by SIGTERM and rerun ends bitwise as if not;
+  peak, history.json names the change, and the branch killed, stopped by SIGTERM and rerun with plain
+  commands ends bitwise as if never stopped;
 - `lr_schedule: wsd`: a run planned for fewer steps and rerun with more continues from the checkpoint
   where its decay began (kept by rotation) and ends bitwise equal to a run planned that long from the start,
   also when the longer session runs on 2 processes; with cosine that rerun is one line naming wsd.
@@ -125,16 +126,23 @@ def test_a_branch_may_lower_the_learning_rate_exactly(tmp_path: Path) -> None:
     result = run_training(run, *ARGS, *branch, check=False)
     line = result.stderr.strip().splitlines()[-1]
     assert "learning_rate 0.003 -> 0.001 (changed only by going back, with --resume_from STEP)" in line, line
-    # The branch, stopped by SIGTERM, then rerun as a plain command with the branch's rate.
-    since = time.time()
-    process = start_training(run, *ARGS, *branch, "--resume_from", str(back))
-    wait_for_training(run, process, since, step=back + 10)
-    process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=300)[0]
+    # The branch, killed before its first checkpoint, stopped by SIGTERM, then rerun: plain commands with
+    # the branch's rate continue it.
+    for stop, extra in [
+        (signal.SIGKILL, ["--resume_from", str(back), "--max_time_lost", ""]),
+        (signal.SIGTERM, []),
+    ]:
+        since = time.time()
+        process = start_training(run, *ARGS, *branch, *extra)
+        wait_for_training(run, process, since, step=back + 10)
+        process.send_signal(stop)
+        output = process.communicate(timeout=300)[0]
+        if stop == signal.SIGKILL:
+            assert "history: learning rate 0.003 -> 0.001: set at a branch" in output, output
+            assert steps(run) == [back], output  # later ones set aside; none of the branch's yet
     assert process.returncode == EXIT_STOPPED, output[-3000:]
-    assert "history: learning rate 0.003 -> 0.001: set at a branch (--resume_from)" in output, output
     run_training(run, *ARGS, *branch)
-    assert [session["learning_rate"] for session in sessions_of(run)] == [0.003, 0.001, 0.001]
+    assert [session["learning_rate"] for session in sessions_of(run)] == [0.003, 0.001, 0.001, 0.001]
     # The schedule's factor applies to the new peak from the branch on.
     after = {row["step"]: row["train/lr"] for row in read_metrics(run) if "train/lr" in row}
     shared = [step for step in before if step > back]
