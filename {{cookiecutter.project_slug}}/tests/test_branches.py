@@ -128,10 +128,8 @@ def test_a_branch_may_lower_the_learning_rate_exactly(tmp_path: Path) -> None:
     assert "learning_rate 0.003 -> 0.001 (changed only by going back, with --resume_from STEP)" in line, line
     # The branch, killed before its first checkpoint, stopped by SIGTERM, then rerun: plain commands with
     # the branch's rate continue it.
-    for stop, extra in [
-        (signal.SIGKILL, ["--resume_from", str(back), "--max_time_lost", ""]),
-        (signal.SIGTERM, []),
-    ]:
+    unsaved = ["--max_time_lost", "", "--checkpoint_every", str(LONG)]  # no checkpoint before the kill
+    for stop, extra in [(signal.SIGKILL, ["--resume_from", str(back), *unsaved]), (signal.SIGTERM, [])]:
         since = time.time()
         process = start_training(run, *ARGS, *branch, *extra)
         wait_for_training(run, process, since, step=back + 10)
