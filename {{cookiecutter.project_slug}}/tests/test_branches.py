@@ -3,6 +3,9 @@
 - `--resume_from STEP` continues from that checkpoint exactly as any resume does; the checkpoints and
   exports after it are set aside, not deleted; history.json records the branch; the same command run again
   continues the branch instead of throwing it away; a bad value is one line and changes nothing;
+- a branch may change the learning rate (refused without --resume_from): the schedule applies to the new
+  peak, history.json names the change, and the branch killed, stopped by SIGTERM and rerun with plain
+  commands ends bitwise as if never stopped;
 - `lr_schedule: wsd`: a run planned for fewer steps and rerun with more continues from the checkpoint
   where its decay began (kept by rotation) and ends bitwise equal to a run planned that long from the start,
   also when the longer session runs on 2 processes; with cosine that rerun is one line naming wsd.
@@ -12,13 +15,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpoint_step, list_checkpoints
+from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
-from .conftest import SIGNAL_RUN, assert_same_run, run_training, sessions_of
+from .conftest import (
+    SIGNAL_RUN,
+    assert_same_run,
+    read_metrics,
+    run_training,
+    sessions_of,
+    start_training,
+    wait_for_training,
+)
 
 # A run of this task's SIGNAL_RUN length (400 steps of digits, 40 of lm), and its parts.
 LONG = int(SIGNAL_RUN[SIGNAL_RUN.index("--max_steps") + 1])
@@ -98,6 +112,43 @@ def test_resume_from_bad_values_are_one_line_and_change_nothing(tmp_path: Path) 
     fresh = tmp_path / "fresh"
     result = run_training(fresh, *ARGS, *length, "--resume_from", "3", check=False)
     assert "resume_from 3: no such checkpoint" in result.stderr and not fresh.exists(), result.stderr
+
+
+@pytest.mark.slow
+def test_a_branch_may_lower_the_learning_rate_exactly(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run_training(run, *ARGS, "--max_steps", str(LONG // 4), "--learning_rate", "0.003")
+    shutil.copytree(run, tmp_path / "reference")
+    before = {row["step"]: row["train/lr"] for row in read_metrics(run) if "train/lr" in row}
+    back = steps(run)[0]
+    branch = ["--learning_rate", "0.001", "--max_steps", str(LONG // 2)]
+    # Without --resume_from: refused in one line that names it.
+    result = run_training(run, *ARGS, *branch, check=False)
+    line = result.stderr.strip().splitlines()[-1]
+    assert "learning_rate 0.003 -> 0.001 (changed only by going back, with --resume_from STEP)" in line, line
+    # The branch, killed before its first checkpoint, stopped by SIGTERM, then rerun: plain commands with
+    # the branch's rate continue it.
+    unsaved = ["--max_time_lost", "", "--checkpoint_every", str(LONG)]  # no checkpoint before the kill
+    for stop, extra in [(signal.SIGKILL, ["--resume_from", str(back), *unsaved]), (signal.SIGTERM, [])]:
+        since = time.time()
+        process = start_training(run, *ARGS, *branch, *extra)
+        wait_for_training(run, process, since, step=back + 10)
+        process.send_signal(stop)
+        output = process.communicate(timeout=300)[0]
+        if stop == signal.SIGKILL:
+            assert "history: learning rate 0.003 -> 0.001: set at a branch" in output, output
+            assert steps(run) == [back], output  # later ones set aside; none of the branch's yet
+    assert process.returncode == EXIT_STOPPED, output[-3000:]
+    run_training(run, *ARGS, *branch)
+    assert [session["learning_rate"] for session in sessions_of(run)] == [0.003, 0.001, 0.001, 0.001]
+    # The schedule's factor applies to the new peak from the branch on.
+    after = {row["step"]: row["train/lr"] for row in read_metrics(run) if "train/lr" in row}
+    shared = [step for step in before if step > back]
+    assert shared and all(after[step] == pytest.approx(before[step] / 3, rel=1e-9) for step in shared)
+    assert all(after[step] == before[step] for step in before if step <= back)
+    # Bitwise as the same branch never stopped.
+    run_training(tmp_path / "reference", *ARGS, *branch, "--resume_from", str(back))
+    assert_same_run(run, tmp_path / "reference")
 
 
 @pytest.mark.slow

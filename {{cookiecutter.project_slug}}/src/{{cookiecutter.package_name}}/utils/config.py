@@ -179,6 +179,10 @@ def parse_duration(text: str) -> float | None:
     return 3600 * hours + 60 * minutes + seconds
 
 
+# Run-defining, yet a branch (--resume_from) may change them: they shape the optimizer's steps, not its state.
+BRANCH_SETTINGS = ("learning_rate", "weight_decay", "max_grad_norm")
+
+
 def run_defining_fields(config: TrainConfig) -> list[str]:
     """The fields a resumed run must share with its checkpoint."""
     declared = _declared(type(config))

@@ -113,3 +113,20 @@ def test_nan_in_every_epoch_stops_after_max_rollbacks(
     assert not (output_dir / "model").exists()
     for path in list_checkpoints(output_dir):
         assert all(torch.isfinite(t).all() for t in load_file(path / "model.safetensors").values()), path
+
+
+def test_a_branch_that_rolls_back_keeps_its_learning_rate(
+    reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A branch with a third of the rate (--resume_from) rolls back to the checkpoint it branched from,
+    saved at the old rate, and trains on at its own."""
+    output_dir = tmp_path / "run"
+    run_training(output_dir, *ARGS, "--max_steps", "20")
+    poison(monkeypatch)
+    result = run_training(output_dir, *ARGS, "--learning_rate", "0.001", "--resume_from", "20")
+    assert ROLLBACK in result.stdout, result.stdout
+    rates = {row["step"]: row["train/lr"] for row in read_metrics(output_dir) if "train/lr" in row}
+    before = {row["step"]: row["train/lr"] for row in read_metrics(reference) if "train/lr" in row}
+    assert rates.keys() == before.keys()
+    for step in rates:
+        assert rates[step] == (before[step] if step <= 20 else pytest.approx(before[step] / 3, rel=1e-9))

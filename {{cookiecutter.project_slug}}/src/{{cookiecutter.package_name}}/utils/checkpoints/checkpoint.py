@@ -326,7 +326,7 @@ def export_problem(folder: Path) -> str | None:
     return files_problem(folder, files, True, "the export")
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:
+def load_checkpoint(accelerator: Accelerator, path: Path, config: TrainConfig | None = None) -> LoopState:
     """Restore model, optimizer, scheduler, RNG and sampler from `path` on every process."""
     # load_state restores what prepare registered: called before it, it would load nothing and say nothing.
     if not accelerator._models:
@@ -348,6 +348,14 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> LoopState:
     # Accelerate counts micro-batches for accumulation; checkpoints sit on optimizer-step boundaries,
     # so the count restarts at a window start (also when a new world size changed the accumulation).
     accelerator.step = 0
+    if config is not None:  # its rate and decay over those restored: a branch may change them
+        for optimizer, scheduler in zip(accelerator._optimizers, accelerator._schedulers, strict=True):
+            schedule = scheduler.scheduler  # the LambdaLR in accelerate's wrapper: its factor, new peak
+            peak = config.learning_rate
+            schedule.base_lrs = [peak for _ in optimizer.param_groups]
+            schedule._last_lr = [peak * factor(schedule.last_epoch) for factor in schedule.lr_lambdas]
+            for group, rate in zip(optimizer.param_groups, schedule._last_lr, strict=True):
+                group.update(lr=rate, initial_lr=peak, weight_decay=config.weight_decay)
     return read_loop_state(path)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..checkpoints.durable import write_atomically
+from ..config import BRANCH_SETTINGS
 from ..machine.hardware import detect_platform
 from ..machine.packages import declared
 
@@ -135,6 +136,7 @@ def session_record(accelerator: Any, config: Any, step: int) -> Record:
         "mixed_precision": str(accelerator.mixed_precision),
         "deterministic": config.deterministic,
         "compile": config.compile,
+        **{name: getattr(config, name) for name in BRANCH_SETTINGS},
         "versions": versions,
         "task_sha256": task_file,
         "code_sha256": code_sha256,
@@ -215,6 +217,7 @@ ROUNDING = {
     "mixed_precision": f"the arithmetic itself changed: {NOT_EXACT}",
     "deterministic": f"on a GPU, other kernels, which may round differently: {MEASURED}",
     "compile": f"compiled kernels fuse operations and may round differently: {MEASURED}",
+    **dict.fromkeys(BRANCH_SETTINGS, f"set at a branch (--resume_from): {NOT_EXACT}"),
 }
 DETERMINISM_OFF = f"on a GPU, some sums are then added in an order that varies: {NOT_EXACT}"
 

@@ -34,7 +34,7 @@ from ..checkpoints.checkpoint import (
     read_loop_state,
 )
 from ..checkpoints.remote import is_url, open_store
-from ..config import ConfigError, TrainConfig, run_defining_fields, yaml_problem
+from ..config import BRANCH_SETTINGS, ConfigError, TrainConfig, run_defining_fields, yaml_problem
 from ..training.schedule import decay_start
 from .fingerprint import first_difference
 from .history import HISTORY_FILE
@@ -61,7 +61,7 @@ def resume(
         accelerator.print(f"starting fresh in {config.output_dir} (run {new_run_id})")
         state = LoopState(run_id=new_run_id, frozen_sha256=frozen[0], frozen_from=frozen[1])
     else:
-        state = load_everywhere(accelerator, path, frozen)
+        state = load_everywhere(accelerator, path, frozen, config)
     if data is not None:  # the checkpoint's (other_data checked it), or the first one recorded
         state.data_fingerprint = dict(data)
     state.schedule_steps = planned
@@ -70,7 +70,9 @@ def resume(
     return state, path
 
 
-def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str]) -> LoopState:
+def load_everywhere(
+    accelerator: Accelerator, path: Path, frozen: tuple[str, str], config: TrainConfig
+) -> LoopState:
     """Load checkpoint `path` on every process, or stop all of them with the same error."""
     saved = read_loop_state(path)
     if saved.frozen_sha256 != frozen[0]:  # read from a checksummed file: the same on every process
@@ -82,7 +84,7 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
         )
     problem: Exception | None = None
     try:
-        state = load_checkpoint(accelerator, path)
+        state = load_checkpoint(accelerator, path, config)
     except Exception as error:  # the checksums matched: a mismatch of code or versions, not of bytes
         problem = error
     # Every process must leave with the same checkpoint loaded.
@@ -152,7 +154,8 @@ def newest_start(config: TrainConfig, data: dict[str, str] | None = None) -> tup
             unreadable.append(f"{path.name} ({problem})")
             notes.append(f"WARNING: skipping checkpoint {path}: {problem}")
             continue
-        if changed := changed_settings(path, config):
+        branched = _branch_in_folder(output_dir).get("from_step") == checkpoint_step(path)  # and no further
+        if changed := changed_settings(path, config, branch=branched):
             refusal: Exception | None = ConfigError(
                 f"{output_dir} holds a run with other settings ({changed}): rerun with its settings to "
                 "continue it, choose another --output_dir, or pass --start_over true to set it aside"
@@ -200,7 +203,7 @@ def resume_point(config: TrainConfig, data: dict[str, str] | None, notes: list[s
     if made.get("from_step") == checkpoint_step(path) and newest.get("id") == made["id"]:
         notes.append(f"note: {bad}this branch was made already: continuing it from its newest checkpoint")
         return None
-    if changed := changed_settings(path, config):
+    if changed := changed_settings(path, config, branch=True):
         raise ConfigError(f"{bad}checkpoint {path.name} has other settings ({changed}): give its settings")
     if refusal := other_data(path, read_loop_state(path).data_fingerprint, data):
         raise refusal
@@ -218,7 +221,7 @@ def _fetch_checkpoint(config: TrainConfig, where: str, data: dict | None, notes:
     newest = newest_readable(Path(config.output_dir))
     if newest is not None and copies[0].run_id != newest[1]:
         raise ConfigError(bad.format(f"it is of another run ({copies[0].run_id}; output_dir's: {newest[1]})"))
-    if changed := changed_settings(copies[0].config_yaml, config):
+    if changed := changed_settings(copies[0].config_yaml, config, branch=True):
         raise ConfigError(bad.format(f"it has other settings ({changed})"))
     if error := other_data(copies[0], copies[0].data_fingerprint, data):
         raise error
@@ -352,8 +355,9 @@ def bring_in_newest_copy(config: TrainConfig, data: dict[str, str] | None = None
     return notes
 
 
-def changed_settings(saved: Path | str, config: TrainConfig) -> str:
-    """The run-defining fields that a saved config.yaml (its text, or its folder) sets otherwise, or ""."""
+def changed_settings(saved: Path | str, config: TrainConfig, branch: bool = False) -> str:
+    """The run-defining fields that a saved config.yaml (its text, or its folder) sets otherwise, or "";
+    `branch`: but BRANCH_SETTINGS, which a branch may change."""
     try:
         values = yaml.safe_load(saved if isinstance(saved, str) else (saved / "config.yaml").read_bytes())
     except (OSError, yaml.YAMLError) as error:
@@ -362,9 +366,11 @@ def changed_settings(saved: Path | str, config: TrainConfig) -> str:
     if not isinstance(values, dict):
         return "its config.yaml is not a mapping"
     grows = config.lr_schedule == values.get("lr_schedule") == "wsd"  # a longer plan continues
+    kept = [name for name in run_defining_fields(config) if not (branch and name in BRANCH_SETTINGS)]
     changes = [
         f"{name} {values.get(name)!r} -> {getattr(config, name)!r}"
-        for name in run_defining_fields(config)
+        + (" (changed only by going back, with --resume_from STEP)" if name in BRANCH_SETTINGS else "")
+        for name in kept
         if values.get(name) != getattr(config, name) and not (grows and name == "num_epochs")
     ]
     if any(change.startswith("num_epochs") for change in changes):

@@ -300,7 +300,7 @@ def roll_back(book: Bookkeeping) -> None:
     bad_step = state.step
     spe = book.steps_per_epoch  # positions in the data: batches from the run's start, over epochs
     last = state.epoch * spe + state.epoch_samples // config.global_batch_size + config.rollback_margin
-    loaded = load_checkpoint(accelerator, before[-1])
+    loaded = load_checkpoint(accelerator, before[-1], config)
     if len(loaded.rollbacks) <= done:  # else resealed with this rollback already (killed right after)
         first = loaded.epoch * spe + loaded.epoch_samples // config.global_batch_size
         loaded.epoch = last // spe
