@@ -199,7 +199,8 @@ def step_gradients(
     batch's micro-batches of `forward` (the prepared model, or its compiled module), clips the gradients and
     returns the summed loss. The probe at a session's last
     checkpoint calls it too, with BatchNorm's statistics left alone (`tracking=False`)."""
-    accumulation, micro_size = accelerator.gradient_accumulation_steps, config.per_device_batch_size
+    accumulation = accelerator.gradient_accumulation_steps
+    micro_size = config.per_device_batch_size
     first_place = accelerator.process_index * accumulation  # this process's micro-batches in the global batch
     norms, stats_here = running_stats(accelerator, model)  # BatchNorm's, and whether this process's count
     # What task.loss gets: calls run `forward`, attributes come from the model build_model returned (DDP's

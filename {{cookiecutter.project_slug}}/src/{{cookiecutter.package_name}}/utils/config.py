@@ -332,7 +332,8 @@ def yaml_problem(error: yaml.YAMLError) -> str:
 def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
     """Reject values of the right type but outside their range, naming where each came from."""
     for key, is_valid, expected in config.CHECKS:
-        value, where = getattr(config, key), sources.get(key, "default")
+        value = getattr(config, key)
+        where = sources.get(key, "default")
         try:
             valid = is_valid(value)
         except Exception as error:  # the task's own check (e.g. `64 // v` with 0)
