@@ -1,6 +1,5 @@
 """Where a run starts: fresh, or from which checkpoint (output_dir's own, or a newer copy found elsewhere).
-What is refused and why: docs/resume.md ("Never lose or mix a run"), docs/moving-runs.md.
-"""
+What is refused and why: docs/resume.md ("Never lose or mix a run"), docs/moving-runs.md."""
 
 from __future__ import annotations
 

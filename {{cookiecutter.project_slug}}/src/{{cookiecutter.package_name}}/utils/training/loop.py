@@ -378,12 +378,15 @@ def finish(
     book.history.save(book.config.output_dir, book.state.step, book.end.why())
     if book.end.diverged:
         raise RunError(diverged_message(book.end.diverged, book.config, book.last_saved))
-    if book.end.stopping or book.end.out_of_time:
+    stopping = book.end.stopping or book.end.out_of_time
+    if stopping:
         stopped(book, model)
     else:
         done(book, model, forward, eval_loader, scheduler)
+    if book.accelerator.is_main_process:  # a SLURM launcher requeues a stopped run that made progress
+        report_outcome("stopped" if stopping else "finished", book.progress.start_step, book.state.step)
     book.accelerator.wait_for_everyone()  # a launcher ends the others when one exits first with 75
-    return not (book.end.stopping or book.end.out_of_time)
+    return not stopping
 
 
 def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:
@@ -392,8 +395,6 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:
     state = book.state
     output_dir = Path(book.config.output_dir)
     if not book.end.out_of_time:
-        if accelerator.is_main_process:  # a SLURM launcher requeues on progress
-            report_outcome("stopped", book.progress.start_step, state.step)
         accelerator.print(  # the last line, which the launchers show as the outcome
             f"stopped by {book.end.stop_request.signal_name or 'another process'} at step {state.step}: "
             "checkpoint saved, run the same command to continue"
@@ -405,7 +406,6 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:
     if accelerator.is_main_process:
         print(f"exported {output_dir / 'model'} (step {state.step})")
         print(f"stopped for time; run again to continue: step {state.step}, {book.clock.stop_note()}")
-        report_outcome("stopped", book.progress.start_step, state.step)  # a SLURM launcher requeues
 
 
 def done(
@@ -458,8 +458,6 @@ def done(
         accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
     else:
         accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
-    if accelerator.is_main_process:
-        report_outcome("finished", book.progress.start_step, state.step)
 
 
 def epoch_batches(
@@ -487,9 +485,8 @@ def epoch_batches(
 
 def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
     """`batches` (page-locked, on the host) on the GPU, each copied on a stream of its own while the step
-    before it computes: batch k+1's copy is queued before step k's kernels and runs beside them.
-
-    Not for a stream (StreamLoader): its saved position would count the batch read ahead."""
+    before it computes: batch k+1's copy is queued before step k's kernels and runs beside them. Not for a
+    stream (StreamLoader): its saved position would count the batch read ahead."""
     copies = torch.cuda.Stream(device)
     compute = torch.cuda.current_stream(device)
     ahead = None
@@ -510,12 +507,8 @@ def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
 def evaluate(
     accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader, config: TrainConfig
 ) -> dict[str, float]:
-    """The task's metrics over the whole eval set: the same numbers on any number of processes.
-
-    gather_for_metrics returns the per-sample values in dataset order and drops the samples repeated
-    to give every process a full last batch; reducing once over the whole set, in that order, makes
-    the result independent of how the set was split.
-    """
+    """The task's metrics over the whole eval set, the same on any number of processes: gather_for_metrics
+    gives the per-sample values in dataset order, without the samples repeated to fill the last batch."""
     model.eval()
     view = TaskModel(model, accelerator.unwrap_model(model, keep_torch_compile=False))  # its attributes too
     gathered: dict[str, list[torch.Tensor]] = {}

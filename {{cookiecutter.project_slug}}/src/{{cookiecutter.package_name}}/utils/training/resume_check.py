@@ -1,6 +1,5 @@
 """The first step after a checkpoint, recorded and compared at the next resume: bitwise, or how far and why
-(docs/resume.md, "Stopping and resuming").
-"""
+(docs/resume.md, "Stopping and resuming")."""
 
 from __future__ import annotations
 
