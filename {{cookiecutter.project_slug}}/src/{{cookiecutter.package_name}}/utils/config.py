@@ -1,8 +1,5 @@
-"""The run's configuration: one typed dataclass, filled from a YAML file and command-line flags.
-
-Precedence is flag > --config's file > the platform's file > default. Anything that is not a field, or not
-of the field's type, stops the run before training, naming the file (or flag) and key: docs/configuration.md.
-"""
+"""The run's configuration: one typed dataclass, filled from a YAML file and command-line flags; precedence,
+and the errors that stop a run before training: docs/configuration.md."""
 
 from __future__ import annotations
 

@@ -94,8 +94,6 @@ def load_everywhere(accelerator: Accelerator, path: Path, frozen: tuple[str, str
             f"checkpoint {path} is intact but could not be loaded ({why}): continue it with the code and "
             "versions that wrote it (its history.json), or choose another --output_dir"
         )
-    # What else changed since the checkpoint was written (processes, batch split, versions) and what it
-    # does to the numbers is printed by utils/run/history.py.
     accelerator.print(
         f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
         f"run {state.run_id or '(unnamed)'})"

@@ -252,7 +252,7 @@ class TrainLoss:
         each got its signal (training/timing.py: why one clock decides). Sets `end`'s reasons, the checkpoint
         interval and the next vote; at logging steps, logs the loss (else its window goes on)."""
         interval, late, ahead = clock.vote(self.state.step, logging)
-        stop = 1.0 if end.stop_request else 0.0
+        stop = float(bool(end.stop_request))
         loss_total, votes = self.total(stop=stop, interval=interval, late=late, ahead=ahead)
         clock.checkpoint_interval = votes["interval"]
         clock.next_vote = self.state.step + round(votes["ahead"])
