@@ -565,7 +565,7 @@ def bench_exact(project: Path, package: str, reps: int) -> dict:
     from accelerate import Accelerator
 
     exact = importlib.import_module(f"{package}.utils.training.seeding")
-    resume_check = importlib.import_module(f"{package}.utils.training.resume_check")
+    step_digest = importlib.import_module(f"{package}.utils.training.resume_check").StepDigest
     parse_duration = importlib.import_module(f"{package}.utils.config").parse_duration
     accelerator = Accelerator(cpu=True)
     batch = (torch.randn(BATCH, 64), torch.randint(0, 10, (BATCH,)))
@@ -576,7 +576,7 @@ def bench_exact(project: Path, package: str, reps: int) -> dict:
             exact.follow_the_sample(42, step, 1, accelerator.device)
         reseeds.append((time.perf_counter() - start) / 1000)
         start = time.perf_counter()
-        digest = resume_check.StepDigest(accelerator, True)
+        digest = step_digest(accelerator, True)
         digest.add(batch, torch.tensor(2.5))
         digest.norm = torch.tensor(1.5)
         digest.result()

@@ -4,13 +4,9 @@
     python train.py --check_task [--config ...]   # after editing task.py: its contract, nothing written
     scripts/run_local.sh | run_colab.sh | run_kaggle.sh | sbatch scripts/run_slurm.sh
 
-Without --config, the file of the detected platform is used (configs/colab.yaml on Colab, ...).
-
-Everything about the task (data, batches, model, loss, metrics) comes from `task.py` in the package under
-src/: change that, not this loop; to change the loop itself, see the README's "Change the loop". How a
-rerun continues exactly, and the exit statuses (0 done, 75 stopped after a checkpoint, 1 an error):
-docs/resume.md.
-"""
+Without --config, the detected platform's file. Everything about the task (data, batches, model, loss,
+metrics) comes from `task.py` in the package under src/: change that, not this loop (else the README's
+"Change the loop"). Reruns and the exit statuses (0 done, 75 stopped, 1 an error): docs/resume.md."""
 
 from __future__ import annotations
 
@@ -197,9 +193,10 @@ def step_gradients(
 ) -> Callable[..., torch.Tensor]:
     """The loop's step before the optimizer's: `gradients(batch, digest)` runs forward and backward over the
     batch's micro-batches of `forward` (the prepared model, or its compiled module), clips the gradients and
-    returns the summed loss. The probe at a session's last
-    checkpoint calls it too, with BatchNorm's statistics left alone (`tracking=False`)."""
-    accumulation, micro_size = accelerator.gradient_accumulation_steps, config.per_device_batch_size
+    returns the summed loss. The probe at a session's last checkpoint calls it too, with BatchNorm's
+    statistics left alone (`tracking=False`)."""
+    accumulation = accelerator.gradient_accumulation_steps
+    micro_size = config.per_device_batch_size
     first_place = accelerator.process_index * accumulation  # this process's micro-batches in the global batch
     norms, stats_here = running_stats(accelerator, model)  # BatchNorm's, and whether this process's count
     # What task.loss gets: calls run `forward`, attributes come from the model build_model returned (DDP's

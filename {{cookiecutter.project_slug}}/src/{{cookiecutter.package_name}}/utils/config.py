@@ -1,8 +1,5 @@
-"""The run's configuration: one typed dataclass, filled from a YAML file and command-line flags.
-
-Precedence is flag > --config's file > the platform's file > default. Anything that is not a field, or not
-of the field's type, stops the run before training, naming the file (or flag) and key: docs/configuration.md.
-"""
+"""The run's configuration: one typed dataclass, filled from a YAML file and command-line flags; precedence,
+and the errors that stop a run before training: docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -336,7 +333,8 @@ def yaml_problem(error: yaml.YAMLError) -> str:
 def check_values(config: TrainConfig, sources: dict[str, str]) -> None:
     """Reject values of the right type but outside their range, naming where each came from."""
     for key, is_valid, expected in config.CHECKS:
-        value, where = getattr(config, key), sources.get(key, "default")
+        value = getattr(config, key)
+        where = sources.get(key, "default")
         try:
             valid = is_valid(value)
         except Exception as error:  # the task's own check (e.g. `64 // v` with 0)

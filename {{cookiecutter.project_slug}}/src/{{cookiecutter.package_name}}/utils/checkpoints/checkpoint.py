@@ -1,7 +1,6 @@
 """Checkpoints that survive kills: `<output_dir>/checkpoints/step_<N>/` holds what `save_state` writes,
 `config.yaml`, `history.json` and, written last, `loop_state.json`: every other file's size and checksum,
-sealed (docs/resume.md, "Kills and crashes"). start.py decides which checkpoint a run continues.
-"""
+sealed (docs/resume.md, "Kills and crashes"). start.py decides which checkpoint a run continues."""
 
 from __future__ import annotations
 

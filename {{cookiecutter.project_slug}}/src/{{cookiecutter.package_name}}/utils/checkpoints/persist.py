@@ -1,7 +1,6 @@
 """Checkpoints that do not stop training: the loop stages the state in CPU memory, one thread persists it
-(docs/resume.md). The other processes write their RNG file into the staging folder at once: the thread
-never needs a collective.
-"""
+(docs/resume.md). The other processes write their RNG file into the staging folder at once: the thread never
+needs a collective."""
 
 from __future__ import annotations
 

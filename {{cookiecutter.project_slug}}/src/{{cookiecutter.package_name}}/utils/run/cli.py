@@ -24,7 +24,8 @@ def read_config(argv: list[str] | None, project: Path) -> tuple[TrainConfig, str
     """The run's config, its file(s), and warnings (fields that no longer exist, its output_dir); a
     ConfigError says what is wrong."""
     check_contract(task)  # every function of task.py there: a missing one is not found after training
-    where, notes = detect_platform(), []
+    where = detect_platform()
+    notes: list[str] = []
     files = {name: project / "configs" / f"{name}.yaml" for name in ("local", "colab", "kaggle", "slurm")}
     config, config_path = load_config(argv, files[where], task.Config, notes=notes, platforms=files.values())
     paths = {name: getattr(config, name) for name in ("output_dir", "mirror_dir", "import_from")}

@@ -33,7 +33,10 @@ class History:
     """The sessions of a run before this one, and this one's record; written by the main process only."""
 
     def __init__(self, run_id: str, sessions: list[Record], current: Record, enabled: bool) -> None:
-        self.run_id, self.sessions, self.current, self.enabled = run_id, sessions, current, enabled
+        self.run_id = run_id
+        self.sessions = sessions
+        self.current = current
+        self.enabled = enabled
         self.unwritable = False  # the run folder's copy could not be replaced: said once
 
     def text(self, step: int, ending: str = "") -> str:
@@ -84,7 +87,8 @@ class History:
 def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path | None) -> History:
     """This session's History: the sessions before it (the checkpoint's, completed by the run folder's copy)
     and its own record. Prints what changed since the previous session, writes the run folder's copy."""
-    enabled, current = accelerator.is_main_process, session_record(accelerator, config, state.step)
+    enabled = accelerator.is_main_process
+    current = session_record(accelerator, config, state.step)
     sessions: list[Record] = []
     problems: list[str] = []
     if enabled and resumed_from is not None:
@@ -114,7 +118,8 @@ def begin_history(accelerator: Any, config: Any, state: Any, resumed_from: Path 
 def session_record(accelerator: Any, config: Any, step: int) -> Record:
     """What this session is: where, on what and with which split of the global batch."""
     device = accelerator.device
-    name, versions = str(device.type), {"python": platform.python_version(), "torch": torch.__version__}
+    name = str(device.type)
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
     if device.type == "cuda":  # and the CUDA torch was built with: its kernels' own version
         name = f"cuda ({torch.cuda.get_device_name(device)})"
         versions["cuda"] = str(torch.version.cuda)
@@ -231,7 +236,8 @@ def differences(before: Record, now: Record) -> list[str]:
             lines.append(f"{key.replace('_', ' ')} {before[key]} -> {now[key]}: {why}")
     # The versions both recorded: those of pyproject.toml's dependencies, Python, torch and CUDA.
     for name in sorted(before["versions"].keys() & now["versions"].keys()):
-        old, new = before["versions"][name], now["versions"][name]
+        old = before["versions"][name]
+        new = now["versions"][name]
         if old != new:
             why = "no effect by itself" if name == "python" else f"it may change the numbers: {MEASURED}"
             lines.append(f"{name} {old} -> {new}: {why}")

@@ -1,6 +1,5 @@
-"""The run's output folder: one run at a time (`OutputLock`, `RemoteLease` for an object store), and
-nothing of an earlier run lost or mixed (`set_aside`). docs/resume.md, "Never lose or mix a run".
-"""
+"""The run's output folder: one run at a time (`OutputLock`, `RemoteLease` for an object store), and nothing
+of an earlier run lost or mixed (`set_aside`). docs/resume.md, "Never lose or mix a run"."""
 
 from __future__ import annotations
 

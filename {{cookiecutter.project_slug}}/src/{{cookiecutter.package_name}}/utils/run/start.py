@@ -1,6 +1,5 @@
 """Where a run starts: fresh, or from which checkpoint (output_dir's own, or a newer copy found elsewhere).
-What is refused and why: docs/resume.md ("Never lose or mix a run"), docs/moving-runs.md.
-"""
+What is refused and why: docs/resume.md ("Never lose or mix a run"), docs/moving-runs.md."""
 
 from __future__ import annotations
 
@@ -97,8 +96,6 @@ def load_everywhere(
             f"checkpoint {path} is intact but could not be loaded ({why}): continue it with the code and "
             "versions that wrote it (its history.json), or choose another --output_dir"
         )
-    # What else changed since the checkpoint was written (processes, batch split, versions) and what it
-    # does to the numbers is printed by utils/run/history.py.
     accelerator.print(
         f"resuming from {path} (step {state.step}, epoch {state.epoch}, {state.samples_seen} samples, "
         f"run {state.run_id or '(unnamed)'})"

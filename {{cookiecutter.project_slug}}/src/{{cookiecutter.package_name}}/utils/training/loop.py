@@ -46,33 +46,36 @@ from .timing import SessionClock
 SPIKE_LOGS = 5  # a logged train loss is a spike against the median of this many logged before it
 
 
+@dataclass(eq=False)
 class Bookkeeping:
     """The loop's decisions after each optimizer step, and the state they need between steps."""
 
-    def __init__(
-        self,
-        accelerator: Accelerator,
-        config: TrainConfig,
-        state: LoopState,
-        resumed_from: Path | None,
-        steps_per_epoch: int,
-        total_steps: int,
-        stop: StopRequest,
-        clock: SessionClock,
-        persister: Persister,
-        history: History,
-    ) -> None:
-        self.accelerator, self.config, self.state = accelerator, config, state
-        self.resumed_from, self.steps_per_epoch, self.total_steps = resumed_from, steps_per_epoch, total_steps
-        self.clock, self.persister, self.history = clock, persister, history
-        self.progress = Progress(total_steps, state.step, accelerator.is_main_process, clock.at_risk)
+    accelerator: Accelerator
+    config: TrainConfig
+    state: LoopState
+    resumed_from: Path | None
+    steps_per_epoch: int
+    total_steps: int
+    stop: StopRequest
+    clock: SessionClock
+    persister: Persister
+    history: History
+
+    def __post_init__(self) -> None:
+        accelerator = self.accelerator
+        config = self.config
+        state = self.state
+        clock = self.clock
+        self.progress = Progress(self.total_steps, state.step, accelerator.is_main_process, clock.at_risk)
         clock.begin(state.step)  # what a kill loses is counted from here
         self.loss = TrainLoss(accelerator, state, self.progress, config)
-        self.end = Ending(stop, state, total_steps, steps_per_epoch * config.num_epochs, config.max_steps)
+        schedule_steps = self.steps_per_epoch * config.num_epochs
+        self.end = Ending(self.stop, state, self.total_steps, schedule_steps, config.max_steps)
         self.end_of_epoch = self.streamed = False
-        self.last_saved = resumed_from  # the newest checkpoint known to hold finite weights
+        self.last_saved = self.resumed_from  # the newest checkpoint known to hold finite weights
         self.metrics: dict[str, float] | None = None
-        resumed_at = state.step if resumed_from is not None else None
+        history = self.history
+        resumed_at = state.step if self.resumed_from is not None else None
         self.check = ResumeCheck(accelerator, history, config.output_dir, self.progress.write, resumed_at)
         if state.rollbacks and state.rollbacks[-1]["back_to"] == state.step:  # its next step is another
             self.check.verify_at = -1
@@ -81,25 +84,27 @@ class Bookkeeping:
     def epoch_batches(self, train_loader: Any, train_set: Any) -> Iterator:
         """The train batches of the epoch in progress, in its order: after a resume, those not yet seen."""
         self.streamed = isinstance(train_set, IterableDataset)
-        self.loader, self.train_set = train_loader, train_set  # the probe's next batch (checkpoint)
+        self.loader = train_loader  # the probe's next batch (checkpoint)
+        self.train_set = train_set
         return epoch_batches(train_loader, train_set, self.state, self.accelerator, self.config)
 
     def count(self, step_loss: torch.Tensor, skipped: bool) -> None:
         """A step done, unless fp16's scaler skipped it: not in the logged loss; many in a row: divergence."""
-        state, config = self.state, self.config
+        state = self.state
+        batch = self.config.global_batch_size
         self.check.digested(state.step)
         if skipped:
             state.skipped_in_a_row += 1
-            if state.skipped_in_a_row >= config.fp16_skip_patience:
+            if state.skipped_in_a_row >= self.config.fp16_skip_patience:
                 skipped_steps = f"{state.skipped_in_a_row} optimizer steps in a row"
                 self.end.diverged = f"fp16's loss scaler skipped {skipped_steps}"
         else:
             state.skipped_in_a_row = 0
             self.loss.add(step_loss)
         state.step += 1
-        state.epoch_samples += config.global_batch_size
-        state.samples_seen += config.global_batch_size
-        self.end_of_epoch = state.epoch_samples == self.steps_per_epoch * config.global_batch_size
+        state.epoch_samples += batch
+        state.samples_seen += batch
+        self.end_of_epoch = state.epoch_samples == self.steps_per_epoch * batch
         if self.end_of_epoch:
             state.epoch += 1
             state.epoch_samples = 0
@@ -114,7 +119,8 @@ class Bookkeeping:
 
     def evaluate(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """Every eval_every steps (else at epoch ends): metrics (`forward`), best_model/, early stopping."""
-        state, config = self.state, self.config
+        state = self.state
+        config = self.config
         due = state.step % config.eval_every == 0 if config.eval_every else self.end_of_epoch
         if self.end.diverged or not due:
             return
@@ -127,8 +133,9 @@ class Bookkeeping:
         track_best(self.accelerator, model, config, state, metrics)  # logged too
         # A signal during the evaluation (minutes, on a large eval set) is acted on now; so is early stopping.
         patience = config.early_stopping_patience and state.evals_since_best >= config.early_stopping_patience
-        votes = self.loss.total(float(bool(self.end.stop_request)), float(patience))
-        self.end.stopping, state.stopped_early = self.end.stopping or votes[1] > 0, votes[2] > 0
+        _, votes = self.loss.total(stop=float(bool(self.end.stop_request)), patience=float(patience))
+        self.end.stopping = self.end.stopping or votes["stop"] > 0
+        state.stopped_early = votes["patience"] > 0
 
     def after_epoch(self, model: torch.nn.Module, forward: torch.nn.Module, eval_loader: DataLoader) -> None:
         """A stream's epoch ends where it runs out: evaluated here (eval_every 0), a stop checkpointed."""
@@ -140,7 +147,8 @@ class Bookkeeping:
 
     def checkpoint(self, model: torch.nn.Module, gradients: Callable[..., Any] | None) -> None:
         """Save when due or before stopping; a session that ends with steps left first probes the next one."""
-        state, config, accelerator = self.state, self.config, self.accelerator
+        state = self.state
+        config = self.config
         self.persister.announce()  # the background save before, once published
         due = self.clock.due(state.step) or state.step in (self.total_steps, state.decay_start)
         due = due or state.stopped_early
@@ -148,7 +156,7 @@ class Bookkeeping:
             return
         saving = time.monotonic()  # the loop's stop, which max_time_lost's checkpoints keep under 2%
         # Never a checkpoint of broken weights: it would rotate the last good one out.
-        if not weights_finite(accelerator, model):
+        if not weights_finite(self.accelerator, model):
             self.end.diverged = f"the weights at step {state.step} are not all finite"
             self.end.good_until = state.step - 1
             return
@@ -157,16 +165,21 @@ class Bookkeeping:
             batch = next(iter(self.epoch_batches(self.loader, self.train_set)))
             self.check.probe(state.step, batch, gradients, model)
         self.check.record_at = state.step
-        self.loss.save()  # the logging interval in progress, which a resumed run logs whole
-        # The checkpoint seals this length: the lines it counts must be on the disk before it is.
-        state.metrics_bytes = metrics_size(Path(config.output_dir), durable=accelerator.is_main_process)
-        step, why = state.step, self.end.why()
-        files = {HISTORY_FILE: self.history.text(step, why)}
-        files |= cache_files(accelerator, config)  # what was compiled (utils/machine/compile_cache.py)
-        # Written in the background and mirrored (checkpoints/persist.py); published before finish() names it.
-        published = functools.partial(self.check.saved, step, why)  # what a kill from then on resumes from
-        self.last_saved = self.persister.save(state, self.resumed_from, files, published)
-        self.clock.saved(step, saving, self.persister.last_seconds)
+        self.last_saved = write_checkpoint(self)
+        self.clock.saved(state.step, saving, self.persister.last_seconds)
+
+
+def write_checkpoint(book: Bookkeeping) -> Path:
+    """The checkpoint of this step, written in the background and mirrored (checkpoints/persist.py)."""
+    state = book.state
+    book.loss.save()  # the logging interval in progress, which a resumed run logs whole
+    # The checkpoint seals this length: the lines it counts must be on the disk before it is.
+    state.metrics_bytes = metrics_size(Path(book.config.output_dir), durable=book.accelerator.is_main_process)
+    why = book.end.why()
+    files = {HISTORY_FILE: book.history.text(state.step, why)}
+    files |= cache_files(book.accelerator, book.config)  # what was compiled (machine/compile_cache.py)
+    published = functools.partial(book.check.saved, state.step, why)  # before finish() names it
+    return book.persister.save(state, book.resumed_from, files, published)
 
 
 @dataclass
@@ -211,7 +224,10 @@ class TrainLoss:
     over processes, the micro-batch count): a resumed run logs the interval it stopped inside whole."""
 
     def __init__(self, accelerator: Accelerator, state: LoopState, progress: Progress, config: Any) -> None:
-        self.accelerator, self.state, self.progress, self.config = accelerator, state, progress, config
+        self.accelerator = accelerator
+        self.state = state
+        self.progress = progress
+        self.config = config
         # The main process holds the window (earlier versions saved a sum and a count per process).
         own_sum = sum(state.loss_sums) if accelerator.is_main_process else 0.0
         self.batches = state.loss_batches * len(state.loss_sums)  # micro-batches, over all processes
@@ -223,22 +239,27 @@ class TrainLoss:
         self.sum += step_loss
         self.batches += self.accelerator.gradient_accumulation_steps * self.accelerator.num_processes
 
-    def total(self, *votes: float) -> list[float]:
-        """The loss summed over processes, then each of `votes` summed likewise: one sync for them all."""
-        flags = torch.tensor(votes, device=self.accelerator.device, dtype=self.sum.dtype).reshape(-1)
-        return self.accelerator.reduce(torch.cat([self.sum.reshape(1), flags]), "sum").tolist()
+    def total(self, **votes: float) -> tuple[float, dict[str, float]]:
+        """The loss summed over processes, and each of `votes` summed likewise: one sync for them all."""
+        flags = torch.tensor(list(votes.values()), device=self.accelerator.device, dtype=self.sum.dtype)
+        sums = torch.cat([self.sum.reshape(1), flags.reshape(-1)])
+        loss, *summed = self.accelerator.reduce(sums, "sum").tolist()
+        return loss, dict(zip(votes, summed, strict=True))
 
     def vote(self, end: Ending, clock: SessionClock, scheduler: Any, logging: bool) -> None:
         """The one host-device sync of training, at votes: the loss, with the stop vote and the main process's
         clock riding along, so that all processes stop, or checkpoint for time, at the same step, whenever
         each got its signal (training/timing.py: why one clock decides). Sets `end`'s reasons, the checkpoint
         interval and the next vote; at logging steps, logs the loss (else its window goes on)."""
-        vote = 1.0 if end.stop_request else 0.0
-        loss_total, votes, interval, late, ahead = self.total(vote, *clock.vote(self.state.step, logging))
-        clock.checkpoint_interval = interval
-        clock.next_vote = self.state.step + round(ahead)
+        interval, late, ahead = clock.vote(self.state.step, logging)
+        stop = float(bool(end.stop_request))
+        loss_total, votes = self.total(stop=stop, interval=interval, late=late, ahead=ahead)
+        clock.checkpoint_interval = votes["interval"]
+        clock.next_vote = self.state.step + round(votes["ahead"])
+        signalled = votes["stop"] > 0
         # A signal wins over the clock: the platform wants the machine back now, without exports.
-        end.stopping, end.out_of_time = votes > 0 or late > 0, late > 0 and votes == 0
+        end.stopping = signalled or votes["late"] > 0
+        end.out_of_time = votes["late"] > 0 and not signalled
         if not logging:
             return
         # The same sum on every process: all decide alike. A spike: against the median of the last logs.
@@ -277,7 +298,8 @@ class TrainLoss:
 
     def save(self) -> None:
         """Into the loop state, which the checkpoint saves: the sum over processes, and the count."""
-        self.state.loss_sums = [self.total()[0]]
+        loss_sum, _ = self.total()
+        self.state.loss_sums = [loss_sum]
         self.state.loss_batches = self.batches
 
 
@@ -285,7 +307,10 @@ def roll_back(book: Bookkeeping) -> None:
     """After a divergence that a checkpoint from before it may undo (`good_until`), every process goes back to
     it, past the data from its position through the bad step and `rollback_margin` steps more. The window is
     in the loop state, sealed into that checkpoint at once: a kill from here on resumes as the run goes on."""
-    end, state, config, accelerator = book.end, book.state, book.config, book.accelerator
+    end = book.end
+    state = book.state
+    config = book.config
+    accelerator = book.accelerator
     if end.good_until < 0 or not config.max_rollbacks:
         return
     book.persister.wait()  # every checkpoint saved is published
@@ -348,27 +373,28 @@ def finish(
 ) -> bool:
     """Raise if training diverged; False if a signal or the clock stopped it (having left what a session
     that ends now should leave); True when training is done: then the last evaluation, and the exports."""
-    state, config = book.state, book.config
     book.progress.close()
     book.persister.wait()  # the save in flight is published before anything else is written or said
-    book.history.save(config.output_dir, state.step, book.end.why())
+    book.history.save(book.config.output_dir, book.state.step, book.end.why())
     if book.end.diverged:
-        raise RunError(diverged_message(book.end.diverged, config, book.last_saved))
-    if book.end.stopping or book.end.out_of_time:
+        raise RunError(diverged_message(book.end.diverged, book.config, book.last_saved))
+    stopping = book.end.stopping or book.end.out_of_time
+    if stopping:
         stopped(book, model)
     else:
         done(book, model, forward, eval_loader, scheduler)
+    if book.accelerator.is_main_process:  # a SLURM launcher requeues a stopped run that made progress
+        report_outcome("stopped" if stopping else "finished", book.progress.start_step, book.state.step)
     book.accelerator.wait_for_everyone()  # a launcher ends the others when one exits first with 75
-    return not (book.end.stopping or book.end.out_of_time)
+    return not stopping
 
 
 def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:
     """A signal (the checkpoint only) or the clock (model/ too) stopped the session."""
-    accelerator, config, state = book.accelerator, book.config, book.state
-    output_dir = Path(config.output_dir)
+    accelerator = book.accelerator
+    state = book.state
+    output_dir = Path(book.config.output_dir)
     if not book.end.out_of_time:
-        if accelerator.is_main_process:  # a SLURM launcher requeues on progress
-            report_outcome("stopped", book.progress.start_step, state.step)
         accelerator.print(  # the last line, which the launchers show as the outcome
             f"stopped by {book.end.stop_request.signal_name or 'another process'} at step {state.step}: "
             "checkpoint saved, run the same command to continue"
@@ -376,11 +402,10 @@ def stopped(book: Bookkeeping, model: torch.nn.Module) -> None:
         return
     metrics = book.metrics  # leave what a session that ends now should leave, without an evaluation
     info = {"step": state.step, **({"eval_step": state.last_eval_step, **metrics} if metrics else {})}
-    export_model(accelerator, model, config, output_dir / "model", info)
+    export_model(accelerator, model, book.config, output_dir / "model", info)
     if accelerator.is_main_process:
         print(f"exported {output_dir / 'model'} (step {state.step})")
         print(f"stopped for time; run again to continue: step {state.step}, {book.clock.stop_note()}")
-        report_outcome("stopped", book.progress.start_step, state.step)  # a SLURM launcher requeues
 
 
 def done(
@@ -391,12 +416,14 @@ def done(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> None:
     """Training is done: the last train loss, the last evaluation (unless that step had one), the exports."""
-    accelerator, config, state = book.accelerator, book.config, book.state
+    accelerator = book.accelerator
+    config = book.config
+    state = book.state
     output_dir = Path(config.output_dir)
     if book.check.verify_at == state.step:  # resumed at the end: no first step to verify
         accelerator.print(f"finished at step {state.step}: nothing to resume")
     if book.loss.batches:  # the last, partial logging interval
-        loss_total = book.loss.total()[0]
+        loss_total, _ = book.loss.total()
         if not math.isfinite(loss_total):
             why = f"the train loss of the last steps is {loss_total}"
             raise RunError(diverged_message(why, config, book.last_saved))
@@ -431,8 +458,6 @@ def done(
         accelerator.print(f"{exported} and {output_dir / 'best_model'} {best}")
     else:
         accelerator.print(f"{exported}; no best_model/ of the best evaluation {best}")
-    if accelerator.is_main_process:
-        report_outcome("finished", book.progress.start_step, state.step)
 
 
 def epoch_batches(
@@ -460,10 +485,10 @@ def epoch_batches(
 
 def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
     """`batches` (page-locked, on the host) on the GPU, each copied on a stream of its own while the step
-    before it computes: batch k+1's copy is queued before step k's kernels and runs beside them.
-
-    Not for a stream (StreamLoader): its saved position would count the batch read ahead."""
-    copies, compute = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+    before it computes: batch k+1's copy is queued before step k's kernels and runs beside them. Not for a
+    stream (StreamLoader): its saved position would count the batch read ahead."""
+    copies = torch.cuda.Stream(device)
+    compute = torch.cuda.current_stream(device)
     ahead = None
     for batch in batches:
         compute.wait_stream(copies)  # the batch copied last is on the device before its step runs
@@ -482,12 +507,8 @@ def copied_ahead(batches: Iterable, device: torch.device) -> Iterator:
 def evaluate(
     accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader, config: TrainConfig
 ) -> dict[str, float]:
-    """The task's metrics over the whole eval set: the same numbers on any number of processes.
-
-    gather_for_metrics returns the per-sample values in dataset order and drops the samples repeated
-    to give every process a full last batch; reducing once over the whole set, in that order, makes
-    the result independent of how the set was split.
-    """
+    """The task's metrics over the whole eval set, the same on any number of processes: gather_for_metrics
+    gives the per-sample values in dataset order, without the samples repeated to fill the last batch."""
     model.eval()
     view = TaskModel(model, accelerator.unwrap_model(model, keep_torch_compile=False))  # its attributes too
     gathered: dict[str, list[torch.Tensor]] = {}
@@ -505,9 +526,12 @@ def track_best(
     more evaluation without."""
     accelerator.log(metrics, step=state.step)
     state.last_eval_step = state.step
-    value, best = metrics[config.best_metric], state.best_value
+    value = metrics[config.best_metric]
+    best = state.best_value
     if best is None or (value > best if config.METRIC_GOALS[config.best_metric] == "max" else value < best):
-        state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
+        state.best_value = value
+        state.best_step = state.step
+        state.evals_since_best = 0
         # Outside checkpoints/, so rotation never removes it; predict.py --model_dir <output_dir>/best_model.
         folder = Path(config.output_dir) / "best_model"
         export_model(accelerator, model, config, folder, {"step": state.step, **metrics})

@@ -17,7 +17,9 @@ from .loop import epoch_batches
 from .resume_check import StepDigest
 from .streams import StreamLoader
 
-LOW, HIGH, STEPS = 1e-7, 10.0, 100  # the sweep: fastai's bounds and length
+LOW = 1e-7  # the sweep: fastai's bounds and length
+HIGH = 10.0
+STEPS = 100
 BETA = 0.98  # the loss's moving average
 DIVERGED = 4.0  # stop once the smoothed loss exceeds this multiple of its best
 SKIP = 10  # the first points (an average of few losses) never hold the suggestion

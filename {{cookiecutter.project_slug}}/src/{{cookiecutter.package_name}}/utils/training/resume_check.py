@@ -1,6 +1,5 @@
 """The first step after a checkpoint, recorded and compared at the next resume: bitwise, or how far and why
-(docs/resume.md, "Stopping and resuming").
-"""
+(docs/resume.md, "Stopping and resuming")."""
 
 from __future__ import annotations
 
@@ -145,14 +144,16 @@ def verdict(
     if all(recorded.get(key) == measured[key] for key in ("batch", "samples", "loss", "grad_norm")):
         by = f"session {recorded['session']}" if "session" in recorded else "an earlier session"
         return "verified", f"resume verified: step {step} as {by} recorded it, bit for bit"
-    loss, was = float.fromhex(measured["loss"]), float.fromhex(recorded["loss"])
-    norm, norm_was = float.fromhex(measured["grad_norm"]), float.fromhex(recorded["grad_norm"])
+    loss = float.fromhex(measured["loss"])
+    recorded_loss = float.fromhex(recorded["loss"])
+    norm = float.fromhex(measured["grad_norm"])
+    recorded_norm = float.fromhex(recorded["grad_norm"])
     batch = "the batch is the same" if recorded.get("batch") == measured["batch"] else "the batch differs"
     named = "; ".join(line.split(": ")[0] for line in changes) or "nothing the history names changed"
     return "differs", (
-        f"resume differs at step {step}: loss {loss!r} against {was!r} ({batch}): {named}; measured: "
-        f"relative difference {relative(loss, was):.1e} in the loss, {relative(norm, norm_was):.1e} in the "
-        f"gradient norm ({norm!r} against {norm_was!r})"
+        f"resume differs at step {step}: loss {loss!r} against {recorded_loss!r} ({batch}): {named}; "
+        f"measured: relative difference {relative(loss, recorded_loss):.1e} in the loss, "
+        f"{relative(norm, recorded_norm):.1e} in the gradient norm ({norm!r} against {recorded_norm!r})"
     )
 
 

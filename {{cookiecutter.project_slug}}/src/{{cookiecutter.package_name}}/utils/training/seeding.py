@@ -69,7 +69,9 @@ class SeededItems(Dataset):
     (its own `__getitems__`, as digits' does) draws its random numbers as it likes."""
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
-        self.dataset, self.seed, self.epoch = dataset, seed, 0
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = 0
         self.batches = getattr(type(dataset), "__getitems__", None) not in (None, Subset.__getitems__)
 
     def set_epoch(self, epoch: int) -> None:
