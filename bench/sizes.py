@@ -60,8 +60,10 @@ CODE_ROOMS = [room for room in ROOMS if room != "docs"]
 # What a user carries, capped. Python lines outside tests/ as `find . -name '*.py' -not -path './tests/*'`
 # counts them; a function or class from its def/class line to its last; words as `wc -w` counts them.
 BUDGETS = {
-    "digits: Python outside tests/, lines": 7000,
-    "lm: Python outside tests/, lines": 7800,
+    # Raised from 7,000 and 7,800 when rollback, --resume_from with wsd, --find_lr and unpacked code came
+    # (about +520 lines, -135 paid back by removing duplication and prose): docs/sizes.md.
+    "digits: Python outside tests/, lines": 7400,
+    "lm: Python outside tests/, lines": 8200,
     "longest function, lines": 60,
     "longest class, lines": 120,
     "template README.md, words": 2500,

@@ -23,14 +23,22 @@ def suggestion(stdout: str) -> tuple[float, Path]:
     return float(lines[0][1]), Path(lines[0][2])
 
 
-def test_find_lr_leaves_its_curve_alone_and_the_run_after_it_unchanged(
-    tmp_path: Path, single_run: tuple
-) -> None:
-    output_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def finder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float, bytes]:
+    """`--find_lr true` with QUICK on 1 process, for both tests: its folder, its suggestion and its curve
+    (read before the first test trains in the folder)."""
+    output_dir = tmp_path_factory.mktemp("find_lr") / "run"
     rate, curve = suggestion(run_training(output_dir, *QUICK, "--find_lr", "true").stdout)
-    assert 1e-7 < rate < 10  # inside the sweep
     assert curve == output_dir / "lr_find.png"
-    assert curve.read_bytes().startswith(b"\x89PNG")
+    return output_dir, rate, curve.read_bytes()
+
+
+def test_find_lr_leaves_its_curve_alone_and_the_run_after_it_unchanged(
+    finder: tuple[Path, float, bytes], single_run: tuple
+) -> None:
+    output_dir, rate, curve = finder
+    assert 1e-7 < rate < 10  # inside the sweep
+    assert curve.startswith(b"\x89PNG")
     # No checkpoint, config, metrics, history or tracker files: the lock (empty: free) and the curve.
     assert sorted(path.name for path in output_dir.iterdir()) == [LOCK_FILE, "lr_find.png"]
     assert (output_dir / LOCK_FILE).read_bytes() == b""
@@ -41,12 +49,14 @@ def test_find_lr_leaves_its_curve_alone_and_the_run_after_it_unchanged(
     assert len(sessions_of(output_dir)) == 1
 
 
-def test_find_lr_gives_the_same_curve_on_two_processes(tmp_path: Path) -> None:
-    one = suggestion(run_training(tmp_path / "one", "--find_lr", "true").stdout)
-    two = suggestion(run_training(tmp_path / "two", "--find_lr", "true", processes=2).stdout)
-    assert one[0] == two[0]
+def test_find_lr_gives_the_same_curve_on_two_processes(
+    finder: tuple[Path, float, bytes], tmp_path: Path
+) -> None:
+    _, rate, curve = finder
+    two = suggestion(run_training(tmp_path / "two", *QUICK, "--find_lr", "true", processes=2).stdout)
+    assert two[0] == rate
     # The loss is averaged over the processes: the drawn curve is the one process's, pixel for pixel.
-    assert one[1].read_bytes() == two[1].read_bytes()
+    assert two[1].read_bytes() == curve
 
 
 def test_find_lr_refuses_a_folder_in_use(tmp_path: Path) -> None:

@@ -287,7 +287,7 @@ def test_a_loss_spike_from_a_learning_rate_too_high_is_rolled_back(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SPIKE_HOOK), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("SPIKE_CALLS", "21-22")
     monkeypatch.setenv("SPIKE_LR_FACTOR", "300")
-    args = ["--max_steps", "40", "--log_every", "2", "--checkpoint_every", "4", "--max_time_lost", ""]
+    args = ["--max_steps", "40", "--log_every", "2", "--checkpoint_every", "10", "--max_time_lost", ""]
     result = run_training(tmp_path / "run", *args, *MODEL)
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("rollback ")]
     assert line.startswith("rollback 1 of 3 at step 22: the train loss of steps up to 22 is "), line
