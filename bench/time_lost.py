@@ -230,7 +230,7 @@ def has_reached(output_dir: Path, step: int | None) -> bool:
 
 
 def resume_verdict(output: str) -> str:
-    """What a rerun said of its first step against the killed run's record of it (training/seeding.py)."""
+    """What a rerun said of its first step against the killed run's record (training/resume_check.py)."""
     for line in output.splitlines():
         if line.startswith("resume verified"):
             return "verified"

@@ -25,7 +25,6 @@ from {{ cookiecutter.package_name }}.utils.checkpoints.checkpoint import checkpo
 from {{ cookiecutter.package_name }}.utils.training.signals import EXIT_STOPPED
 
 from .conftest import (
-    SIGNAL_RUN,
     assert_same_run,
     read_metrics,
     run_training,

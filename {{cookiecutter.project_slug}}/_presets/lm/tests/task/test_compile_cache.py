@@ -1,6 +1,6 @@
 """torch.compile across a resume: the checkpoint carries Inductor's cache, and the resumed session uses it
 instead of compiling again, on a machine whose own Inductor cache is empty, and its first step is bit for
-bit the one the stopped session computed ahead (utils/machine/compile_cache.py, utils/training/seeding.py)."""
+bit the one the stopped session computed ahead (machine/compile_cache.py, training/resume_check.py)."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class History:
         return ([] if previous["ending"] else [killed]) + differences(previous, self.current)
 
     def record(self, checkpoint_step: int, digest: Record) -> None:
-        """What the step after the checkpoint at `checkpoint_step` was (training/seeding.py), for resumes."""
+        """The step after the checkpoint at `checkpoint_step` (training/resume_check.py), for resumes."""
         self.current.setdefault("after_checkpoint", {})[str(checkpoint_step)] = digest
 
     def recorded(self, checkpoint_step: int) -> Record | None:
