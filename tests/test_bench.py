@@ -205,7 +205,7 @@ def test_quick_thread_benchmark_times_both_settings() -> None:
 
 
 # Below the line budgets (bench/sizes.py BUDGETS), the renders may not grow past where they are now.
-LINES_REACHED = {"digits: Python outside tests/, lines": 7397, "lm: Python outside tests/, lines": 8168}
+LINES_REACHED = {"digits: Python outside tests/, lines": 7398, "lm: Python outside tests/, lines": 8169}
 
 
 @pytest.mark.slow

@@ -282,12 +282,13 @@ def test_a_loss_spike_from_a_learning_rate_too_high_is_rolled_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Optimizer steps 21 and 22 of the process take 300 times the learning rate: the loss logged at step 22
-    is over loss_spike_factor (3) times the median of the 5 logged before, the run goes back to its checkpoint
+    is over loss_spike_factor 3 times the median of the 5 logged before, the run goes back to its checkpoint
     of step 20, skips that data and trains on to a loss below the one before the spike."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SPIKE_HOOK), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("SPIKE_CALLS", "21-22")
     monkeypatch.setenv("SPIKE_LR_FACTOR", "300")
     args = ["--max_steps", "40", "--log_every", "2", "--checkpoint_every", "10", "--max_time_lost", ""]
+    args += ["--loss_spike_factor", "3"]
     result = run_training(tmp_path / "run", *args, *MODEL)
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("rollback ")]
     assert line.startswith("rollback 1 of 3 at step 22: the train loss of steps up to 22 is "), line
